@@ -1,0 +1,222 @@
+"""ExperimentConfig = task + model + train + seed, from YAML, presets and dotted `--set key=value` overrides.
+
+Every failure is a ConfigError with one line naming the dotted key, e.g.
+`model.heads: must divide d_model=128 (got heads=3)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from models.config import PRESETS, ModelConfig
+
+
+class ConfigError(ValueError):
+    """Bad user input: the message is one line that names what and where."""
+
+
+class TaskConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["copy", "reverse", "sort", "addition", "recall", "synth_mt", "scan", "parallel"] = "reverse"
+    min_len: int = 1
+    max_len: int = 10
+    test_max_len: int | None = None  # default: 2 * max_len
+    vocab_size: int = 10
+    n_train: int = 5000
+    n_valid: int = 500
+    n_test: int = 1000
+    split: Literal["simple", "length", "addprim_jump", "addprim_turn_left"] = "simple"
+    path: str | None = None
+    tokenizer: Literal["char", "word", "bpe"] = "word"
+    bpe_vocab_size: int = 1000
+
+    @field_validator("min_len", "max_len", "vocab_size", "n_train", "n_valid", "n_test", "bpe_vocab_size")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be a positive integer")
+        return v
+
+    @model_validator(mode="after")
+    def _lengths(self) -> TaskConfig:
+        if self.min_len > self.max_len:
+            raise ValueError(f"min_len: must not exceed max_len={self.max_len} (got {self.min_len})")
+        if self.test_max_len is not None and self.test_max_len < self.max_len:
+            raise ValueError(
+                f"test_max_len: must be at least max_len={self.max_len} (got {self.test_max_len})"
+            )
+        return self
+
+    @property
+    def long_max_len(self) -> int:
+        return self.test_max_len if self.test_max_len is not None else 2 * self.max_len
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_size: int = 64
+    batch_tokens: int | None = None
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    schedule: Literal["constant", "inverse_sqrt", "cosine"] = "constant"
+    warmup_steps: int = 0
+    max_steps: int = 1000
+    max_epochs: int | None = None
+    max_time: float | None = None  # seconds
+    label_smoothing: float = 0.0
+    grad_clip: float | None = 1.0
+    precision: str = "32-true"
+    beam_size: int = 1
+    deterministic: bool = False
+    compile: bool = False
+    val_every: int = 250  # steps between validations
+
+    @field_validator("batch_size", "max_steps", "beam_size", "val_every")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be a positive integer")
+        return v
+
+    @field_validator("lr")
+    @classmethod
+    def _lr(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be positive")
+        return v
+
+    @field_validator("label_smoothing")
+    @classmethod
+    def _smoothing(cls, v: float) -> float:
+        if not 0.0 <= v < 1.0:
+            raise ValueError("must be in [0, 1)")
+        return v
+
+
+class ExperimentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = 0
+    task: TaskConfig = TaskConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+
+    def flat(self) -> dict[str, Any]:
+        """{'model.heads': 4, ...}: the form W&B configs, reports and `--set` use."""
+        return flatten(self.model_dump())
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Sets tree['a']['b'] = value for 'a.b', creating levels as needed."""
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: {part!r} is a value, not a section")
+        node = child
+    node[leaf] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """'model.heads=4' -> ('model.heads', 4); the value is read as YAML (numbers, bools, lists)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. model.heads=4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+    return data
+
+
+def build_config(tree: dict[str, Any], overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """A config from a nested tree with an optional `preset`, then dotted overrides on top.
+
+    The preset fills `model`; keys given under `model` and in overrides win over it."""
+    tree = {k: (dict(v) if isinstance(v, dict) else v) for k, v in tree.items()}
+    for key, value in (overrides or {}).items():
+        if key == "preset":
+            tree["preset"] = value
+        else:
+            set_dotted(tree, key, value)
+    preset = tree.pop("preset", None)
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"preset: unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+        model = tree.get("model") or {}
+        if not isinstance(model, dict):
+            raise ConfigError("model: expected a mapping of model keys")
+        tree["model"] = {**PRESETS[preset], **model}
+    try:
+        return ExperimentConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from None
+
+
+def format_validation_error(e: ValidationError) -> str:
+    """The first error as one line: 'model.heads: must divide d_model=128 (got heads=3)'."""
+    err = e.errors()[0]
+    # Union members add their own tag to the location ('scale', 'literal[...]'); keep the field path.
+    loc = ".".join(str(p) for p in err["loc"] if isinstance(p, int) or str(p).isidentifier())
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown config key"
+    elif err["type"].startswith("literal_error"):
+        msg = f"{msg} (got {err['input']!r})"
+    # Model-level checks name the field themselves: 'heads: must divide ...' under 'model'.
+    field, sep, rest = msg.partition(": ")
+    if sep and field.isidentifier():
+        loc, msg = f"{loc}.{field}" if loc else field, rest
+    extra = f" ({len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    return f"{loc}: {msg}{extra}"
+
+
+def load_config(
+    path: str | Path | None = None, preset: str | None = None, sets: list[str] | None = None
+) -> ExperimentConfig:
+    """The `ablate train` entry: YAML file, then --preset, then --set overrides."""
+    tree = read_yaml(path) if path else {}
+    overrides: dict[str, Any] = {}
+    if preset:
+        overrides["preset"] = preset
+    for item in sets or []:
+        key, value = parse_override(item)
+        overrides[key] = value
+    return build_config(tree, overrides)

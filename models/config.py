@@ -1,0 +1,123 @@
+"""ModelConfig: every architectural switch of both model families, typed and validated.
+
+Presets are named configs; `ModelConfig.from_name(name, **overrides)` builds one with changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+Scale = Literal["sqrt", "none"] | float
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    arch: Literal["lstm", "transformer"] = "transformer"
+    d_model: int = 64
+    layers: int = 2
+    dropout: float = 0.1
+    tie_embeddings: bool = False
+
+    # lstm family
+    cell: Literal["lstm", "gru"] = "lstm"
+    bidirectional: bool = True
+    attention: Literal["none", "additive", "dot", "general", "concat", "location", "cosine", "scaled_dot"] = (
+        "none"
+    )
+    attention_query: Literal["previous", "current"] = "previous"
+    input_feeding: bool = False
+    attention_heads: int = 1
+
+    # transformer family
+    heads: int = 4
+    d_ff: int = 256
+    scale: Scale = "sqrt"
+    pos_encoding: Literal["none", "sinusoidal", "learned", "rope", "alibi"] = "sinusoidal"
+    pos_base: float = 10000.0
+    max_positions: int = 512
+    residual: bool = True
+    norm: Literal["post", "pre", "none", "rms_pre"] = "post"
+    causal_mask: bool = True
+    cross_attention: bool = True
+    embed_scale: bool = True
+    qkv_projections: bool = True
+
+    @field_validator("d_model", "layers", "heads", "d_ff", "attention_heads", "max_positions")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be a positive integer")
+        return v
+
+    @field_validator("dropout")
+    @classmethod
+    def _probability(cls, v: float) -> float:
+        if not 0.0 <= v < 1.0:
+            raise ValueError("must be in [0, 1)")
+        return v
+
+    @field_validator("scale")
+    @classmethod
+    def _scale(cls, v: Scale) -> Scale:
+        if isinstance(v, float) and v <= 0:
+            raise ValueError("must be 'sqrt', 'none' or a positive number")
+        return v
+
+    @field_validator("pos_base")
+    @classmethod
+    def _base(cls, v: float) -> float:
+        if v <= 1.0:
+            raise ValueError("must be greater than 1")
+        return v
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.arch == "transformer":
+            if self.d_model % self.heads:
+                raise ValueError(f"heads: must divide d_model={self.d_model} (got heads={self.heads})")
+            if self.pos_encoding == "rope" and (self.d_model // self.heads) % 2:
+                raise ValueError(
+                    f"pos_encoding: rope needs an even head dimension (d_model/heads={self.d_model // self.heads})"
+                )
+        elif self.attention != "none" and self.d_model % self.attention_heads:
+            raise ValueError(
+                f"attention_heads: must divide d_model={self.d_model} (got attention_heads={self.attention_heads})"
+            )
+        return self
+
+    @property
+    def scale_factor(self) -> float | None:
+        """The factor that multiplies q·k, given the per-head dimension; None means 1/sqrt(d_k)."""
+        if self.scale == "sqrt":
+            return None
+        return 1.0 if self.scale == "none" else float(self.scale)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> ModelConfig:
+        if name not in PRESETS:
+            raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Sutskever et al. 2014: the fixed-length bottleneck.
+    "lstm": dict(arch="lstm", attention="none"),
+    # Bahdanau et al. 2015: additive score of s_{t-1}, context enters the RNN input.
+    "lstm-bahdanau": dict(arch="lstm", attention="additive", attention_query="previous"),
+    # Luong et al. 2015: score with h_t, attentional state h~_t, input feeding.
+    "lstm-luong-dot": dict(arch="lstm", attention="dot", attention_query="current", input_feeding=True),
+    "lstm-luong-general": dict(
+        arch="lstm", attention="general", attention_query="current", input_feeding=True
+    ),
+    "lstm-luong-concat": dict(arch="lstm", attention="concat", attention_query="current", input_feeding=True),
+    "lstm-luong-location": dict(
+        arch="lstm", attention="location", attention_query="current", input_feeding=True
+    ),
+    # Vaswani et al. 2017: post-LN, sinusoidal positions, 1/sqrt(d_k).
+    "transformer": dict(arch="transformer", norm="post", pos_encoding="sinusoidal", scale="sqrt"),
+    # Xiong et al. 2020.
+    "transformer-pre-ln": dict(arch="transformer", norm="pre", pos_encoding="sinusoidal", scale="sqrt"),
+}
