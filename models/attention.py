@@ -24,6 +24,18 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     return weights.masked_fill(~mask, 0.0)
 
 
+def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, L, D) -> (B, H, L, D/H): each head sees its own slice of the features."""
+    b, length, d = x.shape
+    return x.view(b, length, heads, d // heads).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, L, Dh) -> (B, L, H * Dh), the inverse of split_heads."""
+    b, h, length, dh = x.shape
+    return x.transpose(1, 2).reshape(b, length, h * dh)
+
+
 def build_mask(
     key_padding: torch.Tensor | None, q_len: int, k_len: int, causal: bool, device: torch.device
 ) -> torch.Tensor | None:
@@ -66,8 +78,7 @@ class MultiHeadAttention(nn.Module):
         self.alibi = alibi
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape  # (B, T, D) -> (B, H, T, Dh)
-        return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        return split_heads(x, self.heads)
 
     def forward(
         self,
@@ -105,5 +116,4 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=self.scale
             )
             weights = None
-        out = out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)  # (B, T, D)
-        return self.out_proj(out), weights
+        return self.out_proj(merge_heads(out)), weights
