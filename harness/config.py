@@ -34,11 +34,21 @@ class TaskConfig(BaseModel):
     path: str | None = None
     tokenizer: Literal["char", "word", "bpe"] = "word"
     bpe_vocab_size: int = 1000
+    # parallel corpora: which side is which (Moses file suffix, JSONL / HF field or translation key)
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    hf_config: str | None = None  # configuration of a Hugging Face hub dataset, e.g. en-fr
+    min_tokens: int = 1  # pairs with a shorter side are dropped
+    max_tokens: int | None = None  # longer train / valid pairs are dropped; longer test pairs form test_long
+    max_examples: int | None = None  # cap on training pairs (a seeded sample)
 
-    @field_validator("min_len", "max_len", "vocab_size", "n_train", "n_valid", "n_test", "bpe_vocab_size")
+    @field_validator(
+        "min_len", "max_len", "vocab_size", "n_train", "n_valid", "n_test", "bpe_vocab_size",
+        "min_tokens", "max_tokens", "max_examples",
+    )  # fmt: skip
     @classmethod
-    def _positive(cls, v: int) -> int:
-        if v < 1:
+    def _positive(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
             raise ValueError("must be a positive integer")
         return v
 
@@ -49,6 +59,14 @@ class TaskConfig(BaseModel):
         if self.test_max_len is not None and self.test_max_len < self.max_len:
             raise ValueError(
                 f"test_max_len: must be at least max_len={self.max_len} (got {self.test_max_len})"
+            )
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens: must not exceed max_tokens={self.max_tokens} (got {self.min_tokens})"
+            )
+        if (self.src_lang is None) != (self.tgt_lang is None):
+            raise ValueError(
+                f"{'tgt_lang' if self.tgt_lang is None else 'src_lang'}: give src_lang and tgt_lang together"
             )
         return self
 
@@ -71,17 +89,27 @@ class TrainConfig(BaseModel):
     max_time: float | None = None  # seconds
     label_smoothing: float = 0.0
     grad_clip: float | None = 1.0
-    precision: str = "32-true"
+    # auto: bf16-mixed on a CUDA device that supports it, fp32 otherwise.
+    precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true"] = "auto"
     beam_size: int = 1
+    length_penalty: float = 0.6  # GNMT alpha for beam search; 0 ranks by raw log-probability
+    patience: int | None = None  # validations without a better val/loss before stopping; None: never
     deterministic: bool = False
     compile: bool = False
     val_every: int = 250  # steps between validations
 
-    @field_validator("batch_size", "max_steps", "beam_size", "val_every")
+    @field_validator("batch_size", "max_steps", "beam_size", "val_every", "patience")
     @classmethod
-    def _positive(cls, v: int) -> int:
-        if v < 1:
+    def _positive(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
             raise ValueError("must be a positive integer")
+        return v
+
+    @field_validator("length_penalty")
+    @classmethod
+    def _non_negative(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError("must be non-negative")
         return v
 
     @field_validator("lr")
