@@ -1,19 +1,33 @@
-"""One trial: ExperimentConfig -> data -> Seq2SeqModule -> Trainer.fit -> test metrics + artifacts."""
+"""One trial: ExperimentConfig -> data -> Seq2SeqModule -> Trainer.fit -> test metrics + artifacts.
+
+Training keeps the checkpoint with the best val/loss (and writes the last one); the test splits are
+decoded with that best checkpoint, loaded with weights_only=True. With `out_dir` the trial leaves:
+config.json, metrics.json (metrics, history, per-length accuracy, cost), checkpoints/{best,last}.ckpt
+and attention/probe<i>_<split>.npz (see harness.probes.AttentionSample.load)."""
 
 from __future__ import annotations
 
 import json
+import resource
+import tempfile
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.loggers import WandbLogger
 
 from harness.config import ExperimentConfig
+from harness.probes import AttentionSample, Probe, capture, log_images, select_probes
 from harness.tasks import build_task
 from harness.tasks.datamodule import Seq2SeqDataModule
-from models.module import Seq2SeqModule
+from models.module import PAD_ID, Seq2SeqModule
+
+MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
 
 
 @dataclass
@@ -23,11 +37,22 @@ class TrialResult:
     wall_time: float
     split_sizes: dict[str, int]
     history: list[dict[str, float]] = field(default_factory=list)
+    # Exact match by target length: rows of {split, length, n, seq_acc}.
+    per_length: list[dict[str, Any]] = field(default_factory=list)
+    attention: list[AttentionSample] = field(default_factory=list)
+    tokens_per_sec: float = 0.0  # training throughput, target + source tokens without padding
+    peak_mem_mb: float = 0.0  # peak CUDA memory allocated, or peak process RSS on CPU
+    steps: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The flat JSON object `ablate train --json` prints."""
         return {**self.metrics, "params": self.params, "wall_time": round(self.wall_time, 3),
-                "split_sizes": self.split_sizes}  # fmt: skip
+                "steps": self.steps, "tokens_per_sec": round(self.tokens_per_sec, 1),
+                "peak_mem_mb": round(self.peak_mem_mb, 1), "split_sizes": self.split_sizes}  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything but the attention arrays (those are .npz files)."""
+        return {k: v for k, v in asdict(self).items() if k != "attention"}
 
 
 class HistoryCallback(L.Callback):
@@ -36,13 +61,85 @@ class HistoryCallback(L.Callback):
     def __init__(self):
         self.rows: list[dict[str, float]] = []
 
-    def _record(self, trainer: L.Trainer) -> None:
-        row = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-        self.rows.append({"step": trainer.global_step, **row})
-
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
-            self._record(trainer)
+            row = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+            self.rows.append({"step": trainer.global_step, **row})
+
+
+class CostMonitor(L.Callback):
+    """Training throughput in tokens per second and peak memory.
+
+    Tokens are counted on the device and read back once per logging interval (or validation), so
+    counting adds no per-step sync; validation time is excluded from the throughput."""
+
+    def __init__(self):
+        self.tokens, self.train_seconds, self.peak_mem_mb = 0, 0.0, 0.0
+        self._window_tokens: torch.Tensor | int = 0
+        self._window_start = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
+        self._window_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        real = (batch["src"] != PAD_ID).sum() + (batch["tgt_out"] != PAD_ID).sum()
+        self._window_tokens = self._window_tokens + real
+        if trainer.loggers and trainer.global_step % trainer.log_every_n_steps == 0:
+            rate = self._close_window()
+            for logger in trainer.loggers:
+                logger.log_metrics({"train/tokens_per_sec": rate}, step=trainer.global_step)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close_window()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._window_start = time.perf_counter()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close_window()
+        if pl_module.device.type == "cuda":
+            self.peak_mem_mb = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
+        else:
+            self.peak_mem_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+    def _close_window(self) -> float:
+        tokens = int(self._window_tokens)
+        seconds = time.perf_counter() - self._window_start
+        self.tokens, self.train_seconds = self.tokens + tokens, self.train_seconds + seconds
+        self._window_tokens, self._window_start = 0, time.perf_counter()
+        return tokens / max(seconds, 1e-9)
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return self.tokens / max(self.train_seconds, 1e-9)
+
+
+class ValidateOnStop(L.Callback):
+    """Ends training on a validation: Lightning validates when asked to stop, so the weights of the last
+    step (max_steps reached mid-interval) are scored and can become the best checkpoint."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            trainer.should_stop = True
+
+
+class AttentionImages(L.Callback):
+    """Logs the probes' attention heatmaps to W&B after every validation, to watch alignments form."""
+
+    def __init__(self, probes: list[Probe]):
+        self.probes = probes
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: Seq2SeqModule) -> None:
+        if not trainer.sanity_checking and any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
+            log_images(trainer.loggers, capture(pl_module, self.probes), trainer.global_step)
+
+
+def resolve_precision(precision: str) -> str:
+    if precision != "auto":
+        return precision
+    return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
 
 
 def build_module(cfg: ExperimentConfig, data_sizes: tuple[int, int], eval_splits: list[str]) -> Seq2SeqModule:
@@ -50,8 +147,35 @@ def build_module(cfg: ExperimentConfig, data_sizes: tuple[int, int], eval_splits
     return Seq2SeqModule(
         cfg.model, *data_sizes, lr=t.lr, weight_decay=t.weight_decay, schedule=t.schedule,
         warmup_steps=t.warmup_steps, max_steps=t.max_steps, label_smoothing=t.label_smoothing,
+        beam_size=t.beam_size, length_penalty=t.length_penalty, compile=t.compile,
         eval_splits=tuple(eval_splits),
     )  # fmt: skip
+
+
+def per_length_accuracy(predictions: dict[str, list[tuple[list[int], list[int]]]]) -> list[dict[str, Any]]:
+    """Exact match grouped by target length (tokens without EOS), per evaluated split."""
+    rows = []
+    for split, pairs in predictions.items():
+        counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # length -> [n, exact]
+        for pred, tgt in pairs:
+            counts[len(tgt)][0] += 1
+            counts[len(tgt)][1] += pred == tgt
+        for length, (n, exact) in sorted(counts.items()):
+            rows.append({"split": split, "length": length, "n": n, "seq_acc": exact / n})
+    return rows
+
+
+def log_final(loggers: list, result: TrialResult, step: int) -> None:
+    """Cost figures as metrics and the per-length table as a W&B table."""
+    cost = {"cost/params": result.params, "cost/wall_time": result.wall_time,
+            "cost/tokens_per_sec": result.tokens_per_sec, "cost/peak_mem_mb": result.peak_mem_mb}  # fmt: skip
+    for logger in loggers:
+        logger.log_metrics(cost, step=step)
+        if isinstance(logger, WandbLogger) and result.per_length:
+            columns = list(result.per_length[0])
+            logger.log_table("per_length", columns, [[row[c] for c in columns] for row in result.per_length],
+                             step=step)  # fmt: skip
+        logger.save()
 
 
 def run_trial(
@@ -61,53 +185,94 @@ def run_trial(
     callbacks: list | None = None,
     progress: bool = False,
 ) -> TrialResult:
-    """Trains and tests one configuration. With `out_dir`, writes config.json and metrics.json there."""
+    """Trains and tests one configuration; with `out_dir`, leaves its artifacts there."""
     start = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = build_task(cfg.task, cfg.seed)
     dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed)
     module = build_module(cfg, (len(data.src_vocab), len(data.tgt_vocab)), dm.eval_splits)
-    history = HistoryCallback()
+    probes = select_probes(data)
+    loggers = list(loggers or [])
+    history, cost = HistoryCallback(), CostMonitor()
     t = cfg.train
-    trainer = L.Trainer(
-        max_steps=t.max_steps,
-        max_epochs=t.max_epochs if t.max_epochs is not None else -1,
-        max_time={"seconds": t.max_time} if t.max_time else None,
-        val_check_interval=min(t.val_every, max(1, len(dm.train_dataloader())))
-        if t.max_epochs is None
-        else None,
-        check_val_every_n_epoch=None if t.max_epochs is None else 1,
-        gradient_clip_val=t.grad_clip,
-        precision=t.precision,
-        deterministic=t.deterministic,
-        accelerator="auto",
-        devices=1,
-        logger=loggers or False,
-        callbacks=[history, *(callbacks or [])],
-        enable_checkpointing=False,
-        enable_progress_bar=progress,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=str(out_dir) if out_dir else None,
-    )
-    trainer.fit(module, datamodule=dm)
-    test_metrics = trainer.test(module, datamodule=dm, verbose=False)
+    with tempfile.TemporaryDirectory(prefix="trial-ckpt-") as scratch:
+        # Without an out_dir the best checkpoint still selects the tested weights; it lives in scratch.
+        ckpt_dir = Path(out_dir) / "checkpoints" if out_dir is not None else Path(scratch)
+        best = ModelCheckpoint(
+            dirpath=ckpt_dir, filename="best", monitor=MONITOR, mode="min", save_top_k=1,
+            enable_version_counter=False,
+        )  # fmt: skip
+        own = [history, cost, best, ValidateOnStop(), AttentionImages(probes)]
+        if t.patience is not None:
+            own.append(
+                EarlyStopping(MONITOR, patience=t.patience, mode="min", check_on_train_epoch_end=False)
+            )
+        if progress:
+            own.append(RichProgressBar())
+        trainer = L.Trainer(
+            max_steps=t.max_steps,
+            max_epochs=t.max_epochs if t.max_epochs is not None else -1,
+            max_time={"seconds": t.max_time} if t.max_time else None,
+            val_check_interval=min(t.val_every, max(1, len(dm.train_dataloader())))
+            if t.max_epochs is None
+            else None,
+            check_val_every_n_epoch=None if t.max_epochs is None else 1,
+            gradient_clip_val=t.grad_clip,
+            precision=resolve_precision(t.precision),
+            deterministic=t.deterministic,
+            accelerator="auto",
+            devices=1,
+            logger=loggers or False,
+            callbacks=[*own, *(callbacks or [])],
+            enable_progress_bar=progress,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            default_root_dir=str(out_dir) if out_dir else scratch,
+        )
+        trainer.fit(module, datamodule=dm)
+        # The full state (optimizer, schedule, loops), not only the weights: the last checkpoint can resume.
+        trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)
+        tested = best.best_model_path or str(ckpt_dir / "last.ckpt")
+        test_metrics = trainer.test(module, datamodule=dm, ckpt_path=tested, verbose=False, weights_only=True)
+
     metrics: dict[str, float] = {}
     for per_loader in test_metrics:
         metrics.update({k: float(v) for k, v in per_loader.items()})
-    metrics.update(
-        {k: v for k, v in history.rows[-1].items() if k.startswith("val/")} if history.rows else {}
-    )
+    # Validation metrics of the tested checkpoint: the validation row where val/loss was best.
+    scored = [row for row in history.rows if MONITOR in row]
+    if scored:
+        metrics.update(
+            {k: v for k, v in min(scored, key=lambda r: r[MONITOR]).items() if k.startswith("val/")}
+        )
     result = TrialResult(
         metrics=dict(sorted(metrics.items())),
         params=module.num_parameters(),
         wall_time=time.perf_counter() - start,
         split_sizes=data.sizes(),
         history=history.rows,
+        per_length=per_length_accuracy(module.predictions),
+        attention=capture(module, probes),
+        tokens_per_sec=cost.tokens_per_sec,
+        peak_mem_mb=cost.peak_mem_mb,
+        steps=trainer.global_step,
     )
+    log_images(loggers, result.attention, trainer.global_step)
+    log_final(loggers, result, trainer.global_step)
     if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2))
-        (out / "metrics.json").write_text(json.dumps(asdict(result), indent=2))
+        write_artifacts(Path(out_dir), cfg, result, loggers)
     return result
+
+
+def write_artifacts(out: Path, cfg: ExperimentConfig, result: TrialResult, loggers: list) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2))
+    (out / "metrics.json").write_text(json.dumps(result.to_json(), indent=2))
+    attention_dir = out / "attention"
+    attention_dir.mkdir(exist_ok=True)
+    for i, sample in enumerate(result.attention):
+        path = attention_dir / f"probe{i}_{sample.split}.npz"
+        sample.save(path)
+        for logger in loggers:
+            if isinstance(logger, WandbLogger):
+                # The arrays travel with the W&B run too, next to the heatmap images.
+                logger.experiment.save(str(path), base_path=str(out), policy="now")

@@ -1,4 +1,9 @@
-"""Seq2SeqModule: one LightningModule that trains and evaluates every model family."""
+"""Seq2SeqModule: one LightningModule that trains and evaluates every model family.
+
+Training minimises teacher-forced, label-smoothed cross entropy over non-padding target tokens with
+AdamW and a step-wise lr schedule. Validation decodes greedily (cheap, for model selection); test
+decodes with `beam_size`. Every evaluated split logs loss, perplexity, exact match and token accuracy.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import torch.nn.functional as F
 
 from models import build_model
 from models.config import ModelConfig
-from models.decoding import greedy_decode
+from models.decoding import beam_search, greedy_decode
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
@@ -38,6 +43,19 @@ def lr_lambda(schedule: str, warmup_steps: int, max_steps: int):
     return {"constant": constant, "inverse_sqrt": inverse_sqrt, "cosine": cosine}[schedule]
 
 
+def token_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0, reduction: str = "mean"
+) -> torch.Tensor:
+    """logits (B, T, V), target (B, T) -> cross entropy over the non-padding positions.
+
+    With smoothing eps the target distribution is (1 - eps) on the gold token plus eps / V on every
+    token, so the loss is (1 - eps) * NLL + eps * mean_v(-log p_v). Computed in float32 under autocast."""
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), target.flatten(),
+        ignore_index=PAD_ID, label_smoothing=label_smoothing, reduction=reduction,
+    )  # fmt: skip
+
+
 def sequence_scores(pred: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """pred (B, L) generated ids, tgt (B, T) reference ids ending in EOS then padding.
 
@@ -46,10 +64,25 @@ def sequence_scores(pred: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor
     pred = F.pad(pred, (0, length - pred.size(1)), value=PAD_ID)
     tgt = F.pad(tgt, (0, length - tgt.size(1)), value=PAD_ID)
     real = tgt != PAD_ID
-    # Everything the model emitted after its EOS is already padding (greedy_decode masks it).
+    # Everything the model emitted after its EOS is already padding (the decoders mask it).
     same = (pred == tgt) | ~real
     exact = same.all(1) & ((pred != PAD_ID) == real).all(1)
     return exact, ((pred == tgt) & real).sum(1), real.sum(1)
+
+
+def until_eos(ids: list[int]) -> list[int]:
+    """Token ids up to (not including) the first EOS, without padding."""
+    out = []
+    for i in ids:
+        if i == EOS_ID:
+            break
+        if i != PAD_ID:
+            out.append(i)
+    return out
+
+
+# Running sums per evaluated split, in this order; `_log_sums` turns them into metrics.
+SUMS = ("loss", "nll", "tokens", "exact", "correct", "examples")
 
 
 class Seq2SeqModule(L.LightningModule):
@@ -64,6 +97,9 @@ class Seq2SeqModule(L.LightningModule):
         warmup_steps: int = 0,
         max_steps: int = 1000,
         label_smoothing: float = 0.0,
+        beam_size: int = 1,
+        length_penalty: float = 0.6,
+        compile: bool = False,
         eval_splits: tuple[str, ...] = ("test",),
     ):
         super().__init__()
@@ -71,60 +107,86 @@ class Seq2SeqModule(L.LightningModule):
         self.save_hyperparameters(ignore=["model"])
         self.hparams["model"] = self.model_cfg.model_dump()  # a plain dict, so checkpoints stay safe to load
         self.model = build_model(self.model_cfg, src_vocab, tgt_vocab, PAD_ID)
+        if compile:
+            # Compiles forward in place: parameter names, and so checkpoints, stay those of the plain model.
+            self.model.compile()
         self.eval_splits = list(eval_splits)
-        # Per split: list of (prediction ids, target ids) rows, filled by test_step for the harness.
+        # Per split: (prediction ids, target ids) up to EOS, one row per example, filled by test_step.
         self.predictions: dict[str, list[tuple[list[int], list[int]]]] = {}
         self._sums: dict[str, torch.Tensor] = {}
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
-    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = self.model(batch["src"], batch["tgt_in"])
-        return F.cross_entropy(
-            logits.flatten(0, 1), batch["tgt_out"].flatten(),
-            ignore_index=PAD_ID, label_smoothing=self.hparams.label_smoothing,
-        )  # fmt: skip
+    def generate(self, src: torch.Tensor, beam_size: int = 1) -> torch.Tensor:
+        """(B, S) -> (B, L) predicted ids, EOS kept, padded."""
+        if beam_size == 1:
+            return greedy_decode(self.model, src, BOS_ID, EOS_ID, PAD_ID)
+        return beam_search(self.model, src, BOS_ID, EOS_ID, PAD_ID, beam_size, self.hparams.length_penalty)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self.loss(batch)
+        logits = self.model(batch["src"], batch["tgt_in"])
+        loss = token_cross_entropy(logits, batch["tgt_out"], self.hparams.label_smoothing)
         self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
         return loss
 
-    def _accumulate(self, split: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        pred = greedy_decode(self.model, batch["src"], BOS_ID, EOS_ID, PAD_ID)
-        exact, correct, total = sequence_scores(pred, batch["tgt_out"])
+    def _evaluate(self, split: str, batch: dict[str, torch.Tensor], beam_size: int) -> torch.Tensor:
+        """Adds the batch's loss terms and generation scores to the split's sums; returns predictions."""
+        logits = self.model(batch["src"], batch["tgt_in"])
+        target = batch["tgt_out"]
+        loss = token_cross_entropy(logits, target, self.hparams.label_smoothing, reduction="sum")
+        nll = token_cross_entropy(logits, target, reduction="sum")
+        pred = self.generate(batch["src"], beam_size)
+        exact, correct, total = sequence_scores(pred, target)
+        examples = torch.tensor(exact.numel(), device=exact.device)
         sums = torch.stack(
-            [exact.sum(), correct.sum(), total.sum(), torch.tensor(exact.numel(), device=exact.device)]
+            [x.double() for x in (loss, nll, total.sum(), exact.sum(), correct.sum(), examples)]
         )
         self._sums[split] = self._sums.get(split, 0) + sums
         return pred
 
     def _log_sums(self) -> None:
-        for split, (exact, correct, total, n) in self._sums.items():
-            self.log(f"{split}/seq_acc", (exact / n).item(), add_dataloader_idx=False)
-            self.log(f"{split}/tok_acc", (correct / total).item(), add_dataloader_idx=False)
+        for split, sums in self._sums.items():
+            s = dict(zip(SUMS, sums))
+            metrics = {
+                "loss": s["loss"] / s["tokens"],
+                # Perplexity of the unsmoothed model: exp of the mean token negative log-likelihood.
+                "ppl": torch.exp(s["nll"] / s["tokens"]),
+                "seq_acc": s["exact"] / s["examples"],
+                "tok_acc": s["correct"] / s["tokens"],
+            }
+            for name, value in metrics.items():
+                self.log(f"{split}/{name}", value.float(), prog_bar=name == "loss", add_dataloader_idx=False)
         self._sums = {}
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=batch["src"].size(0))
-        self._accumulate("val", batch)
+        self._evaluate("val", batch, beam_size=1)
 
     def on_validation_epoch_end(self) -> None:
         self._log_sums()
 
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         split = self.eval_splits[dataloader_idx]
-        self.log(f"{split}/loss", self.loss(batch), add_dataloader_idx=False, batch_size=batch["src"].size(0))
-        pred = self._accumulate(split, batch)
+        pred = self._evaluate(split, batch, self.hparams.beam_size)
         rows = self.predictions.setdefault(split, [])
-        rows.extend(zip(pred.tolist(), batch["tgt_out"].tolist()))
+        rows.extend((until_eos(p), until_eos(t)) for p, t in zip(pred.tolist(), batch["tgt_out"].tolist()))
 
     def on_test_epoch_start(self) -> None:
         self.predictions = {}
 
     def on_test_epoch_end(self) -> None:
         self._log_sums()
+
+    @torch.no_grad()
+    def attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[str, list[torch.Tensor | None]]:
+        """Teacher-forced attention weights of the model in eval mode: {'cross': [(B, H, T, S) per layer],
+        ...}; which kinds there are depends on the family (empty without attention)."""
+        was_training = self.training
+        self.eval()
+        _, weights = self.model(src, tgt_in, need_weights=True)
+        self.train(was_training)
+        return weights
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
