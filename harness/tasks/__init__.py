@@ -1,4 +1,6 @@
-"""Task registry: `build_task(cfg.task, seed)` gives a TaskData with train / valid / test / test_long."""
+"""Task registry: `build_task(cfg.task, seed)` gives a TaskData with train / valid / test / test_long.
+
+TASKS maps each task name to (builder, one line on what it is and which task.* options it reads)."""
 
 from __future__ import annotations
 
@@ -6,14 +8,39 @@ from collections.abc import Callable
 
 from harness.config import ConfigError, TaskConfig
 from harness.tasks.base import SPLITS, Example, TaskData, Vocab
-from harness.tasks.synthetic import copy_task, reverse_task
+from harness.tasks.corpora import parallel_task
+from harness.tasks.scan import scan_task
+from harness.tasks.synth_mt import synth_mt_task
+from harness.tasks.synthetic import addition_task, copy_task, recall_task, reverse_task, sort_task
+
+SYNTHETIC_OPTIONS = "min_len, max_len, test_max_len, n_train/n_valid/n_test"
 
 TASKS: dict[str, tuple[Callable[[TaskConfig, int], TaskData], str]] = {
-    "copy": (
-        copy_task,
-        "output = input; options min_len, max_len, test_max_len, vocab_size, n_train/n_valid/n_test",
+    "copy": (copy_task, f"output = input; symbols 0..vocab_size-1; {SYNTHETIC_OPTIONS}, vocab_size"),
+    "reverse": (reverse_task, f"output = input reversed; {SYNTHETIC_OPTIONS}, vocab_size"),
+    "sort": (sort_task, f"output = input sorted (stable); {SYNTHETIC_OPTIONS}, vocab_size"),
+    "addition": (
+        addition_task,
+        f"a + b -> digits of the sum, with carries; lengths in digits; {SYNTHETIC_OPTIONS}",
     ),
-    "reverse": (reverse_task, "output = input reversed; same options as copy"),
+    "recall": (
+        recall_task,
+        f"k1 v1 ... kn vn ? k -> value of k; lengths in pairs (at most 26); {SYNTHETIC_OPTIONS}, vocab_size (values)",
+    ),
+    "synth_mt": (
+        synth_mt_task,
+        f"SVO -> SOV toy translation with gold alignments; lengths in source words (at least 5); {SYNTHETIC_OPTIONS}",
+    ),
+    "scan": (
+        scan_task,
+        "SCAN commands -> actions; split (simple | length | addprim_jump | addprim_turn_left), "
+        "n_valid, path (folder of official files, optional)",
+    ),  # fmt: skip
+    "parallel": (
+        parallel_task,
+        "sentence pairs; path (TSV | JSONL | Moses prefix | save_to_disk folder | hub name), src_lang/tgt_lang, "
+        "hf_config, tokenizer (char | word | bpe), bpe_vocab_size, min_tokens, max_tokens, max_examples, n_valid/n_test",
+    ),
 }
 
 

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.tasks.tokenizers import Tokenizer
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -32,6 +38,16 @@ class Vocab:
     def from_examples(cls, examples: Iterable[Example], side: str) -> Vocab:
         return cls(tok for ex in examples for tok in getattr(ex, side))
 
+    @classmethod
+    def load(cls, path: str | Path) -> Vocab:
+        vocab = cls(())
+        vocab.itos = json.loads(Path(path).read_text(encoding="utf-8"))
+        vocab.stoi = {t: i for i, t in enumerate(vocab.itos)}
+        return vocab
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.itos, ensure_ascii=False), encoding="utf-8")
+
     def __len__(self) -> int:
         return len(self.itos)
 
@@ -40,12 +56,17 @@ class Vocab:
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         """Ids to tokens, stopping at EOS and dropping padding and BOS."""
+        return [self.itos[i] for i in self.strip_ids(ids)]
+
+    @staticmethod
+    def strip_ids(ids: Iterable[int]) -> list[int]:
+        """The ids that are tokens: up to the first EOS, without padding or BOS."""
         out = []
         for i in ids:
             if i == EOS_ID:
                 break
             if i not in (PAD_ID, BOS_ID):
-                out.append(self.itos[i])
+                out.append(int(i))
         return out
 
 
@@ -55,9 +76,35 @@ class TaskData:
     splits: dict[str, list[Example]]
     src_vocab: Vocab
     tgt_vocab: Vocab
-    # Longest training source / target: the line between "seen" and "longer than training".
+    # Longest training target in tokens: the line between "seen" and "longer than training" lengths.
     train_max_len: int = 0
     meta: dict = field(default_factory=dict)
+    # Text tasks are scored with BLEU / chrF on detokenized output as well as exact match.
+    is_text: bool = False
+    # How corpus text became tokens (parallel corpora); None means tokens joined by spaces.
+    src_tokenizer: Tokenizer | None = None
+    tgt_tokenizer: Tokenizer | None = None
 
     def sizes(self) -> dict[str, int]:
         return {name: len(examples) for name, examples in self.splits.items()}
+
+    def target_text(self, tokens: Sequence[str]) -> str:
+        return self.tgt_tokenizer.detokenize(tokens) if self.tgt_tokenizer else " ".join(tokens)
+
+    def save(self, directory: str | Path) -> None:
+        """Writes what is needed to encode new inputs and read outputs the way this run did:
+        src_vocab.json / tgt_vocab.json (id -> token lists), src_tokenizer.json / tgt_tokenizer.json
+        when text was tokenized, and task.json (name, split sizes, meta)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self.src_vocab.save(out / "src_vocab.json")
+        self.tgt_vocab.save(out / "tgt_vocab.json")
+        for side, tokenizer in (("src", self.src_tokenizer), ("tgt", self.tgt_tokenizer)):
+            if tokenizer is not None:
+                tokenizer.save(out / f"{side}_tokenizer.json")
+        summary = {"name": self.name, "sizes": self.sizes(), "train_max_len": self.train_max_len, **self.meta}
+        (out / "task.json").write_text(json.dumps(summary, indent=2))
+
+
+def longest_target(examples: Iterable[Example]) -> int:
+    return max((len(ex.tgt) for ex in examples), default=0)

@@ -1,10 +1,16 @@
-"""Tensors and batches for a TaskData: src = tokens + EOS, tgt_in = BOS + tokens, tgt_out = tokens + EOS."""
+"""Tensors and batches for a TaskData: src = tokens + EOS, tgt_in = BOS + tokens, tgt_out = tokens + EOS.
+
+Batches hold either a fixed number of examples (train.batch_size) or, with train.batch_tokens, as many
+as fit a token budget: examples of similar length are bucketed together so little of a batch is padding.
+Training order is a function of (seed, epoch) alone. Evaluation batches keep the split's order, so
+Seq2SeqModule.predictions[split][i] belongs to data.splits[split][i]."""
 
 from __future__ import annotations
 
 import lightning as L
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from harness.tasks.base import BOS_ID, EOS_ID, PAD_ID, Example, TaskData
 
@@ -24,6 +30,12 @@ class EncodedSplit(Dataset):
     def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
         return self.items[i]
 
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per example: source length (with EOS) and decoder length (target + 1, as tgt_in / tgt_out)."""
+        src = np.array([len(s) for s, _ in self.items], dtype=np.int64)
+        tgt = np.array([len(t) - 1 for _, t in self.items], dtype=np.int64)
+        return src, tgt
+
 
 def pad(seqs: list[list[int]]) -> torch.Tensor:
     out = torch.full((len(seqs), max(map(len, seqs))), PAD_ID, dtype=torch.long)
@@ -38,18 +50,96 @@ def collate(batch: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]
     return {"src": pad(list(src)), "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
 
 
+def pack(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[list[int]]:
+    """Consecutive runs of `order` whose padded size (examples x longest) stays within the budget;
+    an example longer than the budget gets a batch of its own."""
+    batches, current, longest = [], [], 0
+    for i in order.tolist():
+        grown = max(longest, int(lengths[i]))
+        if current and (len(current) + 1) * grown > batch_tokens:
+            batches.append(current)
+            current, grown = [], int(lengths[i])
+        current.append(i)
+        longest = grown
+    return batches + [current] if current else batches
+
+
+class BatchSampler(Sampler[list[int]]):
+    """Index batches of one split, by count (batch_size) or by token budget (batch_tokens).
+
+    shuffle=True (training): a seeded order per epoch; with a budget, examples are sorted by length
+    (ties in that random order), packed, and the batches shuffled, so each batch is one length bucket.
+    shuffle=False (evaluation): the split's own order."""
+
+    def __init__(
+        self, lengths: np.ndarray, seed: int, shuffle: bool, batch_size: int | None = None,
+        batch_tokens: int | None = None,
+    ):  # fmt: skip
+        if (batch_size is None) == (batch_tokens is None):
+            raise ValueError("give exactly one of batch_size and batch_tokens")
+        self.lengths, self.seed, self.shuffle = lengths, seed, shuffle
+        self.batch_size, self.batch_tokens = batch_size, batch_tokens
+        self.epoch = 0
+        # The number of batches is the same every epoch: packing sorted lengths does not see tie order.
+        self.num_batches = len(self.batches(0))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Lightning calls this before each epoch; without it, each pass over the sampler is the next epoch."""
+        self.epoch = epoch
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        n = len(self.lengths)
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        if self.batch_tokens is None:
+            return [order[i : i + self.batch_size].tolist() for i in range(0, n, self.batch_size)]
+        if self.shuffle:
+            order = order[np.argsort(self.lengths[order], kind="stable")]
+        batches = pack(order, self.lengths, self.batch_tokens)
+        return [batches[i] for i in rng.permutation(len(batches))] if self.shuffle else batches
+
+    def __iter__(self):
+        batches = self.batches(self.epoch)
+        self.epoch += 1
+        yield from batches
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+
 class Seq2SeqDataModule(L.LightningDataModule):
-    def __init__(self, data: TaskData, batch_size: int, seed: int, eval_batch_size: int = 256):
+    """Loaders for a TaskData. With `batch_tokens`, training and evaluation batches are sized by a
+    token budget (batch_size and eval_batch_size are then unused)."""
+
+    def __init__(
+        self, data: TaskData, batch_size: int, seed: int, eval_batch_size: int = 256, *,
+        batch_tokens: int | None = None,
+    ):  # fmt: skip
         super().__init__()
         self.data, self.batch_size, self.seed, self.eval_batch_size = data, batch_size, seed, eval_batch_size
+        self.batch_tokens = batch_tokens
         self.encoded = {name: EncodedSplit(ex, data) for name, ex in data.splits.items()}
         # The evaluation splits in dataloader order; empty ones (no test_long) are left out.
         self.eval_splits = [s for s in EVAL_SPLITS if len(self.encoded.get(s, ()))]
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed) if shuffle else None
+    def sampler(self, split: str, shuffle: bool) -> BatchSampler:
+        src, tgt = self.encoded[split].lengths()
+        if self.batch_tokens is not None:
+            return BatchSampler(np.maximum(src, tgt), self.seed, shuffle, batch_tokens=self.batch_tokens)
         size = self.batch_size if shuffle else self.eval_batch_size
-        return DataLoader(self.encoded[split], size, shuffle=shuffle, collate_fn=collate, generator=generator)
+        return BatchSampler(src, self.seed, shuffle, batch_size=size)
+
+    def padding_fraction(self, split: str = "train") -> float:
+        """Share of padding among the src and tgt_in positions of one epoch's batches of `split`."""
+        src, tgt = self.encoded[split].lengths()
+        padded = real = 0
+        for batch in self.sampler(split, shuffle=split == "train").batches(0):
+            padded += len(batch) * (src[batch].max() + tgt[batch].max())
+            real += src[batch].sum() + tgt[batch].sum()
+        return float(1 - real / padded) if padded else 0.0
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        return DataLoader(self.encoded[split], batch_sampler=self.sampler(split, shuffle), collate_fn=collate)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

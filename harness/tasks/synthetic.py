@@ -1,16 +1,27 @@
 """Algorithmic tasks generated from the seed: the same (config, seed) always gives the same data.
 
-Test and test_long never repeat a training source, so exact match measures generalisation."""
+Each task draws one example for a given "length" (symbols for copy / reverse / sort, digits of the
+longer operand for addition, key-value pairs for recall). Train, valid and test use lengths
+[min_len, max_len]; test_long uses (max_len, test_max_len]. Test and valid never repeat a training
+source, so exact match measures generalisation."""
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable
 
 import numpy as np
 
-from harness.tasks.base import Example, TaskData, Vocab
+from harness.config import ConfigError, TaskConfig
+from harness.tasks.base import Example, TaskData, Vocab, longest_target
 
+Sampler = Callable[[np.random.Generator, int], Example]  # one random example of the given length
 Transform = Callable[[tuple[str, ...]], tuple[tuple[str, ...], tuple[tuple[int, int], ...]]]
+
+RECALL_KEYS = tuple(string.ascii_lowercase)
+QUERY = "?"
+PLUS = "+"
+DIGITS = tuple(string.digits)
 
 
 def copy_transform(src: tuple[str, ...]):
@@ -22,46 +33,121 @@ def reverse_transform(src: tuple[str, ...]):
     return src[::-1], tuple((n - 1 - j, j) for j in range(n))
 
 
-def _sample_split(
-    rng: np.random.Generator, n: int, lo: int, hi: int, symbols: list[str], transform: Transform, exclude: set
-) -> list[Example]:
-    examples, seen = [], set(exclude)
-    attempts = 0
-    while len(examples) < n and attempts < 50 * n:
-        attempts += 1
-        length = int(rng.integers(lo, hi + 1))
+def sort_transform(src: tuple[str, ...]):
+    # A stable sort, so equal symbols keep their order and the alignment is one permutation.
+    order = sorted(range(len(src)), key=lambda i: int(src[i]))
+    return tuple(src[i] for i in order), tuple((i, j) for j, i in enumerate(order))
+
+
+def symbol_sampler(symbols: list[str], transform: Transform) -> Sampler:
+    def sample(rng: np.random.Generator, length: int) -> Example:
         src = tuple(symbols[i] for i in rng.integers(0, len(symbols), size=length))
-        if src in seen:
-            continue
-        seen.add(src)
         tgt, alignment = transform(src)
-        examples.append(Example(src, tgt, alignment))
+        return Example(src, tgt, alignment)
+
+    return sample
+
+
+def random_number(rng: np.random.Generator, digits: int) -> int:
+    """A uniform number with exactly `digits` digits (0 counts as one digit)."""
+    if digits == 1:
+        return int(rng.integers(0, 10))
+    return int(rng.integers(1, 10)) * 10 ** (digits - 1) + int(rng.integers(0, 10 ** (digits - 1)))
+
+
+def addition_sampler(min_digits: int) -> Sampler:
+    """'a + b' digit by digit, most significant first; the longer operand has `length` digits and
+    stands first or second at random. Uniform digits give carries in about half the columns."""
+
+    def sample(rng: np.random.Generator, length: int) -> Example:
+        a = random_number(rng, length)
+        b = random_number(rng, int(rng.integers(min_digits, length + 1)))
+        if rng.random() < 0.5:
+            a, b = b, a
+        return Example((*str(a), PLUS, *str(b)), tuple(str(a + b)))
+
+    return sample
+
+
+def recall_sampler(values: list[str]) -> Sampler:
+    """Associative recall: 'k1 v1 k2 v2 ... ? kq' -> the value stored under kq. Keys are distinct;
+    the gold alignment points the answer at the queried value."""
+
+    def sample(rng: np.random.Generator, pairs: int) -> Example:
+        keys = rng.choice(len(RECALL_KEYS), size=pairs, replace=False)
+        vals = rng.integers(0, len(values), size=pairs)
+        query = int(rng.integers(0, pairs))
+        src = tuple(tok for k, v in zip(keys, vals) for tok in (RECALL_KEYS[k], values[v]))
+        return Example((*src, QUERY, RECALL_KEYS[keys[query]]), (values[vals[query]],), ((2 * query + 1, 0),))
+
+    return sample
+
+
+def _sample_split(
+    rng: np.random.Generator, n: int, lo: int, hi: int, sample: Sampler, exclude: set
+) -> list[Example]:
+    """Up to n examples with distinct sources outside `exclude` (fewer when the space is small)."""
+    examples, seen = [], set(exclude)
+    for _ in range(50 * n):
+        if len(examples) == n:
+            break
+        example = sample(rng, int(rng.integers(lo, hi + 1)))
+        if example.src not in seen:
+            seen.add(example.src)
+            examples.append(example)
     return examples
 
 
-def sequence_task(name: str, transform: Transform, cfg, seed: int) -> TaskData:
-    """Random symbol strings of length [min_len, max_len] mapped by `transform`; test_long uses
-    lengths (max_len, test_max_len]."""
-    symbols = [str(i) for i in range(cfg.vocab_size)]
+def sample_splits(name: str, sample: Sampler, cfg: TaskConfig, seed: int, shortest: int = 1) -> dict:
+    """Every split of a generated task; `shortest` is the least length the task can produce."""
+    if cfg.max_len < shortest:
+        raise ConfigError(
+            f"task.max_len: {name} examples have length at least {shortest} (got {cfg.max_len})"
+        )
     # One independent stream per split: changing n_train does not change the test set.
     streams = np.random.SeedSequence([seed, sum(map(ord, name))]).spawn(4)
     rngs = [np.random.default_rng(s) for s in streams]
-    lo, hi, long_hi = cfg.min_len, cfg.max_len, cfg.long_max_len
-    test = _sample_split(rngs[2], cfg.n_test, lo, hi, symbols, transform, set())
-    valid = _sample_split(rngs[1], cfg.n_valid, lo, hi, symbols, transform, {e.src for e in test})
+    lo, hi, long_hi = max(cfg.min_len, shortest), cfg.max_len, cfg.long_max_len
+    test = _sample_split(rngs[2], cfg.n_test, lo, hi, sample, set())
+    valid = _sample_split(rngs[1], cfg.n_valid, lo, hi, sample, {e.src for e in test})
     held_out = {e.src for e in test} | {e.src for e in valid}
-    train = _sample_split(rngs[0], cfg.n_train, lo, hi, symbols, transform, held_out)
-    test_long = (
-        _sample_split(rngs[3], cfg.n_test, hi + 1, long_hi, symbols, transform, set()) if long_hi > hi else []
-    )
-    splits = {"train": train, "valid": valid, "test": test, "test_long": test_long}
-    vocab = Vocab(symbols)
-    return TaskData(name, splits, vocab, vocab, train_max_len=hi)
+    train = _sample_split(rngs[0], cfg.n_train, lo, hi, sample, held_out)
+    test_long = _sample_split(rngs[3], cfg.n_test, hi + 1, long_hi, sample, set()) if long_hi > hi else []
+    return {"train": train, "valid": valid, "test": test, "test_long": test_long}
 
 
-def copy_task(cfg, seed: int) -> TaskData:
-    return sequence_task("copy", copy_transform, cfg, seed)
+def symbol_task(name: str, sample: Sampler, tokens: list[str], cfg: TaskConfig, seed: int) -> TaskData:
+    splits = sample_splits(name, sample, cfg, seed)
+    # The vocabulary is every symbol the task can emit, so longer test inputs never meet <unk>.
+    vocab = Vocab(tokens)
+    return TaskData(name, splits, vocab, vocab, train_max_len=longest_target(splits["train"]))
 
 
-def reverse_task(cfg, seed: int) -> TaskData:
-    return sequence_task("reverse", reverse_transform, cfg, seed)
+def _symbols(cfg: TaskConfig) -> list[str]:
+    return [str(i) for i in range(cfg.vocab_size)]
+
+
+def copy_task(cfg: TaskConfig, seed: int) -> TaskData:
+    return symbol_task("copy", symbol_sampler(_symbols(cfg), copy_transform), _symbols(cfg), cfg, seed)
+
+
+def reverse_task(cfg: TaskConfig, seed: int) -> TaskData:
+    return symbol_task("reverse", symbol_sampler(_symbols(cfg), reverse_transform), _symbols(cfg), cfg, seed)
+
+
+def sort_task(cfg: TaskConfig, seed: int) -> TaskData:
+    return symbol_task("sort", symbol_sampler(_symbols(cfg), sort_transform), _symbols(cfg), cfg, seed)
+
+
+def addition_task(cfg: TaskConfig, seed: int) -> TaskData:
+    return symbol_task("addition", addition_sampler(cfg.min_len), [*DIGITS, PLUS], cfg, seed)
+
+
+def recall_task(cfg: TaskConfig, seed: int) -> TaskData:
+    if cfg.long_max_len > len(RECALL_KEYS):
+        raise ConfigError(
+            f"task.test_max_len: recall has {len(RECALL_KEYS)} distinct keys, so at most "
+            f"{len(RECALL_KEYS)} pairs (got {cfg.long_max_len}; it defaults to 2 * max_len)"
+        )
+    values = _symbols(cfg)
+    return symbol_task("recall", recall_sampler(values), [*RECALL_KEYS, *values, QUERY], cfg, seed)
