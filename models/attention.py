@@ -53,7 +53,12 @@ class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over `heads` heads.
 
     scale: factor on q·k; None means 1/sqrt(d_k). qkv_projections=False gives the parameter-free
-    self-attention of the lectures: weights from x_i·x_j, values are the inputs themselves.
+    self-attention of the lectures: weights softmax(x_i·x_j), outputs sum_j w_ij x_j, no Q/K/V or output
+    projection (with several heads, each head does this on its own slice of the features).
+    rotary / alibi: relative positions inside one sequence, so only for self-attention.
+
+    Two paths agree on every input: `scaled_dot_product_attention` (its `scale` argument, the ALiBi bias
+    added to the mask) when weights are not needed, and an explicit softmax that returns them.
     """
 
     def __init__(
@@ -77,8 +82,47 @@ class MultiHeadAttention(nn.Module):
         self.rotary = rotary
         self.alibi = alibi
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
-        return split_heads(x, self.heads)
+    def keys_values(self, key: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """key (B, S, D) at positions offset.. -> k, v (B, H, S, Dh); what a decoding cache keeps."""
+        k = split_heads(self.k_proj(key), self.heads)
+        if self.rotary is not None:
+            k = self.rotary(k, offset)
+        return k, split_heads(self.v_proj(key), self.heads)
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_padding: torch.Tensor | None = None,
+        causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """query (B, T, D) over k, v from `keys_values`; in self-attention the T queries are the last T of
+        the S key positions (T < S when earlier keys come from a cache)."""
+        q = split_heads(self.q_proj(query), self.heads)
+        q_len, k_len = q.size(2), k.size(2)
+        if self.rotary is not None:
+            q = self.rotary(q, offset=k_len - q_len)
+        mask = build_mask(key_padding, q_len, k_len, causal, q.device)
+        bias = self.alibi(q_len, k_len).to(q.dtype).unsqueeze(0) if self.alibi is not None else None
+        dropout = self.dropout if self.training else 0.0
+
+        if need_weights:
+            scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, T, S)
+            if bias is not None:
+                scores = scores + bias
+            weights = masked_softmax(scores, mask)
+            out = F.dropout(weights, dropout, self.training) @ v
+        else:
+            attn_mask = mask
+            if bias is not None:  # one additive mask: the bias where allowed, -inf elsewhere
+                attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=self.scale
+            )
+            weights = None
+        return self.out_proj(merge_heads(out)), weights
 
     def forward(
         self,
@@ -91,29 +135,139 @@ class MultiHeadAttention(nn.Module):
         """query (B, T, D), key = value (B, S, D), key_padding (B, S) True for real tokens.
 
         Returns the output (B, T, D) and, if asked, the weights (B, H, T, S)."""
-        q, k, v = (
-            self._split(self.q_proj(query)),
-            self._split(self.k_proj(key)),
-            self._split(self.v_proj(key)),
-        )
-        if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
-        mask = build_mask(key_padding, q.size(2), k.size(2), causal, q.device)
-        bias = self.alibi(q.size(2), k.size(2)).unsqueeze(0) if self.alibi is not None else None
-        dropout = self.dropout if self.training else 0.0
+        return self.attend(query, *self.keys_values(key), key_padding, causal, need_weights)
 
-        if need_weights:
-            scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, T, S)
-            if bias is not None:
-                scores = scores + bias
-            weights = masked_softmax(scores, mask)
-            out = F.dropout(weights, dropout, self.training) @ v
-        else:
-            attn_mask = mask
-            if bias is not None:
-                attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=self.scale
-            )
-            weights = None
-        return self.out_proj(merge_heads(out)), weights
+
+# Score functions of the recurrent family: score(query (B, T, D), keys (B, S, D)) -> (B, H, T, S).
+# Each head scores its own slice of the features, split as in MultiHeadAttention.
+
+
+class DotScore(nn.Module):
+    """Luong's dot: s·h per head, times `scale` (Dh^-1/2 gives the Transformer's scaled dot product)."""
+
+    def __init__(self, heads: int, scale: float = 1.0):
+        super().__init__()
+        self.heads, self.scale = heads, scale
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        q, k = split_heads(query, self.heads), split_heads(keys, self.heads)
+        return (q @ k.transpose(-2, -1)) * self.scale
+
+
+class GeneralScore(nn.Module):
+    """Luong's general: sᵀ W h, i.e. the dot score of s with W h."""
+
+    def __init__(self, d_model: int, heads: int):
+        super().__init__()
+        self.w = nn.Linear(d_model, d_model, bias=False)
+        self.dot = DotScore(heads)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return self.dot(query, self.w(keys))
+
+
+class TanhScore(nn.Module):
+    """vᵀ tanh(query part + key part), one v per head; subclasses say how the parts are projected."""
+
+    def __init__(self, d_model: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        head_dim = d_model // heads
+        self.v = nn.Parameter(torch.empty(heads, head_dim).uniform_(-(head_dim**-0.5), head_dim**-0.5))
+
+    def combine(self, query_part: torch.Tensor, key_part: torch.Tensor) -> torch.Tensor:
+        q, k = split_heads(query_part, self.heads), split_heads(key_part, self.heads)
+        hidden = torch.tanh(q[:, :, :, None] + k[:, :, None])  # (B, H, T, S, Dh)
+        return torch.einsum("bhtsd,hd->bhts", hidden, self.v)
+
+
+class AdditiveScore(TanhScore):
+    """Bahdanau's additive: vᵀ tanh(W s + U h)."""
+
+    def __init__(self, d_model: int, heads: int):
+        super().__init__(d_model, heads)
+        self.w = nn.Linear(d_model, d_model, bias=False)
+        self.u = nn.Linear(d_model, d_model)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return self.combine(self.w(query), self.u(keys))
+
+
+class ConcatScore(TanhScore):
+    """Luong's concat: vᵀ tanh(W [s; h]). One matrix on the concatenation, applied as its two halves
+    so the (B, T, S, 2D) concatenation is never built; the same function family as additive."""
+
+    def __init__(self, d_model: int, heads: int):
+        super().__init__(d_model, heads)
+        self.w = nn.Linear(2 * d_model, d_model)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        w_query, w_keys = self.w.weight.chunk(2, dim=1)
+        return self.combine(F.linear(query, w_query, self.w.bias), F.linear(keys, w_keys))
+
+
+class LocationScore(nn.Module):
+    """Luong's location: softmax(W s) over source positions, from the decoder state alone."""
+
+    def __init__(self, d_model: int, heads: int, max_positions: int):
+        super().__init__()
+        self.heads, self.max_positions = heads, max_positions
+        self.w = nn.Linear(d_model // heads, max_positions)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        if keys.size(1) > self.max_positions:
+            raise ValueError(f"source length {keys.size(1)} exceeds model.max_positions={self.max_positions}")
+        return self.w(split_heads(query, self.heads))[..., : keys.size(1)]  # (B, H, T, S)
+
+
+class CosineScore(nn.Module):
+    """Graves et al. 2014 content addressing: β · cos(k, h), key k = W s and strength β = 1 + softplus(w·s)
+    both emitted from the decoder state, one β per head."""
+
+    def __init__(self, d_model: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.key = nn.Linear(d_model, d_model)
+        self.strength = nn.Linear(d_model, heads)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        k = F.normalize(split_heads(self.key(query), self.heads), dim=-1)
+        h = F.normalize(split_heads(keys, self.heads), dim=-1)
+        beta = 1 + F.softplus(self.strength(query)).transpose(1, 2)[..., None]  # (B, H, T, 1)
+        return beta * (k @ h.transpose(-2, -1))
+
+
+def make_score(kind: str, d_model: int, heads: int, max_positions: int) -> nn.Module:
+    """The score module named by `model.attention`."""
+    head_dim = d_model // heads
+    scores = {
+        "additive": lambda: AdditiveScore(d_model, heads),
+        "dot": lambda: DotScore(heads),
+        "general": lambda: GeneralScore(d_model, heads),
+        "concat": lambda: ConcatScore(d_model, heads),
+        "location": lambda: LocationScore(d_model, heads, max_positions),
+        "cosine": lambda: CosineScore(d_model, heads),
+        "scaled_dot": lambda: DotScore(heads, scale=head_dim**-0.5),
+    }
+    return scores[kind]()
+
+
+class ScoreAttention(nn.Module):
+    """Attention over encoder states with a pluggable score: weights = masked softmax of the scores,
+    context = per head the weighted sum of that head's slice of the states. With `scaled_dot` this is
+    MultiHeadAttention without projections (qkv_projections=False)."""
+
+    def __init__(self, score: nn.Module, heads: int):
+        super().__init__()
+        self.score, self.heads = score, heads
+
+    def forward(
+        self, query: torch.Tensor, keys: torch.Tensor, key_padding: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """query (B, T, D), keys = values (B, S, D), key_padding (B, S) True for real tokens.
+
+        Returns the context (B, T, D) and the weights (B, H, T, S)."""
+        scores = self.score(query, keys)
+        mask = build_mask(key_padding, scores.size(2), scores.size(3), causal=False, device=scores.device)
+        weights = masked_softmax(scores, mask)
+        return merge_heads(weights @ split_heads(keys, self.heads)), weights

@@ -82,10 +82,15 @@ class ModelConfig(BaseModel):
                 raise ValueError(
                     f"pos_encoding: rope needs an even head dimension (d_model/heads={self.d_model // self.heads})"
                 )
-        elif self.attention != "none" and self.d_model % self.attention_heads:
-            raise ValueError(
-                f"attention_heads: must divide d_model={self.d_model} (got attention_heads={self.attention_heads})"
-            )
+        else:
+            if self.bidirectional and self.d_model % 2:
+                raise ValueError(
+                    f"d_model: must be even for a bidirectional encoder (got d_model={self.d_model})"
+                )
+            if self.attention != "none" and self.d_model % self.attention_heads:
+                raise ValueError(
+                    f"attention_heads: must divide d_model={self.d_model} (got attention_heads={self.attention_heads})"
+                )
         return self
 
     @property
