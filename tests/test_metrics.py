@@ -1,0 +1,99 @@
+"""harness.metrics against hand-computed values."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from harness.config import TaskConfig
+from harness.metrics import (
+    accuracy_by_length,
+    alignment_error_rate,
+    bleu,
+    chrf,
+    exact_match,
+    text_metrics,
+    token_accuracy,
+)
+from harness.tasks import build_task
+from harness.tasks.base import BOS_ID, EOS_ID, PAD_ID, Example, TaskData, Vocab
+from harness.tasks.tokenizers import WordTokenizer
+
+# (prediction, target) in Seq2SeqModule's trimmed form: ids without EOS or padding.
+ROWS = [
+    ([5, 6, 7], [5, 6, 7]),  # right
+    ([5, 6], [5, 6, 7]),  # one short: 2 of 3 positions
+    ([5, 9, 7, 8], [5, 6, 7]),  # wrong in the middle and too long: 2 of 3
+    ([4], [4]),  # right
+    ([], [4, 4, 4, 4, 4]),  # nothing: 0 of 5
+]
+
+
+def raw(ids: list[int], width: int) -> list[int]:
+    """The same ids as the decoder emits them: EOS, then padding (and junk after EOS is ignored)."""
+    return (ids + [EOS_ID, 8] + [PAD_ID] * width)[: max(width, len(ids) + 1)]
+
+
+def test_exact_match_and_token_accuracy():
+    assert exact_match(ROWS) == pytest.approx(2 / 5)
+    assert token_accuracy(ROWS) == pytest.approx((3 + 2 + 2 + 1 + 0) / (3 + 3 + 3 + 1 + 5))
+    raw_rows = [(raw(p, 7), [BOS_ID, *raw(t, 9)]) for p, t in ROWS]
+    assert exact_match(raw_rows) == exact_match(ROWS) and token_accuracy(raw_rows) == token_accuracy(ROWS)
+    assert math.isnan(exact_match([]))
+
+
+def test_accuracy_by_target_length_buckets():
+    assert accuracy_by_length(ROWS) == [
+        {"length_min": 1, "length_max": 1, "n": 1, "seq_acc": 1.0, "tok_acc": 1.0},
+        {"length_min": 3, "length_max": 3, "n": 3, "seq_acc": 1 / 3, "tok_acc": 7 / 9},
+        {"length_min": 5, "length_max": 5, "n": 1, "seq_acc": 0.0, "tok_acc": 0.0},
+    ]
+    wide = accuracy_by_length(ROWS, bucket_width=4)
+    assert [(b["length_min"], b["length_max"], b["n"]) for b in wide] == [(0, 3, 4), (4, 7, 1)]
+    assert wide[0]["seq_acc"] == pytest.approx(2 / 4)
+
+
+def test_bleu_and_chrf_against_hand_computed_values():
+    # n-gram precisions 5/6, 4/5, 3/4, 2/3 and no brevity penalty: BLEU = (1/3) ** (1/4).
+    assert bleu(["a b c d e g"], ["a b c d e f"]) == pytest.approx(100 * (1 / 3) ** 0.25)
+    assert bleu(["the cat sat on the mat"], ["the cat sat on the mat"]) == pytest.approx(100)
+    assert bleu(["the cat sat"], ["the cat sat"]) == 0.0  # no 4-grams: corpus BLEU has nothing to count
+    assert chrf(["the cat sat"], ["the cat sat"]) == pytest.approx(100)
+    assert chrf(["xyz"], ["abc"]) == pytest.approx(0)
+
+
+def test_text_metrics_score_detokenized_output_against_the_written_references():
+    examples = [
+        Example(("a",), ("le", "chat", "est", "sur", "le", "tapis")),
+        Example(("b",), ("salut", "mon", "ami", "toi")),
+    ]
+    vocab = Vocab(["le", "chat", "est", "sur", "tapis", "salut", "mon", "ami"])  # "toi" is out of vocabulary
+    data = TaskData("parallel", {"test": examples}, vocab, vocab, is_text=True, tgt_tokenizer=WordTokenizer())
+    ids = [vocab.encode(ex.tgt) for ex in examples]
+    rows = [(ids[0], ids[0]), (ids[1], ids[1])]  # the model got everything it could express
+    scores = text_metrics("test", rows, data)
+    hypotheses = ["le chat est sur le tapis", "salut mon ami <unk>"]
+    references = ["le chat est sur le tapis", "salut mon ami toi"]
+    assert scores == {"test/bleu": bleu(hypotheses, references), "test/chrf": chrf(hypotheses, references)}
+    assert 50 < scores["test/bleu"] < 100
+    assert text_metrics("test", rows, build_task(TaskConfig(name="copy", n_train=5), 0)) == {}
+    with pytest.raises(ValueError, match="1 prediction rows for 2 examples"):
+        text_metrics("test", rows[:1], data)
+
+
+def test_alignment_error_rate_of_attention_argmax():
+    diagonal = np.eye(4) + 0.01
+    copy_gold = [(i, i) for i in range(4)]
+    reverse_gold = [(3 - i, i) for i in range(4)]
+    assert alignment_error_rate([diagonal], [copy_gold]) == 0.0
+    assert alignment_error_rate([torch.tensor(diagonal)], [reverse_gold]) == 1.0
+    # Two examples pooled: 4 + 4 predicted links, 4 + 4 gold links, 4 + 0 shared.
+    assert alignment_error_rate([diagonal, diagonal], [copy_gold, reverse_gold]) == pytest.approx(1 - 8 / 16)
+    # Rows and columns past the sizes are EOS: a target row that attends to EOS links nowhere.
+    with_eos = np.array([[0.9, 0.0, 0.0, 0.1], [0.0, 0.8, 0.0, 0.2], [0.0, 0.1, 0.2, 0.7], [0, 0, 0, 1.0]])
+    gold = [(0, 0), (1, 1), (2, 2)]
+    assert alignment_error_rate([with_eos], [gold], sizes=[(3, 3)]) == pytest.approx(1 - 2 * 2 / (2 + 3))
+    assert alignment_error_rate([with_eos], [gold]) == pytest.approx(1 - 2 * 2 / (4 + 3))
+    with pytest.raises(ValueError, match="outside its attention matrix"):
+        alignment_error_rate([np.eye(2)], [[(2, 0)]])
