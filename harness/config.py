@@ -171,6 +171,12 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str):
+        # YAML 1.1 reads '3e-4' as a string; a user typing it means a number.
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     return key.strip(), value
 
 

@@ -1,0 +1,1 @@
+"""Study storage -> tidy DataFrame -> statistics -> figures -> report.html / report.md / results.csv."""

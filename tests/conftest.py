@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCAN_DIR = REPO.parent / "shared" / "data" / "scan"
+
+# Tests never talk to W&B servers.
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def ablate(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Runs the installed console script as a user would."""
+    exe = shutil.which("ablate") or str(Path(sys.executable).parent / "ablate")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+TINY_TASK = {
+    "name": "reverse",
+    "min_len": 2,
+    "max_len": 5,
+    "vocab_size": 6,
+    "n_train": 64,
+    "n_valid": 16,
+    "n_test": 16,
+}
+TINY_MODEL = {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "dropout": 0.0}
+TINY_TRAIN = {"batch_size": 16, "max_steps": 4, "val_every": 2}
+
+
+@pytest.fixture
+def tiny_tree() -> dict:
+    """A nested config that trains in a second or two."""
+    return {"task": dict(TINY_TASK), "model": dict(TINY_MODEL), "train": dict(TINY_TRAIN)}

@@ -1,0 +1,83 @@
+"""Config validation: every error names its dotted key; presets and overrides compose."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.config import ConfigError, build_config, load_config, parse_override
+from models.config import PRESETS, ModelConfig
+
+
+def error_of(tree: dict, overrides: dict | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        build_config(tree, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unknown_key_names_its_path():
+    assert error_of({"model": {"headz": 4}}) == "model.headz: unknown config key"
+    assert error_of({}, {"train.lrr": 0.1}) == "train.lrr: unknown config key"
+    assert error_of({"colour": "red"}) == "colour: unknown config key"
+
+
+def test_heads_must_divide_d_model():
+    assert (
+        error_of({"model": {"d_model": 128, "heads": 3}})
+        == "model.heads: must divide d_model=128 (got heads=3)"
+    )
+
+
+def test_bad_values_name_their_key():
+    assert error_of({}, {"model.layers": "many"}).startswith("model.layers: ")
+    assert error_of({}, {"model.norm": "batch"}).startswith("model.norm: ")
+    assert error_of({}, {"model.scale": "cube"}).startswith("model.scale: ")
+    assert error_of({}, {"train.lr": -1}) == "train.lr: must be positive"
+    assert error_of({}, {"task.min_len": 9, "task.max_len": 4}).startswith("task.min_len: ")
+    assert error_of({}, {"task.name": "juggle"}).startswith("task.name: ")
+
+
+def test_unknown_preset():
+    assert error_of({"preset": "gpt5"}).startswith("preset: unknown preset 'gpt5'")
+
+
+def test_preset_then_overrides_win():
+    cfg = build_config({"preset": "transformer-pre-ln", "model": {"heads": 2}}, {"model.d_model": 32})
+    assert (cfg.model.norm, cfg.model.heads, cfg.model.d_model) == ("pre", 2, 32)
+    assert ModelConfig.from_name("lstm-bahdanau").attention == "additive"
+    assert {"lstm", "lstm-bahdanau", "lstm-luong-dot", "transformer", "transformer-pre-ln"} <= set(PRESETS)
+
+
+def test_scale_accepts_keyword_or_number():
+    assert build_config({}, {"model.scale": "none"}).model.scale_factor == 1.0
+    assert build_config({}, {"model.scale": 0.25}).model.scale_factor == 0.25
+    assert build_config({}, {"model.scale": "sqrt"}).model.scale_factor is None
+
+
+def test_override_values_are_typed():
+    assert parse_override("model.heads=8") == ("model.heads", 8)
+    assert parse_override("model.residual=false") == ("model.residual", False)
+    assert parse_override("train.lr=3e-4") == ("train.lr", 3e-4)
+    with pytest.raises(ConfigError, match="expected key=value"):
+        parse_override("model.heads")
+
+
+def test_yaml_file_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  heads: 4\n   d_model: [\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml:\d+: YAML syntax error"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="missing.yaml: no such file"):
+        load_config(tmp_path / "missing.yaml")
+    good = tmp_path / "good.yaml"
+    good.write_text("seed: 3\nmodel: {arch: lstm}\n")
+    assert load_config(good, sets=["model.d_model=32"]).model.d_model == 32
+
+
+def test_flat_keys_match_the_design_contract():
+    flat = build_config({}).flat()
+    for key in ["seed", "task.name", "task.test_max_len", "model.pos_encoding", "model.pos_base", "model.norm",
+                "model.attention_query", "model.input_feeding", "train.batch_tokens", "train.schedule",
+                "train.max_time", "train.beam_size", "train.compile"]:  # fmt: skip
+        assert key in flat

@@ -1,0 +1,97 @@
+"""End to end: a study file through `ablate sweep` to the three report files, then `ablate report` from
+the storage alone."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+
+import pandas as pd
+import yaml
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+
+
+def write_study(path, **extra):
+    study = {
+        "name": "tiny",
+        "description": "two variants, two seeds, a few steps",
+        "base": {"task": TINY_TASK, "model": TINY_MODEL, "train": TINY_TRAIN},
+        "variants": {"lstm": {"preset": "lstm"}, "transformer": {"preset": "transformer"}},
+        "seeds": [0, 1],
+        "metric": {"name": "test/tok_acc", "direction": "maximize"},
+        **extra,
+    }
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def test_sweep_writes_report_and_report_rebuilds_from_storage(tmp_path):
+    study = write_study(tmp_path / "tiny.yaml")
+    runs = tmp_path / "runs"
+    proc = ablate("sweep", str(study), "--out", str(runs), "--wandb", "offline")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    report = runs / "tiny" / "report"
+    for name in ("report.html", "report.md", "results.csv", "metric_by_variant.png"):
+        assert (report / name).stat().st_size > 0, name
+    df = pd.read_csv(report / "results.csv")
+    assert sorted(zip(df["variant"], df["seed"])) == [
+        ("lstm", 0),
+        ("lstm", 1),
+        ("transformer", 0),
+        ("transformer", 1),
+    ]
+    assert (df["state"] == "COMPLETE").all()
+    assert df["test/tok_acc"].between(0, 1).all() and df["params"].gt(0).all()
+    md = (report / "report.md").read_text()
+    assert "| lstm | 2 |" in md and "| transformer | 2 |" in md
+
+    # One offline W&B run per trial, grouped by study, named variant + seed.
+    runs_dirs = sorted((runs / "tiny" / "wandb").glob("offline-run-*"))
+    assert len(runs_dirs) == 4
+
+    # The storage alone rebuilds the report: remove the report and every trial folder first.
+    shutil.rmtree(report)
+    shutil.rmtree(runs / "tiny" / "trials")
+    proc = ablate("report", "tiny", "--out", str(runs))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rebuilt = pd.read_csv(report / "results.csv")
+    pd.testing.assert_frame_equal(rebuilt, df)
+
+    # Resuming a finished sweep runs nothing new.
+    proc = ablate("sweep", str(study), "--out", str(runs), "--wandb", "disabled", "--no-report")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with sqlite3.connect(runs / "tiny" / "study.db") as db:
+        assert db.execute("select count(*) from trials").fetchone()[0] == 4
+
+
+def test_bad_study_fails_before_creating_anything(tmp_path):
+    runs = tmp_path / "runs"
+    bad = write_study(tmp_path / "bad.yaml", variants={"x": {"model.heads": 3}})
+    proc = ablate("sweep", str(bad), "--out", str(runs))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {bad}: variant 'x': model.heads: must divide d_model=16 (got heads=3)"
+    ]
+    assert not runs.exists()
+
+    proc = ablate("report", "nothing-here", "--out", str(runs))
+    assert proc.returncode == 2 and "nothing-here" in proc.stderr
+    assert not runs.exists()
+
+
+def test_train_json_prints_metrics_last(tmp_path):
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(yaml.safe_dump({"task": TINY_TASK, "model": TINY_MODEL, "train": TINY_TRAIN}))
+    proc = ablate("train", str(cfg), "--preset", "transformer", "--set", "train.max_steps=3", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"test/seq_acc", "test/tok_acc", "test_long/seq_acc", "val/loss", "params", "wall_time"} <= set(
+        summary
+    )
+    assert summary["split_sizes"] == {"train": 64, "valid": 16, "test": 16, "test_long": 16}
+
+    proc = ablate("train", "--set", "model.bogus=1")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: model.bogus: unknown config key"
