@@ -2,12 +2,17 @@
 
 Each switch in ModelConfig is resolved to a module (or nn.Identity) here in __init__, so forward reads
 straight through: scale -> MultiHeadAttention.scale, pos_encoding -> the added encoding / Rotary / ALiBi,
-norm -> where the LayerNorms sit, residual -> Sublayer.residual, causal_mask / cross_attention -> DecoderLayer.
+norm -> where the LayerNorms sit, residual -> Sublayer.residual, causal_mask / cross_attention ->
+DecoderLayer, qkv_projections -> Identity projections in MultiHeadAttention.
+
+With `cross_attention: false` nothing of the source reaches the decoder: it is a language model of the
+target, the control that shows how much a task needs the source.
 """
 
 from __future__ import annotations
 
 import math
+from itertools import repeat
 
 import torch
 from torch import nn
@@ -16,13 +21,16 @@ from models.attention import MultiHeadAttention
 from models.config import ModelConfig
 from models.positional import ALiBi, Rotary, additive_encoding
 
+Cache = dict[str, torch.Tensor]  # one decoder layer's keys and values (B, H, L, Dh) for incremental decoding
+SELF_CACHE = ("self_k", "self_v")
+
 
 def make_norm(kind: str, d_model: int) -> nn.Module:
     return nn.RMSNorm(d_model) if kind == "rms_pre" else nn.LayerNorm(d_model)
 
 
 class Sublayer(nn.Module):
-    """x -> post_norm(x + f(pre_norm(x))), with the skip and either norm removable."""
+    """x -> post_norm(x + dropout(f(pre_norm(x)))), with the skip and either norm removable."""
 
     def __init__(self, fn: nn.Module, cfg: ModelConfig):
         super().__init__()
@@ -32,8 +40,8 @@ class Sublayer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.residual = cfg.residual
 
-    def forward(self, x: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        y, weights = self.fn(self.pre_norm(x), *args, **kwargs)
+    def forward(self, x: torch.Tensor, *args) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y, weights = self.fn(self.pre_norm(x), *args)
         y = self.dropout(y)
         return self.post_norm(x + y if self.residual else y), weights
 
@@ -54,8 +62,23 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.attn, self.causal = attn, causal
 
-    def forward(self, x: torch.Tensor, padding: torch.Tensor | None, need_weights: bool = False):
-        return self.attn(x, x, padding, causal=self.causal, need_weights=need_weights)
+    def forward(
+        self, x: torch.Tensor, padding: torch.Tensor, need_weights: bool = False, cache: Cache | None = None
+    ):
+        """padding (B, L) covers every key position; with a cache, x holds only the positions after the
+        cached ones, and their keys and values are appended to it."""
+        if cache is None:
+            k, v = self.attn.keys_values(x)
+        else:
+            k, v = self.attn.keys_values(x, offset=cache["self_k"].size(2))
+            k = cache["self_k"] = torch.cat([cache["self_k"], k], dim=2)
+            v = cache["self_v"] = torch.cat([cache["self_v"], v], dim=2)
+        return self.attn.attend(x, k, v, padding, self.causal, need_weights)
+
+    def init_cache(self, memory: torch.Tensor) -> Cache:
+        """No positions yet: the keys and values of an empty sequence (shape and dtype as later ones)."""
+        k, v = self.attn.keys_values(memory[:, :0])
+        return {"self_k": k, "self_v": v}
 
 
 class CrossAttention(nn.Module):
@@ -64,9 +87,20 @@ class CrossAttention(nn.Module):
         self.attn = attn
 
     def forward(
-        self, x: torch.Tensor, memory: torch.Tensor, memory_padding: torch.Tensor, need_weights: bool = False
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        memory_padding: torch.Tensor,
+        need_weights: bool = False,
+        cache: Cache | None = None,
     ):
-        return self.attn(x, memory, memory_padding, need_weights=need_weights)
+        k, v = (cache["cross_k"], cache["cross_v"]) if cache is not None else self.attn.keys_values(memory)
+        return self.attn.attend(x, k, v, memory_padding, need_weights=need_weights)
+
+    def init_cache(self, memory: torch.Tensor) -> Cache:
+        """The memory's keys and values, computed once per source instead of once per decoding step."""
+        k, v = self.attn.keys_values(memory)
+        return {"cross_k": k, "cross_v": v}
 
 
 class EncoderLayer(nn.Module):
@@ -76,7 +110,7 @@ class EncoderLayer(nn.Module):
         self.ff = Sublayer(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout), cfg)
 
     def forward(self, x, padding, need_weights=False):
-        x, weights = self.self_attn(x, padding, need_weights=need_weights)
+        x, weights = self.self_attn(x, padding, need_weights)
         x, _ = self.ff(x)
         return x, weights
 
@@ -90,13 +124,19 @@ class DecoderLayer(nn.Module):
         )
         self.ff = Sublayer(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout), cfg)
 
-    def forward(self, x, memory, memory_padding, need_weights=False):
-        x, self_weights = self.self_attn(x, None, need_weights=need_weights)
+    def forward(self, x, padding, memory, memory_padding, need_weights=False, cache: Cache | None = None):
+        x, self_weights = self.self_attn(x, padding, need_weights, cache)
         cross_weights = None
         if self.cross_attn is not None:
-            x, cross_weights = self.cross_attn(x, memory, memory_padding, need_weights=need_weights)
+            x, cross_weights = self.cross_attn(x, memory, memory_padding, need_weights, cache)
         x, _ = self.ff(x)
         return x, self_weights, cross_weights
+
+    def init_cache(self, memory: torch.Tensor) -> Cache:
+        cache = self.self_attn.fn.init_cache(memory)
+        if self.cross_attn is not None:
+            cache.update(self.cross_attn.fn.init_cache(memory))
+        return cache
 
 
 class Transformer(nn.Module):
@@ -135,12 +175,15 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if p.dim() > 1 and "pos_encoding" not in name:
                 nn.init.xavier_uniform_(p)
+        with torch.no_grad():  # xavier overwrote the zero vector nn.Embedding keeps for padding
+            self.src_embed.weight[self.pad_id] = 0.0
+            self.tgt_embed.weight[self.pad_id] = 0.0
 
-    def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed_dropout(self.pos_encoding(embedding(tokens) * self.embed_scale))
+    def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return self.embed_dropout(self.pos_encoding(embedding(tokens) * self.embed_scale, offset))
 
     def encode(self, src: torch.Tensor, need_weights: bool = False):
-        """src (B, S) -> memory (B, S, D), padding (B, S), per-layer weights."""
+        """src (B, S) -> memory (B, S, D), padding (B, S) True for real tokens, per-layer weights."""
         padding = src != self.pad_id
         x = self._embed(self.src_embed, src)
         weights = []
@@ -150,33 +193,73 @@ class Transformer(nn.Module):
         return self.encoder_norm(x), padding, weights
 
     def decode(
-        self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_padding: torch.Tensor, need_weights=False
+        self,
+        tgt_in: torch.Tensor,
+        memory: torch.Tensor,
+        memory_padding: torch.Tensor,
+        need_weights: bool = False,
+        caches: list[Cache] | None = None,
     ):
-        """tgt_in (B, T) -> logits (B, T, V) and per-layer self / cross weights."""
-        x = self._embed(self.tgt_embed, tgt_in)
+        """tgt_in (B, T) -> logits (B, T, V) and per-layer self / cross weights.
+
+        With `caches` (one per layer, see init_state) the first positions' keys and values are already
+        known and only the remaining T - cached positions are computed."""
+        cached = caches[0]["self_k"].size(2) if caches else 0
+        padding = tgt_in != self.pad_id
+        x = self._embed(self.tgt_embed, tgt_in[:, cached:], offset=cached)
         self_w, cross_w = [], []
-        for layer in self.decoder:
-            x, sw, cw = layer(x, memory, memory_padding, need_weights)
+        for layer, cache in zip(self.decoder, caches or repeat(None)):
+            x, sw, cw = layer(x, padding, memory, memory_padding, need_weights, cache)
             self_w.append(sw)
             cross_w.append(cw)
         return self.generator(self.decoder_norm(x)), self_w, cross_w
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, need_weights: bool = False):
         """Teacher forcing: logits (B, T, V); with need_weights also {'encoder', 'decoder', 'cross'}:
-        a list per layer of (B, H, T, S) weights."""
+        a list per layer of (B, H, T, S) weights (None for cross when cross_attention is off)."""
         memory, padding, enc_w = self.encode(src, need_weights)
         logits, self_w, cross_w = self.decode(tgt_in, memory, padding, need_weights)
         if not need_weights:
             return logits
         return logits, {"encoder": enc_w, "decoder": self_w, "cross": cross_w}
 
+    @torch.no_grad()
+    def hidden_states(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+        """Every encoder and decoder layer's output (B, L, D) in one teacher-forced pass, for diagnostics
+        (models/diagnostics.py); read off forward hooks so forward itself stays plain."""
+        states: dict[str, list[torch.Tensor]] = {"encoder": [], "decoder": []}
+        hooks = [
+            layer.register_forward_hook(lambda _m, _args, out, side=side: states[side].append(out[0]))
+            for side, stack in (("encoder", self.encoder), ("decoder", self.decoder))
+            for layer in stack
+        ]
+        try:
+            self(src, tgt_in)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return states
+
     # Incremental decoding (models/decoding.py): every state tensor is batch-first so beams can reorder it.
     def init_state(self, src: torch.Tensor) -> dict[str, torch.Tensor]:
         memory, padding, _ = self.encode(src)
-        return {"memory": memory, "padding": padding, "prefix": src.new_zeros(src.size(0), 0)}
+        state = {"memory": memory, "padding": padding, "prefix": src.new_zeros(src.size(0), 0)}
+        # A key/value cache is exact only if earlier positions never see later ones; without the causal
+        # mask every step changes them all, so step decodes the whole prefix again.
+        if self.cfg.causal_mask:
+            caches = [layer.init_cache(memory) for layer in self.decoder]
+            state.update({name: torch.stack([c[name] for c in caches], dim=1) for name in caches[0]})
+        return state
 
     def step(self, state: dict[str, torch.Tensor], prev: torch.Tensor):
-        """prev (B,) -> next-token logits (B, V), new state. Recomputes the decoder over the prefix."""
+        """prev (B,) -> next-token logits (B, V), new state. State caches are (B, layers, H, L, Dh)."""
         prefix = torch.cat([state["prefix"], prev[:, None]], dim=1)
-        logits, _, _ = self.decode(prefix, state["memory"], state["padding"])
-        return logits[:, -1], {**state, "prefix": prefix}
+        caches = None
+        if "self_k" in state:
+            names = [name for name in state if name.endswith(("_k", "_v"))]
+            caches = [{name: state[name][:, i] for name in names} for i in range(len(self.decoder))]
+        logits, _, _ = self.decode(prefix, state["memory"], state["padding"], caches=caches)
+        new_state = {**state, "prefix": prefix}
+        if caches is not None:
+            new_state.update({name: torch.stack([c[name] for c in caches], dim=1) for name in SELF_CACHE})
+        return logits[:, -1], new_state

@@ -1,0 +1,393 @@
+"""The Transformer family: agreement with torch.nn.Transformer, fast vs explicit attention, what each
+ablation switch does to the built module, incremental decoding, diagnostics, and learning `reverse`."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.attention import MultiHeadAttention
+from models.config import ModelConfig
+from models.diagnostics import attention_entropy, layer_diagnostics, rank_collapse
+from models.transformer import Transformer
+
+VOCAB = 11  # 4 specials + 7 symbols
+PAD, BOS = 0, 1
+
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def tiny(**overrides) -> ModelConfig:
+    base = dict(d_model=16, heads=2, layers=2, d_ff=32, dropout=0.0)
+    return ModelConfig(**{**base, **overrides})
+
+
+def build(**overrides) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(tiny(**overrides), VOCAB, VOCAB, PAD).eval()
+
+
+def batch(b: int = 3, s: int = 7, t: int = 6, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sources and BOS-started targets with some padding at the end of the first rows."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (b, s), generator=g)
+    tgt = torch.randint(4, VOCAB, (b, t), generator=g)
+    tgt[:, 0] = BOS
+    src[0, s - 3 :] = PAD
+    tgt[1, t - 2 :] = PAD
+    return src, tgt
+
+
+# --- agreement with torch.nn.Transformer -------------------------------------------------------------
+
+
+def copy_attention(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
+    theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+    theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+    theirs.out_proj.load_state_dict(ours.out_proj.state_dict())
+
+
+def copy_sublayers(sublayers, theirs_layer, attention_names, norm_names, pre: bool) -> None:
+    *attentions, ff = sublayers
+    for ours, name in zip(attentions, attention_names):
+        copy_attention(ours.fn.attn, getattr(theirs_layer, name))
+    theirs_layer.linear1.load_state_dict(ff.fn.net[0].state_dict())
+    theirs_layer.linear2.load_state_dict(ff.fn.net[3].state_dict())
+    for ours, name in zip(sublayers, norm_names):
+        getattr(theirs_layer, name).load_state_dict((ours.pre_norm if pre else ours.post_norm).state_dict())
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_vanilla_settings_equal_torch_nn_transformer(norm):
+    """ReLU feed-forward, sinusoidal positions, 1/sqrt(d_k), residuals; post-LN (Vaswani et al.) and
+    pre-LN (nn.Transformer's norm_first). nn.Transformer always ends its encoder and decoder stacks with a
+    LayerNorm. Pre-LN needs exactly that final norm, and ours has it (weights copied below). The post-LN
+    paper model has none, since every sublayer already ends in a LayerNorm, so for post-LN those two
+    final norms are replaced by Identity: the comparison is then layer for layer, with nothing hidden."""
+    model = build(norm=norm, layers=2, heads=4)
+    reference = nn.Transformer(
+        16, 4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=32, dropout=0.0,
+        batch_first=True, norm_first=norm == "pre",
+    ).eval()  # fmt: skip
+    pre = norm == "pre"
+    for ours, theirs in zip(model.encoder, reference.encoder.layers):
+        copy_sublayers([ours.self_attn, ours.ff], theirs, ["self_attn"], ["norm1", "norm2"], pre)
+    for ours, theirs in zip(model.decoder, reference.decoder.layers):
+        copy_sublayers(
+            [ours.self_attn, ours.cross_attn, ours.ff], theirs,
+            ["self_attn", "multihead_attn"], ["norm1", "norm2", "norm3"], pre,
+        )  # fmt: skip
+    if pre:
+        reference.encoder.norm.load_state_dict(model.encoder_norm.state_dict())
+        reference.decoder.norm.load_state_dict(model.decoder_norm.state_dict())
+    else:
+        reference.encoder.norm, reference.decoder.norm = nn.Identity(), nn.Identity()
+
+    src, tgt = batch()
+    expected = model.generator(
+        reference(
+            model._embed(model.src_embed, src), model._embed(model.tgt_embed, tgt),
+            tgt_mask=nn.Transformer.generate_square_subsequent_mask(tgt.size(1)), tgt_is_causal=True,
+            src_key_padding_mask=src == PAD, memory_key_padding_mask=src == PAD,
+            tgt_key_padding_mask=tgt == PAD,
+        )
+    )  # fmt: skip
+    torch.testing.assert_close(model(src, tgt), expected)
+    torch.testing.assert_close(model(src, tgt, need_weights=True)[0], expected)
+
+
+# --- fast and explicit attention -----------------------------------------------------------------------
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("pos", ["none", "sinusoidal", "learned", "rope", "alibi"])
+@pytest.mark.parametrize("scale", ["sqrt", "none", 0.3])
+def test_fast_and_explicit_paths_agree(scale, pos, causal):
+    model = build(scale=scale, pos_encoding=pos, causal_mask=causal, heads=4)
+    src, tgt = batch()
+    fast = model(src, tgt)
+    explicit, weights = model(src, tgt, need_weights=True)
+    torch.testing.assert_close(explicit, fast, atol=1e-5, rtol=0)
+    for kind, size in (("encoder", (3, 4, 7, 7)), ("decoder", (3, 4, 6, 6)), ("cross", (3, 4, 6, 7))):
+        assert [w.shape for w in weights[kind]] == [size, size]
+        for w in weights[kind]:
+            torch.testing.assert_close(w.sum(-1), torch.ones(size[:3]))
+            assert (w[0, ..., 4:] == 0).all() or kind == "decoder"  # source padding gets nothing
+    upper = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    decoder_future = torch.stack(weights["decoder"])[..., upper]
+    assert (decoder_future == 0).all() == causal
+
+
+def attention_inputs(d: int = 8, t: int = 5, s: int = 6):
+    torch.manual_seed(3)
+    return torch.randn(2, t, d), torch.randn(2, s, d)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("scale, factor", [(None, 8**-0.5), (1.0, 1.0), (0.3, 0.3)])
+def test_scale_multiplies_q_dot_k_exactly(scale, factor):
+    attn = MultiHeadAttention(8, 1, scale=scale).eval()
+    query, key = attention_inputs()
+    out, weights = attn(query, key, need_weights=True)
+    q, k, v = attn.q_proj(query), attn.k_proj(key), attn.v_proj(key)
+    expected = (q @ k.transpose(1, 2) * factor).softmax(-1)
+    torch.testing.assert_close(weights[:, 0], expected)
+    torch.testing.assert_close(out, attn.out_proj(expected @ v))
+    torch.testing.assert_close(attn(query, key)[0], out)
+
+
+@torch.no_grad()
+def test_no_qkv_projections_is_the_lectures_parameter_free_self_attention():
+    attn = MultiHeadAttention(8, 1, scale=1.0, qkv_projections=False)
+    assert not list(attn.parameters())
+    x, _ = attention_inputs()
+    out, weights = attn(x, x, need_weights=True)
+    expected = (x @ x.transpose(1, 2)).softmax(-1)  # w_ij = softmax_j(x_i . x_j)
+    torch.testing.assert_close(weights[:, 0], expected)
+    torch.testing.assert_close(out, expected @ x)  # y_i = sum_j w_ij x_j
+    model = build(qkv_projections=False)
+    assert not any(p.numel() for layer in model.encoder for p in layer.self_attn.fn.parameters())
+
+
+# --- causal mask -----------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("causal", [True, False])
+def test_causal_mask_hides_later_target_tokens(causal):
+    model = build(causal_mask=causal)
+    src, tgt = batch()
+    changed = tgt.clone()
+    changed[:, 3:] = torch.randint(4, VOCAB, changed[:, 3:].shape, generator=torch.Generator().manual_seed(9))
+    before, after = model(src, tgt), model(src, changed)
+    assert torch.equal(before[:, :3], after[:, :3]) == causal
+    if not causal:  # the leak: earlier positions see the change
+        assert (before[:, :3] - after[:, :3]).abs().max() > 1e-3
+
+
+# --- residual and norm switches, on the module ------------------------------------------------------
+
+
+def zero_sublayer_outputs(model: Transformer) -> None:
+    """Every attention and feed-forward sublayer then outputs exactly 0."""
+    with torch.no_grad():
+        for layer in model.encoder:
+            for linear in (layer.self_attn.fn.attn.out_proj, layer.ff.fn.net[3]):
+                linear.weight.zero_()
+                linear.bias.zero_()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("residual", [True, False])
+def test_residual_switch_removes_the_skip(residual):
+    model = build(residual=residual, norm="none")
+    assert all(s.residual == residual for layer in model.encoder for s in (layer.self_attn, layer.ff))
+    zero_sublayer_outputs(model)
+    src, _ = batch()
+    memory, _, _ = model.encode(src)
+    embedded = model._embed(model.src_embed, src)
+    # With zero sublayers the skip alone carries the input through; without it nothing is left.
+    torch.testing.assert_close(memory, embedded if residual else torch.zeros_like(embedded))
+
+
+def norms(model: Transformer, kind: type[nn.Module]) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, kind)]
+
+
+def test_norm_switch_places_or_removes_the_norms():
+    layers = 2
+    sublayers = layers * 2 + layers * 3  # encoder: attention + ff; decoder: self + cross + ff
+    post, pre, rms, none = (build(norm=n, layers=layers) for n in ("post", "pre", "rms_pre", "none"))
+    assert norms(none, nn.LayerNorm) == [] and norms(none, nn.RMSNorm) == []
+    assert len(norms(post, nn.LayerNorm)) == sublayers
+    assert all(name.endswith("post_norm") for name in norms(post, nn.LayerNorm))
+    assert isinstance(post.encoder_norm, nn.Identity)
+    assert len(norms(pre, nn.LayerNorm)) == sublayers + 2  # + the final encoder and decoder norms
+    assert all(
+        name.endswith(("pre_norm", "encoder_norm", "decoder_norm")) for name in norms(pre, nn.LayerNorm)
+    )
+    assert norms(rms, nn.LayerNorm) == [] and len(norms(rms, nn.RMSNorm)) == sublayers + 2
+
+
+@torch.no_grad()
+def test_post_ln_normalises_every_layer_output_and_no_norm_does_not():
+    src, _ = batch()
+    for norm, normalised in (("post", True), ("none", False)):
+        memory, _, _ = build(norm=norm, embed_scale=True).encode(src)
+        std = memory.std(-1, unbiased=False)
+        assert torch.allclose(std, torch.ones_like(std), atol=1e-3) == normalised
+
+
+# --- every switch value builds and trains --------------------------------------------------------------
+
+SWITCHES = [
+    ("scale", ["sqrt", "none", 0.5]),
+    ("pos_encoding", ["none", "sinusoidal", "learned", "rope", "alibi"]),
+    ("pos_base", [100.0]),
+    ("residual", [True, False]),
+    ("norm", ["post", "pre", "none", "rms_pre"]),
+    ("heads", [1, 4]),
+    ("layers", [1, 3]),
+    ("d_model", [8, 24]),
+    ("d_ff", [8]),
+    ("dropout", [0.0, 0.3]),
+    ("causal_mask", [True, False]),
+    ("cross_attention", [True, False]),
+    ("embed_scale", [True, False]),
+    ("tie_embeddings", [True, False]),
+    ("qkv_projections", [True, False]),
+]
+
+
+@pytest.mark.parametrize("key, value", [(k, v) for k, values in SWITCHES for v in values])
+def test_every_switch_value_builds_and_trains_a_step(key, value):
+    model = build(**{"dropout": 0.0, key: value})
+    src, tgt = batch()
+    tgt_out = torch.roll(tgt, -1, dims=1)
+
+    def loss() -> torch.Tensor:
+        return F.cross_entropy(model(src, tgt).flatten(0, 1), tgt_out.flatten(), ignore_index=PAD)
+
+    with torch.no_grad():
+        before = loss()
+        explicit, weights = model(src, tgt, need_weights=True)
+        # Relative tolerance too: without norms (norm: none) activations grow large.
+        torch.testing.assert_close(explicit, model(src, tgt), atol=1e-5, rtol=1e-5)
+        assert (weights["cross"][0] is None) == (key == "cross_attention" and not value)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss().backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        after = loss()
+    assert torch.isfinite(after) and after < before
+
+
+def test_tied_embeddings_share_one_tensor():
+    model = build(tie_embeddings=True)
+    assert model.generator.weight is model.tgt_embed.weight
+    assert build().generator.weight is not build().tgt_embed.weight
+
+
+@torch.no_grad()
+def test_embed_scale_multiplies_embeddings_by_sqrt_d_model():
+    src, _ = batch()
+    scaled, plain = (
+        build(embed_scale=True, pos_encoding="none"),
+        build(embed_scale=False, pos_encoding="none"),
+    )
+    torch.testing.assert_close(scaled._embed(scaled.src_embed, src), plain._embed(plain.src_embed, src) * 4.0)
+
+
+# --- incremental decoding --------------------------------------------------------------------------
+
+
+@torch.no_grad()
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(pos_encoding=p) for p in ("sinusoidal", "learned", "rope", "alibi", "none")]
+    + [dict(norm="pre"), dict(causal_mask=False), dict(cross_attention=False), dict(qkv_projections=False)],
+)
+def test_step_equals_full_decoding_of_the_prefix(overrides):
+    """step() with its key/value cache gives at each position what forward gives on the prefix so far
+    (for a non-causal decoder, the prefix is all forward can be given: later tokens do not exist yet)."""
+    model = build(**overrides)
+    src, tgt = batch()
+    tgt[1, 4:] = PAD  # a finished sequence keeps being fed padding, as greedy_decode does
+    state = model.init_state(src)
+    assert ("self_k" in state) == model.cfg.causal_mask
+    for t in range(tgt.size(1)):
+        logits, state = model.step(state, tgt[:, t])
+        expected = model(src, tgt[:, : t + 1])[:, -1]
+        live = tgt[:, t] != PAD
+        torch.testing.assert_close(logits[live], expected[live])
+    assert torch.equal(state["prefix"], tgt)
+
+
+@torch.no_grad()
+def test_step_state_is_batch_first_and_reorders_like_beams():
+    model = build()
+    src, tgt = batch()
+    state = model.init_state(src)
+    for t in range(3):
+        _, state = model.step(state, tgt[:, t])
+    assert all(v.size(0) == 3 for v in state.values())
+    assert state["self_k"].shape == (3, 2, 2, 3, 8)  # (B, layers, H, positions, Dh)
+    order = torch.tensor([2, 0, 1])
+    reordered = {k: v.index_select(0, order) for k, v in state.items()}
+    logits, _ = model.step(reordered, tgt[order, 3])
+    torch.testing.assert_close(logits, model(src[order], tgt[order, :4])[:, -1])
+
+
+# --- diagnostics ---------------------------------------------------------------------------------------
+
+
+def test_attention_entropy_per_head():
+    uniform = torch.full((2, 1, 3, 4), 0.25)
+    one_hot = F.one_hot(torch.tensor(1), 4).float().expand(2, 1, 3, 4)
+    entropy = attention_entropy(torch.cat([uniform, one_hot], dim=1))
+    torch.testing.assert_close(entropy, torch.tensor([math.log(4), 0.0]))
+    # Padding queries do not count: only query 0 (uniform) is real.
+    mixed = torch.cat([uniform[:, :, :1], one_hot[:, :, 1:]], dim=2)
+    query_mask = torch.tensor([[True, False, False]] * 2)
+    torch.testing.assert_close(attention_entropy(mixed, query_mask), torch.tensor([math.log(4)]))
+
+
+def test_rank_collapse_is_zero_for_identical_tokens_and_ignores_padding():
+    row = torch.randn(1, 1, 6)
+    assert rank_collapse(row.expand(2, 5, 6)).abs().max() < 1e-6
+    x = torch.tensor([[[1.0, 0.0], [-1.0, 0.0]]])
+    torch.testing.assert_close(rank_collapse(x), torch.tensor([1.0]))  # mean 0: all of X is residual
+    padded = torch.cat([row.expand(1, 3, 6), torch.randn(1, 2, 6)], dim=1)
+    mask = torch.tensor([[True, True, True, False, False]])
+    assert rank_collapse(padded, mask).abs().max() < 1e-6
+
+
+@torch.no_grad()
+def test_pure_attention_loses_rank_and_skip_connections_prevent_it():
+    """Dong et al. 2021: stacked self-attention without skips converges to rank 1 (all tokens equal)."""
+    torch.manual_seed(0)
+    layers = [MultiHeadAttention(32, 4) for _ in range(6)]
+    x = torch.randn(4, 10, 32)
+    pure, skip = x, x
+    pure_curve, skip_curve = [], []
+    for attn in layers:
+        pure = attn(pure, pure)[0]
+        skip = skip + attn(skip, skip)[0]
+        pure_curve.append(rank_collapse(pure).mean().item())
+        skip_curve.append(rank_collapse(skip).mean().item())
+    assert pure_curve[0] > 0.1 and pure_curve[2] < 1e-4  # collapse within a few layers
+    assert min(skip_curve) > 0.5
+
+
+@torch.no_grad()
+def test_layer_diagnostics_from_a_model():
+    model = build(layers=3, heads=4)
+    src, tgt = batch()
+    _, weights = model(src, tgt, need_weights=True)
+    hidden = model.hidden_states(src, tgt)
+    assert [h.shape for h in hidden["encoder"]] == [(3, 7, 16)] * 3
+    assert [h.shape for h in hidden["decoder"]] == [(3, 6, 16)] * 3
+    memory, _, _ = model.encode(src)
+    torch.testing.assert_close(hidden["encoder"][-1], memory)  # post-LN: no final norm
+    report = layer_diagnostics(weights, hidden, src != PAD, tgt != PAD)
+    assert {k: tuple(v.shape) for k, v in report.items()} == {
+        "entropy/encoder": (3, 4), "entropy/decoder": (3, 4), "entropy/cross": (3, 4),
+        "rank_collapse/encoder": (3,), "rank_collapse/decoder": (3,),
+    }  # fmt: skip
+    assert (report["entropy/encoder"] <= math.log(7) + 1e-5).all()
+    assert ((report["rank_collapse/encoder"] > 0) & (report["rank_collapse/encoder"] <= 1)).all()
+    # Without cross-attention there are no cross weights to measure.
+    model = build(cross_attention=False)
+    _, weights = model(src, tgt, need_weights=True)
+    assert "entropy/cross" not in layer_diagnostics(
+        weights, model.hidden_states(src, tgt), src != PAD, tgt != PAD
+    )
