@@ -48,11 +48,11 @@ def symbol_sampler(symbols: list[str], transform: Transform) -> Sampler:
     return sample
 
 
-def random_number(rng: np.random.Generator, digits: int) -> int:
-    """A uniform number with exactly `digits` digits (0 counts as one digit)."""
-    if digits == 1:
-        return int(rng.integers(0, 10))
-    return int(rng.integers(1, 10)) * 10 ** (digits - 1) + int(rng.integers(0, 10 ** (digits - 1)))
+def random_number(rng: np.random.Generator, digits: int) -> str:
+    """A uniform number with exactly `digits` digits (0 counts as one), drawn digit by digit so any
+    length works."""
+    first = int(rng.integers(0 if digits == 1 else 1, 10))
+    return str(first) + "".join(str(d) for d in rng.integers(0, 10, size=digits - 1))
 
 
 def addition_sampler(min_digits: int) -> Sampler:
@@ -64,7 +64,7 @@ def addition_sampler(min_digits: int) -> Sampler:
         b = random_number(rng, int(rng.integers(min_digits, length + 1)))
         if rng.random() < 0.5:
             a, b = b, a
-        return Example((*str(a), PLUS, *str(b)), tuple(str(a + b)))
+        return Example((*a, PLUS, *b), tuple(str(int(a) + int(b))))
 
     return sample
 
