@@ -11,7 +11,6 @@ import json
 import resource
 import tempfile
 import time
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,9 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProg
 from lightning.pytorch.loggers import WandbLogger
 
 from harness.config import ExperimentConfig
+from harness.metrics import accuracy_by_length, text_metrics
 from harness.probes import AttentionSample, Probe, capture, log_images, select_probes
-from harness.tasks import build_task
+from harness.tasks import TaskData, build_task
 from harness.tasks.datamodule import Seq2SeqDataModule
 from models.module import PAD_ID, Seq2SeqModule
 
@@ -37,7 +37,7 @@ class TrialResult:
     wall_time: float
     split_sizes: dict[str, int]
     history: list[dict[str, float]] = field(default_factory=list)
-    # Exact match by target length: rows of {split, length, n, seq_acc}.
+    # Accuracy by target length (tokens without EOS): rows of {split, length, n, seq_acc, tok_acc}.
     per_length: list[dict[str, Any]] = field(default_factory=list)
     attention: list[AttentionSample] = field(default_factory=list)
     tokens_per_sec: float = 0.0  # training throughput, target + source tokens without padding
@@ -152,17 +152,17 @@ def build_module(cfg: ExperimentConfig, data_sizes: tuple[int, int], eval_splits
     )  # fmt: skip
 
 
-def per_length_accuracy(predictions: dict[str, list[tuple[list[int], list[int]]]]) -> list[dict[str, Any]]:
-    """Exact match grouped by target length (tokens without EOS), per evaluated split."""
-    rows = []
-    for split, pairs in predictions.items():
-        counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # length -> [n, exact]
-        for pred, tgt in pairs:
-            counts[len(tgt)][0] += 1
-            counts[len(tgt)][1] += pred == tgt
-        for length, (n, exact) in sorted(counts.items()):
-            rows.append({"split": split, "length": length, "n": n, "seq_acc": exact / n})
-    return rows
+def generation_metrics(
+    module: Seq2SeqModule, data: TaskData
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """BLEU / chrF per test split for text tasks, and exact match by target length for every task."""
+    metrics, per_length = {}, []
+    for split, rows in module.predictions.items():
+        metrics.update(text_metrics(split, rows, data))
+        for row in accuracy_by_length(rows):
+            per_length.append({"split": split, "length": row["length_min"], "n": row["n"],
+                               "seq_acc": row["seq_acc"], "tok_acc": row["tok_acc"]})  # fmt: skip
+    return metrics, per_length
 
 
 def log_final(loggers: list, result: TrialResult, step: int) -> None:
@@ -189,7 +189,7 @@ def run_trial(
     start = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = build_task(cfg.task, cfg.seed)
-    dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed)
+    dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed, batch_tokens=cfg.train.batch_tokens)
     module = build_module(cfg, (len(data.src_vocab), len(data.tgt_vocab)), dm.eval_splits)
     probes = select_probes(data)
     loggers = list(loggers or [])
@@ -235,7 +235,7 @@ def run_trial(
         tested = best.best_model_path or str(ckpt_dir / "last.ckpt")
         test_metrics = trainer.test(module, datamodule=dm, ckpt_path=tested, verbose=False, weights_only=True)
 
-    metrics: dict[str, float] = {}
+    metrics, per_length = generation_metrics(module, data)
     for per_loader in test_metrics:
         metrics.update({k: float(v) for k, v in per_loader.items()})
     # Validation metrics of the tested checkpoint: the validation row where val/loss was best.
@@ -250,7 +250,7 @@ def run_trial(
         wall_time=time.perf_counter() - start,
         split_sizes=data.sizes(),
         history=history.rows,
-        per_length=per_length_accuracy(module.predictions),
+        per_length=per_length,
         attention=capture(module, probes),
         tokens_per_sec=cost.tokens_per_sec,
         peak_mem_mb=cost.peak_mem_mb,

@@ -115,7 +115,7 @@ def beam_search(
         cand_tokens = torch.cat([history, token[..., None]], dim=2)  # (B, 2k, t+1)
 
         ends = token == eos_id
-        to_pool = ends & top_k & (n_finished < k)[:, None]
+        to_pool = ends & top_k & (n_finished < k)[:, None] & cand_scores.isfinite()
         pool_scores, pool_tokens = _merge_pool(
             pool_scores, pool_tokens,
             (cand_scores / length_penalty(t + 1, alpha)).masked_fill(~to_pool, float("-inf")),

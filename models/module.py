@@ -8,6 +8,7 @@ decodes with `beam_size`. Every evaluated split logs loss, perplexity, exact mat
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -70,17 +71,6 @@ def sequence_scores(pred: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor
     return exact, ((pred == tgt) & real).sum(1), real.sum(1)
 
 
-def until_eos(ids: list[int]) -> list[int]:
-    """Token ids up to (not including) the first EOS, without padding."""
-    out = []
-    for i in ids:
-        if i == EOS_ID:
-            break
-        if i != PAD_ID:
-            out.append(i)
-    return out
-
-
 # Running sums per evaluated split, in this order; `_log_sums` turns them into metrics.
 SUMS = ("loss", "nll", "tokens", "exact", "correct", "examples")
 
@@ -111,18 +101,33 @@ class Seq2SeqModule(L.LightningModule):
             # Compiles forward in place: parameter names, and so checkpoints, stay those of the plain model.
             self.model.compile()
         self.eval_splits = list(eval_splits)
-        # Per split: (prediction ids, target ids) up to EOS, one row per example, filled by test_step.
+        # Per split: (prediction ids, target ids), EOS and padding kept, one row per example in the
+        # loader's order; filled by test_step.
         self.predictions: dict[str, list[tuple[list[int], list[int]]]] = {}
         self._sums: dict[str, torch.Tensor] = {}
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    @contextmanager
+    def _inference(self):
+        """Eval mode (no dropout) and no gradients, restoring the previous mode afterwards."""
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.train(was_training)
+
     def generate(self, src: torch.Tensor, beam_size: int = 1) -> torch.Tensor:
         """(B, S) -> (B, L) predicted ids, EOS kept, padded."""
-        if beam_size == 1:
-            return greedy_decode(self.model, src, BOS_ID, EOS_ID, PAD_ID)
-        return beam_search(self.model, src, BOS_ID, EOS_ID, PAD_ID, beam_size, self.hparams.length_penalty)
+        with self._inference():
+            if beam_size == 1:
+                return greedy_decode(self.model, src, BOS_ID, EOS_ID, PAD_ID)
+            return beam_search(
+                self.model, src, BOS_ID, EOS_ID, PAD_ID, beam_size, self.hparams.length_penalty
+            )
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         logits = self.model(batch["src"], batch["tgt_in"])
@@ -170,7 +175,7 @@ class Seq2SeqModule(L.LightningModule):
         split = self.eval_splits[dataloader_idx]
         pred = self._evaluate(split, batch, self.hparams.beam_size)
         rows = self.predictions.setdefault(split, [])
-        rows.extend((until_eos(p), until_eos(t)) for p, t in zip(pred.tolist(), batch["tgt_out"].tolist()))
+        rows.extend(zip(pred.tolist(), batch["tgt_out"].tolist()))
 
     def on_test_epoch_start(self) -> None:
         self.predictions = {}
@@ -178,15 +183,11 @@ class Seq2SeqModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_sums()
 
-    @torch.no_grad()
     def attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[str, list[torch.Tensor | None]]:
         """Teacher-forced attention weights of the model in eval mode: {'cross': [(B, H, T, S) per layer],
         ...}; which kinds there are depends on the family (empty without attention)."""
-        was_training = self.training
-        self.eval()
-        _, weights = self.model(src, tgt_in, need_weights=True)
-        self.train(was_training)
-        return weights
+        with self._inference():
+            return self.model(src, tgt_in, need_weights=True)[1]
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams

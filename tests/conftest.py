@@ -40,3 +40,15 @@ TINY_TRAIN = {"batch_size": 16, "max_steps": 4, "val_every": 2}
 def tiny_tree() -> dict:
     """A nested config that trains in a second or two."""
     return {"task": dict(TINY_TASK), "model": dict(TINY_MODEL), "train": dict(TINY_TRAIN)}
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """Tiny models on a shared CPU: extra intra-op threads only add contention (opt in with
+    `pytestmark = pytest.mark.usefixtures("single_thread")`)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

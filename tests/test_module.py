@@ -1,0 +1,227 @@
+"""Seq2SeqModule and run_trial: loss, schedules, checkpoints, determinism, budgets, logging, precision."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.loggers import WandbLogger
+
+from harness.config import load_config
+from harness.probes import AttentionSample, heatmap
+from harness.trial import resolve_precision, run_trial
+from models.module import Seq2SeqModule, lr_lambda, token_cross_entropy
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def tiny(*sets: str, preset: str = "transformer"):
+    return load_config(None, preset, [
+        "task.name=copy", "task.max_len=5", "task.test_max_len=7", "task.n_train=128", "task.n_valid=32",
+        "task.n_test=32", "model.d_model=16", "model.layers=1", "model.heads=2", "model.d_ff=32",
+        "train.batch_size=32", "train.max_steps=8", "train.val_every=4", *sets,
+    ])  # fmt: skip
+
+
+def test_label_smoothed_loss_equals_its_closed_form():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 5)
+    target = torch.tensor([[3, 1, 0], [4, 0, 0]])  # three real tokens, three padding
+    eps = 0.1
+    log_p = logits.log_softmax(-1)
+    # (1 - eps) * NLL of the gold token + eps * mean over the vocabulary of -log p, averaged over real tokens.
+    per_token = [
+        (1 - eps) * -log_p[b, t, target[b, t]] + eps * -log_p[b, t].mean()
+        for b, t in [(0, 0), (0, 1), (1, 0)]
+    ]
+    expected = torch.stack(per_token).mean()
+    assert token_cross_entropy(logits, target, eps).item() == pytest.approx(expected.item(), rel=1e-6)
+    # Padding positions do not count, whatever the model says there.
+    logits[0, 2], logits[1, 1:] = 100.0, -100.0
+    assert token_cross_entropy(logits, target, eps).item() == pytest.approx(expected.item(), rel=1e-6)
+    assert token_cross_entropy(logits, target).item() == pytest.approx(
+        torch.stack([-log_p[0, 0, 3], -log_p[0, 1, 1], -log_p[1, 0, 4]]).mean().item(), rel=1e-6
+    )
+
+
+def test_schedules():
+    inverse_sqrt = lr_lambda("inverse_sqrt", warmup_steps=100, max_steps=1000)
+    assert inverse_sqrt(49) == pytest.approx(0.5)  # linear warmup
+    assert inverse_sqrt(99) == pytest.approx(1.0)
+    assert inverse_sqrt(399) == pytest.approx(0.5)  # sqrt(100 / 400)
+    cosine = lr_lambda("cosine", warmup_steps=10, max_steps=110)
+    assert cosine(4) == pytest.approx(0.5)
+    assert cosine(10) == pytest.approx(1.0)
+    assert cosine(60) == pytest.approx(0.5)
+    assert cosine(110) == pytest.approx(0.0, abs=1e-12)
+    assert lr_lambda("constant", 0, 100)(0) == 1.0
+    assert lr_lambda("constant", 4, 100)(1) == 0.5
+
+
+def test_compile_keeps_checkpoint_names():
+    plain = Seq2SeqModule({"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}, 10, 10)
+    compiled = Seq2SeqModule({"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}, 10, 10, compile=True)
+    assert compiled.model._compiled_call_impl is not None
+    assert list(compiled.state_dict()) == list(plain.state_dict())
+
+
+class RecordingWandb(WandbLogger):
+    """A disabled W&B run that remembers what was sent to it."""
+
+    def __init__(self):
+        super().__init__(mode="disabled")
+        self.metrics, self.images, self.tables = [], {}, {}
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.append((step, dict(metrics)))
+        super().log_metrics(metrics, step)
+
+    def log_image(self, key, images, step=None, **kwargs):
+        self.images[key] = (step, images, kwargs)
+
+    def log_table(self, key, columns=None, data=None, dataframe=None, step=None):
+        self.tables[key] = (columns, data)
+
+
+@pytest.fixture(scope="module")
+def logged_trial(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trial")
+    logger = RecordingWandb()
+    result = run_trial(tiny("train.deterministic=true"), out_dir=out, loggers=[logger])
+    return result, out, logger
+
+
+def test_trial_results_and_artifacts(logged_trial):
+    result, out, _ = logged_trial
+    for split in ("val", "test", "test_long"):
+        for name in ("loss", "ppl", "seq_acc", "tok_acc"):
+            assert f"{split}/{name}" in result.metrics
+        # Perplexity of the unsmoothed model: with no label smoothing it is exp(loss).
+        assert result.metrics[f"{split}/ppl"] == pytest.approx(
+            math.exp(result.metrics[f"{split}/loss"]), rel=1e-4
+        )
+    assert result.steps == 8 and [row["step"] for row in result.history] == [4, 8]
+    assert result.tokens_per_sec > 0 and result.peak_mem_mb > 0 and result.params > 0
+    lengths = {(row["split"], row["length"]): row["n"] for row in result.per_length}
+    assert sum(n for (split, _), n in lengths.items() if split == "test") == result.split_sizes["test"]
+    assert {length for split, length in lengths if split == "test_long"} <= {6, 7}
+    assert (out / "checkpoints" / "best.ckpt").is_file() and (out / "checkpoints" / "last.ckpt").is_file()
+    files = sorted(p.name for p in (out / "attention").iterdir())
+    assert files == ["probe0_test.npz", "probe1_test.npz", "probe2_test_long.npz"]
+    sample = AttentionSample.load(out / "attention" / files[2])
+    assert sample.split == "test_long" and sample.src[-1] == "</s>" and sample.tgt_in[0] == "<s>"
+    cross = sample.weights["cross"]  # (layers, heads, tgt_out, src)
+    assert cross.shape == (1, 2, len(sample.tgt_out), len(sample.src))
+    np.testing.assert_allclose(cross.sum(-1), 1.0, rtol=1e-5)
+    assert set(sample.weights) == {"encoder", "decoder", "cross"}
+    # Copy aligns target j with source j.
+    assert sample.alignment.tolist() == [[j, j] for j in range(len(sample.src) - 1)]
+
+
+def test_checkpoint_round_trip_restores_identical_outputs(logged_trial):
+    result, out, _ = logged_trial
+    for name in ("best", "last"):
+        module = Seq2SeqModule.load_from_checkpoint(out / "checkpoints" / f"{name}.ckpt", weights_only=True)
+        assert module.num_parameters() == result.params
+    # The test metrics and probes come from the best checkpoint, so reloading it reproduces the probes.
+    module = Seq2SeqModule.load_from_checkpoint(out / "checkpoints" / "best.ckpt", weights_only=True)
+    from harness.probes import capture, select_probes
+    from harness.tasks import build_task
+
+    cfg = tiny()
+    again = capture(module, select_probes(build_task(cfg.task, cfg.seed)))
+    for before, after in zip(result.attention, again):
+        for kind in before.weights:
+            np.testing.assert_array_equal(before.weights[kind], after.weights[kind])
+    src = torch.tensor([[4, 5, 6, 2], [7, 2, 0, 0]])
+    reloaded = Seq2SeqModule.load_from_checkpoint(out / "checkpoints" / "best.ckpt", weights_only=True)
+    assert torch.equal(module.generate(src), reloaded.generate(src))
+    assert torch.equal(module.generate(src, beam_size=3), reloaded.generate(src, beam_size=3))
+
+
+def test_same_seed_deterministic_runs_give_identical_metrics(logged_trial):
+    result, _, _ = logged_trial
+    again = run_trial(tiny("train.deterministic=true"))  # no out_dir, no logger: must not matter
+    assert again.metrics == result.metrics
+    assert again.history == result.history
+    assert again.per_length == result.per_length
+    other_seed = run_trial(tiny("train.deterministic=true", "seed=1"))
+    assert other_seed.metrics != result.metrics
+
+
+def test_everything_goes_to_the_logger(logged_trial):
+    result, _, logger = logged_trial
+    logged = {}
+    for step, metrics in logger.metrics:
+        for key in metrics:
+            logged.setdefault(key, []).append(step)
+    # Two validations; Lightning numbers logger steps from 0, so they land on steps 3 and 7.
+    assert logged["val/loss"] == logged["val/seq_acc"] == [3, 7]
+    for key in ("train/loss", "train/lr", "test/seq_acc", "test_long/ppl", "cost/params", "cost/wall_time",
+                "cost/tokens_per_sec", "cost/peak_mem_mb"):  # fmt: skip
+        assert key in logged, key
+    # Heatmaps: per probe and kind, one image per layer, logged at each validation and at the end.
+    step, images, kwargs = logger.images["attention/cross/probe2"]
+    assert step == 8 and len(images) == 1 and len(kwargs["caption"]) == 1
+    assert images[0].ndim == 3 and images[0].shape[2] == 3 and images[0].dtype == np.uint8
+    assert {"attention/encoder/probe0", "attention/decoder/probe1"} <= set(logger.images)
+    columns, data = logger.tables["per_length"]
+    assert columns == ["split", "length", "n", "seq_acc", "tok_acc"] and len(data) == len(result.per_length)
+
+
+def test_heatmap_draws_each_head_and_the_gold_alignment():
+    weights = np.zeros((1, 3, 4, 5), dtype=np.float32)  # (layers, heads, tgt_out, src)
+    weights[0, :, np.arange(4), np.arange(4)] = 1.0
+    sample = AttentionSample("test", [*"abcd", "</s>"], ["<s>", *"xyz"], [*"xyz", "</s>"], {"cross": weights},
+                             np.array([[0, 0], [1, 1]]))  # fmt: skip
+    image = heatmap(sample, "cross", 0)
+    cell = image.shape[0] // 4
+    gap = (image.shape[1] - 3 * 5 * cell) // 2
+    assert image.shape == (4 * cell, 3 * 5 * cell + 2 * gap, 3) and image.dtype == np.uint8
+    third_head = 2 * (5 * cell + gap)
+    centre = lambda row, col, x0=0: image[row * cell + cell // 2, x0 + col * cell + cell // 2].tolist()  # noqa: E731
+    corner = lambda row, col, x0=0: image[row * cell, x0 + col * cell].tolist()  # noqa: E731
+    assert centre(1, 1) == centre(1, 1, third_head) == [255, 0, 0]  # gold links, on every head
+    assert centre(2, 2) != [255, 0, 0]  # not a gold link
+    assert corner(2, 2) == corner(0, 0, third_head) and corner(2, 2)[0] > 200  # weight 1: yellow
+    assert corner(2, 3)[1] < 50  # weight 0: dark
+
+
+def test_budgets_and_early_stopping():
+    # max_epochs: 128 examples in batches of 32 is 4 steps an epoch.
+    assert run_trial(tiny("train.max_epochs=1", "train.max_steps=100")).steps == 4
+    # An lr too small to move any fp32 weight leaves val/loss flat: patience 2 stops after 3 validations.
+    # (On a text task, which also adds BLEU and chrF to the metrics.)
+    stopped = run_trial(tiny("train.lr=1e-12", "train.patience=2", "train.max_steps=100", "model.dropout=0",
+                             "task.name=synth_mt", "task.min_len=5", "task.max_len=6"))  # fmt: skip
+    assert stopped.steps == 12 and len(stopped.history) == 3
+    for split in ("test", "test_long"):
+        assert 0 <= stopped.metrics[f"{split}/bleu"] <= 100 and 0 <= stopped.metrics[f"{split}/chrf"] <= 100
+
+
+def test_precision_auto_is_fp32_on_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: auto means bf16-mixed there (see the CUDA test)")
+    assert resolve_precision("auto") == "32-true"
+    assert resolve_precision("bf16-mixed") == "bf16-mixed"
+
+
+def test_bf16_mixed_trains_and_beam_searches_on_cpu(logged_trial):
+    # CPU autocast runs the same bf16 code paths as CUDA (loss and log-probs are kept in float32);
+    # the losses stay close to those of the fp32 run of the same configuration.
+    fp32, _, _ = logged_trial
+    bf16 = run_trial(tiny("train.deterministic=true", "train.precision=bf16-mixed", "train.beam_size=2"),
+                     progress=True)  # fmt: skip
+    assert all(math.isfinite(v) for v in bf16.metrics.values())
+    for key in ("val/loss", "test/loss", "test_long/loss"):
+        assert bf16.metrics[key] == pytest.approx(fp32.metrics[key], rel=0.02)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_mixed_on_cuda():
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("this CUDA device has no bf16 support")
+    assert resolve_precision("auto") == "bf16-mixed"
+    result = run_trial(tiny("train.beam_size=2"))
+    assert all(math.isfinite(v) for v in result.metrics.values())
+    assert result.peak_mem_mb > 0
