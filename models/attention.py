@@ -1,8 +1,12 @@
 """Attention, in one place for both model families.
 
-`MultiHeadAttention` is the Transformer's (and the RNN's multi-head scaled-dot) attention with two paths:
-fused `scaled_dot_product_attention` when weights are not needed, and an explicit path that returns them.
-Both take the same mask and bias, so they agree by construction.
+`MultiHeadAttention` is the Transformer's attention with two paths: fused `scaled_dot_product_attention`
+when weights are not needed, and an explicit path that returns them. Both take the same mask and bias, so
+they agree by construction.
+
+The recurrent family's score functions (additive, dot, general, concat, location, cosine, scaled_dot) are
+small modules behind `ScoreAttention`, which masks with the same `masked_softmax` and splits heads with the
+same `split_heads`; with `scaled_dot` it is MultiHeadAttention without projections.
 """
 
 from __future__ import annotations
