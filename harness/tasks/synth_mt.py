@@ -37,6 +37,9 @@ VERBS = {  # (present, past) -> stem
 PREPOSITIONS = {"with": "de", "near": "soba", "behind": "ushiro", "under": "shita"}
 SUBJECT, OBJECT, PAST = "ga", "wo", "ta"
 
+SIMPLE_NOUNS = [n for n in NOUNS if len(n) == 1]
+COMPOUND_NOUNS = [n for n in NOUNS if len(n) == 2]
+
 MAX_ADJECTIVES = 3  # per noun phrase
 SHORTEST = 5  # DET NOUN VERB DET NOUN
 
@@ -84,31 +87,30 @@ def sample_sentence(rng: np.random.Generator, length: int) -> Example:
     feasible = [m for m in range(extra // 3 + 1) if extra - 3 * m <= (MAX_ADJECTIVES + 1) * (2 + m)]
     n_pps = int(rng.choice(feasible))
     phrases = noun_phrase_slots(rng, extra - 3 * n_pps, 2 + n_pps)
-    simple = [n for n in NOUNS if len(n) == 1]
-    compound = [n for n in NOUNS if len(n) == 2]
-    verb_forms = list(VERBS)
     past = bool(rng.random() < 0.5)
+
+    def pick(options):
+        options = list(options)
+        return options[rng.integers(len(options))]
 
     sentence = Sentence()
 
     def noun_phrase(adjectives: int, is_compound: bool) -> list[int]:
         """Adds DET ADJ* NOUN; returns its target positions in target order (noun, then adjectives)."""
-        sentence.add((DETERMINERS[rng.integers(len(DETERMINERS))],), ())
+        sentence.add((pick(DETERMINERS),), ())
         adjective_positions = []
-        for a in rng.choice(len(ADJECTIVES), size=adjectives, replace=False):
-            word = list(ADJECTIVES)[a]
-            adjective_positions += sentence.add((word,), (ADJECTIVES[word],))
-        pool = compound if is_compound else simple
-        noun = pool[rng.integers(len(pool))]
+        for word in rng.choice(list(ADJECTIVES), size=adjectives, replace=False):
+            adjective_positions += sentence.add((str(word),), (ADJECTIVES[word],))
+        noun = pick(COMPOUND_NOUNS if is_compound else SIMPLE_NOUNS)
         return sentence.add(noun, (NOUNS[noun],)) + adjective_positions
 
     subject = noun_phrase(*phrases[0]) + sentence.add((), (SUBJECT,))
-    forms = verb_forms[rng.integers(len(verb_forms))]
+    forms = pick(VERBS)
     verb = sentence.add((forms[past],), (VERBS[forms], PAST) if past else (VERBS[forms],))
     obj = noun_phrase(*phrases[1]) + sentence.add((), (OBJECT,))
     adjuncts = []
     for p in range(n_pps):
-        prep = list(PREPOSITIONS)[rng.integers(len(PREPOSITIONS))]
+        prep = pick(PREPOSITIONS)
         postposition = sentence.add((prep,), (PREPOSITIONS[prep],))
         adjuncts += noun_phrase(*phrases[2 + p]) + postposition
     return sentence.example(subject + obj + adjuncts + verb)
