@@ -98,7 +98,7 @@ class TrainConfig(BaseModel):
     compile: bool = False
     val_every: int = 250  # steps between validations
 
-    @field_validator("batch_size", "max_steps", "beam_size", "val_every", "patience")
+    @field_validator("batch_size", "batch_tokens", "max_steps", "beam_size", "val_every", "patience")
     @classmethod
     def _positive(cls, v: int | None) -> int | None:
         if v is not None and v < 1:
