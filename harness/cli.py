@@ -63,57 +63,237 @@ def train(
         Console().print(table)
 
 
+WandbOption = Annotated[
+    str | None, typer.Option("--wandb", help="online | offline | disabled (default: online with credentials)")
+]
+
+
+def wandb_mode(requested: str | None):
+    from harness import tracking
+
+    if requested not in (None, "online", "offline", "disabled"):
+        raise ConfigError(f"--wandb: expected online, offline or disabled (got {requested!r})")
+    return tracking.resolve_mode(requested)  # type: ignore[arg-type]
+
+
 @app.command()
 def sweep(
     study: Annotated[str, typer.Argument(help="Study file (or the name of a bundled one).")],
     storage: StorageOption = None,
     out: RunsOption = Path("runs"),
-    wandb: Annotated[str | None, typer.Option("--wandb", help="online | offline | disabled")] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", min=1, help="Local CPU worker processes.")
+    ] = None,
+    devices: Annotated[
+        str | None, typer.Option("--devices", help="GPUs to use, e.g. 0,1: worker processes per GPU.")
+    ] = None,
+    per_device: Annotated[int, typer.Option("--per-device", min=1, help="Worker processes per GPU.")] = 1,
+    wandb: WandbOption = None,
     sets: SetOption = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip the report at the end.")] = False,
 ) -> None:
-    """Run every variant x seed of a study, then write its report."""
-    from harness import tracking
+    """Tune (if the study says so) and run every variant x seed of a study, then write its report.
+
+    Resumes what the storage holds: finished trials are kept, interrupted ones run again."""
     from harness.config import parse_override
-    from harness.study import default_storage_url, load_study, open_storage
-    from harness.workers import run_worker
+    from harness.study import default_storage_url, load_study, open_storage, prepare_study, validate_spec
+    from harness.workers import spawn_workers, worker_slots
 
     try:
         spec = load_study(study)
         if sets:
             # --set changes the study's fixed keys for every trial (e.g. train.max_steps=50).
-            fixed = {**spec.fixed, **dict(parse_override(s) for s in sets)}
-            spec = spec.model_copy(update={"fixed": fixed})
-            from harness.study import validate_spec
-
+            spec = spec.model_copy(update={"fixed": {**spec.fixed, **dict(parse_override(s) for s in sets)}})
             validate_spec(spec, "--set")
-        if wandb not in (None, "online", "offline", "disabled"):
-            raise ConfigError(f"--wandb: expected online, offline or disabled (got {wandb!r})")
-        mode = tracking.resolve_mode(wandb)
+        if workers and devices:
+            raise ConfigError(
+                "--workers: give either --workers (CPU processes) or --devices (GPUs), not both"
+            )
+        gpus = [d.strip() for d in devices.split(",") if d.strip()] if devices else None
+        if devices is not None and not gpus:
+            raise ConfigError(f"--devices: expected GPU indices like 0,1 (got {devices!r})")
+        mode = wandb_mode(wandb)
         url = storage or default_storage_url(spec, out)
         store = open_storage(url)
+        stored = prepare_study(spec, store)
+        if stored != spec:
+            changed = ", ".join(k for k in type(spec).model_fields if getattr(stored, k) != getattr(spec, k))
+            raise ConfigError(
+                f"{study}: {url} already holds study {spec.name!r} with a different {changed}; "
+                "rename the study or give another --out / --storage"
+            )
     except ConfigError as e:
         raise fail(str(e)) from None
-    console.print(f"[bold]{spec.name}[/]: {len(spec.variant_overrides())} variants x {len(spec.seeds)} seeds, "
-                  f"storage {url}, W&B {mode}")  # fmt: skip
-    run_worker(spec, store, out, mode)
+    slots = worker_slots(workers, gpus, per_device)
+    console.print(f"[bold]{spec.name}[/]: {len(spec.variant_overrides())} variants x {len(spec.seeds)} seeds"
+                  f"{f', {spec.tune.trials} tune trials per variant' if spec.tune else ''}; "
+                  f"{len(slots)} worker(s), storage {url}, W&B {mode}")  # fmt: skip
+    procs = spawn_workers(spec.name, url, out, mode, slots)
+    watch_workers(spec, store, procs)
+    crashed = [p.returncode for p in procs if p.returncode != 0]
+    if crashed:
+        console.print(f"[red]{len(crashed)} worker(s) exited with an error (codes {crashed})[/]")
     if not no_report:
         from reports.render import build_report
 
         out_dir = build_report(spec, store, out)
         console.print(f"report: {out_dir / 'report.html'}")
+    if crashed:
+        raise typer.Exit(code=1)
+
+
+def watch_workers(spec, store, procs) -> None:
+    """A progress bar per phase until every worker has exited; Ctrl-C stops the workers cleanly."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from harness.study import study_progress, time_left_s
+    from harness.workers import stop_workers
+
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[left]}")]  # fmt: skip
+    try:
+        with Progress(*columns, console=console) as progress:
+            tasks = {}
+            while True:
+                rows = study_progress(spec, store)
+                left = time_left_s(rows, len(procs))
+                fields = {"left": f"~{left / 60:.1f} min left" if left is not None else ""}
+                counts = {
+                    "eval": (sum(r.done + r.failed + r.pruned for r in rows), sum(r.total for r in rows))
+                }
+                if spec.tune:
+                    counts = {
+                        "tune": (sum(r.tune_done for r in rows), sum(r.tune_total for r in rows)),
+                        **counts,
+                    }
+                for phase, (done, total) in counts.items():
+                    if phase not in tasks:
+                        tasks[phase] = progress.add_task(phase, total=total, left="")
+                    progress.update(tasks[phase], completed=done, total=total, **fields)
+                if all(p.poll() is not None for p in procs):
+                    return
+                time.sleep(2)
+    except KeyboardInterrupt:
+        console.print("interrupted: stopping workers (their trials will run again on resume)")
+        stop_workers(procs)
+        raise
 
 
 @app.command()
-def report(
+def worker(
+    study: Annotated[str, typer.Argument(help="Study file or name of a study in the storage.")],
+    storage: StorageOption = None,
+    out: RunsOption = Path("runs"),
+    wandb: WandbOption = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="CPU threads for torch in this process.")
+    ] = None,
+) -> None:
+    """Join a study: run its queued trials until none is left (any machine that reaches the storage)."""
+    from harness.study import default_storage_url, load_study, open_storage, prepare_study
+
+    try:
+        mode = wandb_mode(wandb)
+        if _is_study_file(study):
+            spec = load_study(study)
+            store = open_storage(storage or default_storage_url(spec, out))
+            spec = prepare_study(spec, store)  # the stored spec, when the study was already there
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    if not _is_study_file(study):
+        spec, store = _stored_study("worker", study, storage, out)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    from harness.workers import run_worker
+
+    run_worker(spec, store, out, mode)
+
+
+@app.command()
+def status(
     study: Annotated[str, typer.Argument(help="Study name or study file.")],
     storage: StorageOption = None,
     out: RunsOption = Path("runs"),
-    report_dir: Annotated[
-        Path | None, typer.Option("--report-dir", help="Where to write the report.")
-    ] = None,
 ) -> None:
-    """Rebuild a study's report from its storage."""
+    """Progress of a study, per variant: done, running, failed, pruned, time spent and left."""
+    from harness.study import study_progress, time_left_s
+
+    spec, store = _stored_study("status", study, storage, out)
+    rows = study_progress(spec, store)
+    table = Table(title=f"{spec.name}")
+    columns = ["variant", *(["tune"] if spec.tune else []), "done", "running", "failed", "pruned", "elapsed"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "variant" else "right")
+    for r in rows:
+        tune = [f"{r.tune_done}/{r.tune_total}"] if spec.tune else []
+        table.add_row(r.variant, *tune, f"{r.done}/{r.total}", str(r.running), str(r.failed), str(r.pruned),
+                      _duration(r.elapsed_s))  # fmt: skip
+    out_console = Console()
+    out_console.print(table)
+    running = sum(r.running for r in rows)
+    left = time_left_s(rows, running)
+    if all(r.finished for r in rows):
+        out_console.print("finished")
+    elif left is not None:
+        out_console.print(f"about {_duration(left)} left with {max(1, running)} worker(s) running")
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+@app.command()
+def dashboard(
+    study: Annotated[str | None, typer.Argument(help="Study name or file (for its default storage).")] = None,
+    storage: StorageOption = None,
+    out: RunsOption = Path("runs"),
+    host: Annotated[str, typer.Option("--host", help="Address to serve on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to serve on.")] = 8080,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the optuna-dashboard command instead of running it.")
+    ] = False,
+) -> None:
+    """optuna-dashboard on the study storage, with the trials' artifacts."""
+    import shlex
+    import shutil
+    import subprocess
+
+    from harness.study import StudySpec, default_storage_url, study_dir
+
+    try:
+        if storage is None:
+            if study is None:
+                found = sorted(out.glob("*/study.db"))
+                if len(found) != 1:
+                    where = ", ".join(str(p.parent.name) for p in found) or "none"
+                    raise ConfigError(
+                        f"dashboard: name a study or give --storage (studies in {out}: {where})"
+                    )
+                study = found[0].parent.name
+            storage = default_storage_url(StudySpec(name=_study_name(study)), out)
+        if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
+            raise ConfigError(f"storage {storage}: no such database")
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
+    command = [exe, storage, "--host", host, "--port", str(port)]
+    if study is not None:
+        command += ["--artifact-dir", str(study_dir(StudySpec(name=_study_name(study)), out) / "artifacts")]
+    if dry_run:
+        print(shlex.join(command))
+        return
+    console.print(f"optuna-dashboard on http://{host}:{port} (Ctrl-C to stop)")
+    raise typer.Exit(code=subprocess.call(command))
+
+
+def _stored_study(command: str, study: str, storage: str | None, out: Path):
+    """The spec and storage of a study that exists in the storage; exit 2 otherwise."""
     from harness.study import (
         StudySpec,
         default_storage_url,
@@ -128,19 +308,36 @@ def report(
         store = open_storage(url, create_dir=False)
         if name not in stored_study_names(store):
             known = ", ".join(stored_study_names(store)) or "none"
-            raise ConfigError(f"report: no study {name!r} in {url} (studies there: {known})")
-        spec = load_spec_from_storage(store, name)
+            raise ConfigError(f"{command}: no study {name!r} in {url} (studies there: {known})")
+        return load_spec_from_storage(store, name), store
     except ConfigError as e:
         raise fail(str(e)) from None
+
+
+@app.command()
+def report(
+    study: Annotated[str, typer.Argument(help="Study name or study file.")],
+    storage: StorageOption = None,
+    out: RunsOption = Path("runs"),
+    report_dir: Annotated[
+        Path | None, typer.Option("--report-dir", help="Where to write the report.")
+    ] = None,
+) -> None:
+    """Rebuild a study's report from its storage."""
+    spec, store = _stored_study("report", study, storage, out)
     from reports.render import build_report
 
     out_dir = build_report(spec, store, out, report_dir)
     console.print(f"report: {out_dir / 'report.html'}")
 
 
+def _is_study_file(study: str) -> bool:
+    return study.endswith((".yaml", ".yml")) or Path(study).is_file()
+
+
 def _study_name(study: str) -> str:
     """A study given by name, or by its file (whose `name` is read)."""
-    if study.endswith((".yaml", ".yml")) or Path(study).is_file():
+    if _is_study_file(study):
         from harness.study import load_study
 
         return load_study(study).name

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,7 +44,8 @@ def wandb_logger(
     tags: list[str],
     config: dict[str, Any],
 ) -> Iterator[Any]:
-    """A Lightning WandbLogger around one W&B run, finished on exit; None when disabled."""
+    """A Lightning WandbLogger around one W&B run, finished on exit (marked failed when the trial raised);
+    None when disabled. An online run that cannot reach the server within INIT_TIMEOUT_S is kept offline."""
     if mode == "disabled":
         yield None
         return
@@ -51,12 +53,30 @@ def wandb_logger(
     from lightning.pytorch.loggers import WandbLogger
 
     Path(directory).mkdir(parents=True, exist_ok=True)
-    run = wandb.init(
+    init = dict(
         project=PROJECT, group=group, name=name, job_type=job_type, tags=[t[:64] for t in tags],
-        config=config, dir=str(directory), mode=mode, reinit="finish_previous",
-        settings=wandb.Settings(silent=True, init_timeout=30, x_disable_stats=True),
+        config=config, dir=str(directory), reinit="finish_previous",
     )  # fmt: skip
     try:
+        run = wandb.init(mode=mode, settings=settings(wandb), **init)
+    except Exception as e:  # wandb raises its own CommError / UsageError, or a timeout
+        if mode != "online":
+            raise
+        warnings.warn(
+            f"W&B: cannot start an online run ({type(e).__name__}: {e}); logging offline", stacklevel=2
+        )
+        run = wandb.init(mode="offline", settings=settings(wandb), **init)
+    exit_code = 1
+    try:
         yield WandbLogger(experiment=run)
+        exit_code = 0
     finally:
-        run.finish()
+        run.finish(exit_code=exit_code)
+
+
+INIT_TIMEOUT_S = 30
+
+
+def settings(wandb):
+    # No system-metrics sampler per run: trials are short and several share a machine.
+    return wandb.Settings(silent=True, init_timeout=INIT_TIMEOUT_S, x_disable_stats=True)
