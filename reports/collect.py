@@ -1,35 +1,226 @@
-"""The tidy table: one row per trial of a study's eval phase, read from the Optuna storage alone."""
+"""What a report reads: the tidy trial table from the Optuna storage, per-trial artifacts (metric history,
+accuracy by length, attention samples) where they exist, tune studies, and provenance.
+
+The table comes from the storage alone, so results.csv is the same whether or not trial folders survive.
+Artifacts are optional: a trial without them still counts in every statistic, it only draws no curve."""
 
 from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
 
 import optuna
 import pandas as pd
 
-from harness.study import StudySpec, optuna_study_name
+from harness.probes import AttentionSample
+from harness.study import EVAL, StudySpec, optuna_study_name, study_dir
+
+# Cost figures a trial may store as user attributes next to params and wall_time.
+COST_COLUMNS = ["params", "wall_time", "tokens_per_sec", "peak_mem_mb", "steps"]
+PROVENANCE_ATTRS = ["hardware", "versions", "git_commit"]
+PACKAGES = ["torch", "lightning", "optuna", "wandb", "numpy", "pandas", "scipy", "seaborn", "matplotlib"]
+
+
+@dataclass
+class TrialArtifacts:
+    history: list[dict[str, float]] = field(default_factory=list)  # rows of {step, val/..., train/...}
+    per_length: list[dict[str, Any]] = field(default_factory=list)  # rows of {split, length, n, seq_acc}
+    attention: list[AttentionSample] = field(default_factory=list)
+
+
+@dataclass
+class StudyData:
+    spec: StudySpec
+    trials: pd.DataFrame  # one row per eval trial, see trials_frame
+    history: pd.DataFrame  # long: trial, variant, seed, step, one column per logged scalar
+    per_length: pd.DataFrame  # long: trial, variant, seed, split, length, n, seq_acc
+    attention: dict[int, list[AttentionSample]]  # trial number -> its probe samples
+    tune: dict[str, list[optuna.trial.FrozenTrial]]  # variant -> its tune trials
+    recorded: dict[str, list[str]]  # see recorded_provenance
+    configs: dict[int, dict[str, Any]]  # trial number -> its flat config
+
+
+def eval_trials(spec: StudySpec, storage) -> list[optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name=optuna_study_name(spec), storage=storage)
+    return study.get_trials(deepcopy=False)
+
+
+def _grid_point(t: optuna.trial.FrozenTrial) -> tuple[Any, Any]:
+    """(variant, seed); a trial waiting to be retried has them as fixed params only."""
+    params = {**t.system_attrs.get("fixed_params", {}), **t.params}
+    return params.get("variant"), params.get("seed")
 
 
 def trials_frame(spec: StudySpec, storage) -> pd.DataFrame:
-    """Columns: trial, variant, seed, state, one per factor key, params, wall_time, one per metric, fail_reason."""
-    study = optuna.load_study(study_name=optuna_study_name(spec), storage=storage)
+    """Columns: trial, variant, seed, state, one per factor key (dotted), the cost columns, one per metric
+    (named split/metric), fail_reason, retry_of (the failed trial this one retries), start and end times."""
+    overrides = spec.variant_overrides()
     rows = []
-    for t in study.get_trials(deepcopy=False):
+    for t in eval_trials(spec, storage):
+        variant, seed = _grid_point(t)
         attrs = t.user_attrs
-        row = {
-            "trial": t.number,
-            "variant": t.params.get("variant"),
-            "seed": t.params.get("seed"),
-            "state": t.state.name,
-            **attrs.get("factors", {}),
-            "params": attrs.get("params"),
-            "wall_time": attrs.get("wall_time"),
+        rows.append({
+            "trial": t.number, "variant": variant, "seed": seed, "state": t.state.name,
+            **overrides.get(variant, attrs.get("factors", {})),
+            **{c: attrs.get(c) for c in COST_COLUMNS},
             **attrs.get("metrics", {}),
             "fail_reason": attrs.get("fail_reason"),
-        }
-        rows.append(row)
-    columns = ["trial", "variant", "seed", "state", "params", "wall_time", "fail_reason"]
+            "retry_of": t.system_attrs.get("failed_trial"),
+            "started": t.datetime_start, "completed": t.datetime_complete,
+        })  # fmt: skip
+    columns = ["trial", "variant", "seed", "state", *COST_COLUMNS, "fail_reason", "retry_of"]
     return pd.DataFrame(rows, columns=list(dict.fromkeys(columns + [k for r in rows for k in r])))
 
 
 def metric_columns(df: pd.DataFrame) -> list[str]:
     """Metric columns are the ones named split/metric, e.g. test/seq_acc."""
     return [c for c in df.columns if "/" in c]
+
+
+def artifact_store_dir(spec: StudySpec, runs_root: str | Path) -> Path:
+    """Where an Optuna FileSystemArtifactStore for the study keeps its files."""
+    return study_dir(spec, runs_root) / "artifacts"
+
+
+def read_artifacts(
+    t: optuna.trial.FrozenTrial, storage, spec: StudySpec, runs_root: str | Path
+) -> TrialArtifacts:
+    """A trial's artifacts from the Optuna artifact store, else from its folder runs/<study>/trials/<NNNN>/;
+    whatever is missing stays empty. Files: metrics.json (holds history and per_length), history.json,
+    per_length.json, and attention samples probe<i>_<split>.npz."""
+    files: dict[str, Path] = {}
+    folder = study_dir(spec, runs_root) / "trials" / f"{t.number:04d}"
+    if folder.is_dir():
+        files.update({p.name: p for p in folder.glob("*.json")})
+        files.update({p.name: p for p in sorted((folder / "attention").glob("*.npz"))})
+    with tempfile.TemporaryDirectory(prefix="report-artifacts-") as scratch:
+        files.update(
+            _download_optuna_artifacts(t, storage, artifact_store_dir(spec, runs_root), Path(scratch))
+        )
+        return _parse_artifacts(files)
+
+
+def _download_optuna_artifacts(t, storage, store_dir: Path, scratch: Path) -> dict[str, Path]:
+    if not store_dir.is_dir():
+        return {}
+    store = optuna.artifacts.FileSystemArtifactStore(str(store_dir))
+    files = {}
+    for meta in optuna.artifacts.get_all_artifact_meta(t, storage=storage):
+        path = scratch / f"{meta.artifact_id}-{Path(meta.filename).name}"
+        try:
+            optuna.artifacts.download_artifact(
+                artifact_store=store, artifact_id=meta.artifact_id, file_path=str(path)
+            )
+        except (OSError, optuna.artifacts.exceptions.ArtifactNotFound):
+            continue  # the metadata outlived its file: render what exists
+        files[Path(meta.filename).name] = path
+    return files
+
+
+def _parse_artifacts(files: dict[str, Path]) -> TrialArtifacts:
+    out = TrialArtifacts()
+    if "metrics.json" in files:
+        result = _read_json(files["metrics.json"])
+        out.history = result.get("history") or []
+        out.per_length = result.get("per_length") or []
+    if "history.json" in files:
+        out.history = _read_json(files["history.json"]) or out.history
+    if "per_length.json" in files:
+        out.per_length = _read_json(files["per_length.json"]) or out.per_length
+    for name in sorted(n for n in files if n.endswith(".npz")):
+        try:
+            out.attention.append(AttentionSample.load(files[name]))
+        except (OSError, KeyError, ValueError):
+            continue
+    return out
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def collect(spec: StudySpec, storage, runs_root: str | Path = "runs") -> StudyData:
+    trials = eval_trials(spec, storage)
+    df = trials_frame(spec, storage)
+    history, per_length, attention = [], [], {}
+    for t in trials:
+        if t.state != optuna.trial.TrialState.COMPLETE:
+            continue
+        variant, seed = _grid_point(t)
+        art = read_artifacts(t, storage, spec, runs_root)
+        key = {"trial": t.number, "variant": variant, "seed": seed}
+        history += [{**key, **row} for row in art.history]
+        per_length += [{**key, **row} for row in art.per_length]
+        if art.attention:
+            attention[t.number] = art.attention
+    return StudyData(
+        spec=spec, trials=df, history=pd.DataFrame(history), per_length=pd.DataFrame(per_length),
+        attention=attention, tune=tune_trials(spec, storage), recorded=recorded_provenance(trials),
+        configs={t.number: t.user_attrs["config"] for t in trials if "config" in t.user_attrs},
+    )  # fmt: skip
+
+
+def tune_trials(spec: StudySpec, storage) -> dict[str, list[optuna.trial.FrozenTrial]]:
+    """Completed tune trials by variant, from every study named '<study>:tune...' in the storage. The
+    variant is the trial's 'variant' param or user attribute, else the part of the study name after
+    '<study>:tune:' (one tune study per variant), else 'all'."""
+    prefix = f"{spec.name}:tune"
+    out: dict[str, list] = {}
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        name = summary.study_name
+        if not name.startswith(prefix) or name == optuna_study_name(spec, EVAL):
+            continue
+        study = optuna.load_study(study_name=name, storage=storage)
+        default = name.removeprefix(f"{prefix}:") if name.startswith(f"{prefix}:") else "all"
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            variant = t.params.get("variant") or t.user_attrs.get("variant") or default
+            out.setdefault(str(variant), []).append(t)
+    return out
+
+
+def recorded_provenance(trials: list[optuna.trial.FrozenTrial]) -> dict[str, list[str]]:
+    """The distinct values of what trials recorded about where they ran: user attributes 'hardware',
+    'versions' and 'git_commit' (strings or dicts)."""
+    out: dict[str, set[str]] = {key: set() for key in PROVENANCE_ATTRS}
+    for t in trials:
+        for key in PROVENANCE_ATTRS:
+            value = t.user_attrs.get(key)
+            if value:
+                out[key].add(json.dumps(value, sort_keys=True) if isinstance(value, dict) else str(value))
+    return {key: sorted(values) for key, values in out.items()}
+
+
+def report_environment() -> dict[str, Any]:
+    """Python, platform, package versions and commit where the report is built."""
+    versions = {"python": platform.python_version()}
+    for pkg in PACKAGES:
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            continue
+    return {"platform": platform.platform(), "versions": versions, "git_commit": git_commit()}
+
+
+def git_commit() -> str | None:
+    """The checkout's commit (with '+dirty' when it has local changes), or None outside a checkout."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10
+        )
+        if head.returncode:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

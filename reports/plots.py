@@ -1,4 +1,6 @@
-"""Seaborn figures for a study report; each function returns a matplotlib Figure."""
+"""Seaborn figures for a study report. Each function returns a matplotlib Figure, or None when the study
+holds nothing to draw (no completed trial, no artifact of that kind). Bands and error bars are 95%
+bootstrap CIs across seeds; with one seed they vanish and the mean is drawn alone."""
 
 from __future__ import annotations
 
@@ -6,17 +8,182 @@ import matplotlib
 
 matplotlib.use("Agg")  # reports render headless
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from harness.metrics import alignment_error_rate  # noqa: E402
+from harness.probes import AttentionSample  # noqa: E402
+from reports.stats import pareto_front  # noqa: E402
 
-def metric_by_variant(df: pd.DataFrame, metric: str, order: list[str]) -> plt.Figure:
+# Variant names are user text: never parse them as mathtext.
+plt.rcParams["text.parse_math"] = False
+sns.set_theme(style="whitegrid", context="paper")
+CI = ("ci", 95)
+N_BOOT = 500  # seaborn bootstrap resamples per band point: plenty for a few seeds, and fast
+
+
+def _done(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    if metric not in df:
+        return df.iloc[0:0]
+    done = df[df["state"] == "COMPLETE"].copy()
+    done[metric] = pd.to_numeric(done[metric], errors="coerce")
+    return done.dropna(subset=[metric])
+
+
+def metric_by_variant(df: pd.DataFrame, metric: str, order: list[str]) -> plt.Figure | None:
     """Mean with 95% CI per variant, every seed drawn as a point."""
-    done = df[df["state"] == "COMPLETE"].dropna(subset=[metric])
-    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(order)), 3.6))
-    sns.barplot(data=done, x="variant", y=metric, order=order, errorbar=("ci", 95), ax=ax, color="#9ecae1")
-    sns.stripplot(data=done, x="variant", y=metric, order=order, ax=ax, color="#08306b", size=5, jitter=0.15)
+    done = _done(df, metric)
+    if done.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(order)), 3.8))
+    sns.pointplot(data=done, x="variant", y=metric, order=order, errorbar=CI, n_boot=N_BOOT, linestyle="none", ax=ax,
+                  color="#08306b", capsize=0.15, markers="D")  # fmt: skip
+    sns.stripplot(data=done, x="variant", y=metric, order=order, ax=ax, color="#6baed6", size=5, jitter=0.12)
     ax.set_xlabel("")
-    ax.tick_params(axis="x", rotation=20)
+    ax.tick_params(axis="x", rotation=25)
+    fig.tight_layout()
+    return fig
+
+
+def metric_by_factor(df: pd.DataFrame, metric: str, factor: str, others: list[str]) -> plt.Figure | None:
+    """Point plot of the metric over one factor's levels, faceted by a second factor and coloured by a
+    third when the grid has them."""
+    done = _done(df, metric)
+    if done.empty or factor not in done:
+        return None
+    done = done.astype({k: str for k in [factor, *others] if k in done})
+    col = others[0] if others else None
+    hue = others[1] if len(others) > 1 else None
+    grid = sns.catplot(data=done, kind="point", x=factor, y=metric, col=col, hue=hue, errorbar=CI, n_boot=N_BOOT,
+                       capsize=0.1, dodge=0.2 if hue else False, height=3.4, aspect=1.1,
+                       col_wrap=min(3, done[col].nunique()) if col else None)  # fmt: skip
+    grid.set_titles("{col_var} = {col_name}" if col else "")
+    return grid.figure
+
+
+def learning_curves(history: pd.DataFrame, columns: list[str], order: list[str]) -> plt.Figure | None:
+    """One panel per logged scalar in `columns` against the training step, a line per variant."""
+    columns = [c for c in columns if c in history and history[c].notna().any()]
+    if history.empty or not columns:
+        return None
+    fig, axes = plt.subplots(1, len(columns), figsize=(5.2 * len(columns), 3.8), squeeze=False)
+    hue_order = [v for v in order if v in set(history["variant"])]
+    for ax, column in zip(axes[0], columns):
+        sns.lineplot(data=history.dropna(subset=[column]), x="step", y=column, hue="variant",
+                     hue_order=hue_order, errorbar=CI, n_boot=N_BOOT, marker="o", markersize=3, ax=ax)  # fmt: skip
+        ax.set_title(column)
+        if ax is not axes[0][-1] and ax.get_legend():
+            ax.get_legend().remove()
+    fig.tight_layout()
+    return fig
+
+
+def accuracy_by_length(
+    per_length: pd.DataFrame, order: list[str], train_max_len: int | None
+) -> plt.Figure | None:
+    """Exact-match accuracy against target length per variant, the test splits merged (weighted by
+    examples), with the lengths beyond training shaded: the shape of Bahdanau et al. (2015) Fig. 2."""
+    if per_length.empty or "seq_acc" not in per_length:
+        return None
+    rows = per_length.dropna(subset=["seq_acc"]).assign(hits=lambda d: d["seq_acc"] * d["n"])
+    merged = rows.groupby(["trial", "variant", "seed", "length"], as_index=False)[["hits", "n"]].sum()
+    merged["seq_acc"] = merged["hits"] / merged["n"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    hue_order = [v for v in order if v in set(merged["variant"])]
+    sns.lineplot(data=merged, x="length", y="seq_acc", hue="variant", hue_order=hue_order, errorbar=CI, n_boot=N_BOOT,
+                 marker="o", ax=ax)  # fmt: skip
+    if train_max_len is not None and merged["length"].max() > train_max_len:
+        ax.axvspan(train_max_len + 0.5, merged["length"].max() + 0.5, color="#999999", alpha=0.15, lw=0)
+        ax.text(train_max_len + 0.6, 1.02, "beyond training", fontsize=8, color="#555555")
+    ax.set_ylim(-0.02, 1.08)
+    ax.set_xlabel("target length (tokens)")
+    ax.set_ylabel("exact match")
+    fig.tight_layout()
+    return fig
+
+
+def cross_attention(sample: AttentionSample) -> np.ndarray | None:
+    """The cross-attention map a probe is judged by: the last layer, heads averaged, (tgt_out, src)."""
+    weights = sample.weights.get("cross")
+    return None if weights is None or weights.size == 0 else weights[-1].mean(0)
+
+
+def probe_aer(sample: AttentionSample) -> float:
+    """AER of the cross-attention argmax against the probe's gold alignment, EOS rows and columns
+    left out; NaN without a gold alignment or cross attention."""
+    matrix = cross_attention(sample)
+    if matrix is None or not len(sample.alignment):
+        return np.nan
+    sizes = [(len(sample.src) - 1, len(sample.tgt_out) - 1)]
+    return alignment_error_rate([matrix], [sample.alignment.tolist()], sizes)
+
+
+def attention_maps(samples: dict[str, list[AttentionSample]]) -> plt.Figure | None:
+    """A grid of probe heatmaps: a row per variant, a column per probe; gold links drawn as red squares
+    and each panel titled with its AER."""
+    samples = {v: [s for s in ss if cross_attention(s) is not None] for v, ss in samples.items()}
+    samples = {v: ss for v, ss in samples.items() if ss}
+    if not samples:
+        return None
+    n_cols = max(len(ss) for ss in samples.values())
+    fig, axes = plt.subplots(len(samples), n_cols, figsize=(3.4 * n_cols, 3.3 * len(samples)), squeeze=False)
+    for row, (variant, ss) in zip(axes, samples.items()):
+        for ax, sample in zip(row, ss):
+            matrix = cross_attention(sample)
+            ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+            ax.set_xticks(range(len(sample.src)), sample.src, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(sample.tgt_out)), sample.tgt_out, fontsize=7)
+            ax.grid(False)
+            if len(sample.alignment):
+                ax.scatter(sample.alignment[:, 0], sample.alignment[:, 1], marker="s", s=60, facecolors="none",
+                           edgecolors="red", linewidths=1.0)  # fmt: skip
+            aer = probe_aer(sample)
+            ax.set_title(
+                f"{variant}\n{sample.split}" + (f", AER {aer:.2f}" if np.isfinite(aer) else ""), fontsize=8
+            )
+        for ax in row[len(ss) :]:
+            ax.axis("off")
+    fig.supxlabel("source", fontsize=9)
+    fig.supylabel("target (predicted token)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def quality_vs_cost(summary: pd.DataFrame, metric: str, maximize: bool) -> plt.Figure | None:
+    """Variant means with 95% CIs against parameters and training time; the Pareto front joined."""
+    costs = [c for c in ("params", "wall_time") if c in summary and summary[c].notna().any()]
+    points = summary.dropna(subset=["mean"])
+    if points.empty or not costs:
+        return None
+    fig, axes = plt.subplots(1, len(costs), figsize=(5.4 * len(costs), 4), squeeze=False)
+    for ax, cost in zip(axes[0], costs):
+        p = points.dropna(subset=[cost]).sort_values(cost)
+        err = np.abs(np.vstack([p["mean"] - p["ci_low"], p["ci_high"] - p["mean"]]))
+        ax.errorbar(p[cost], p["mean"], yerr=np.nan_to_num(err), fmt="o", color="#08306b", capsize=3)
+        for _, r in p.iterrows():
+            ax.annotate(
+                str(r["variant"]), (r[cost], r["mean"]), fontsize=7, xytext=(4, 4), textcoords="offset points"
+            )
+        front = p[pareto_front(p[cost].to_numpy(), p["mean"].to_numpy(), maximize)]
+        ax.step(front[cost], front["mean"], where="post", color="#e6550d", lw=1.2, label="Pareto front")
+        ax.set_xlabel({"params": "parameters", "wall_time": "training time per trial (s)"}[cost])
+        ax.set_ylabel(metric)
+        if p[cost].min() > 0 and p[cost].max() / p[cost].min() > 20:
+            ax.set_xscale("log")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def param_importances(importances: pd.DataFrame) -> plt.Figure | None:
+    """Bars of each tuned parameter's importance (Optuna's fANOVA), per variant."""
+    if importances.empty:
+        return None
+    n_variants = importances["variant"].nunique()
+    fig, ax = plt.subplots(figsize=(6.5, 1.0 + 0.35 * len(importances) + 0.2 * n_variants))
+    sns.barplot(data=importances, y="param", x="importance", hue="variant", ax=ax, orient="h")
+    ax.set_xlim(0, 1)
+    ax.set_ylabel("")
     fig.tight_layout()
     return fig

@@ -1,4 +1,6 @@
-"""Writes report.html (self-contained), report.md, results.csv and the figures as PNG."""
+"""Writes a study's report: report.html (self-contained, figures embedded), report.md, results.csv and
+the figures as PNG; with W&B online, the tables and figures also go to a summary run in the study's
+group. Every file is written whole or not at all."""
 
 from __future__ import annotations
 
@@ -7,13 +9,21 @@ import io
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import optuna
 import pandas as pd
-from jinja2 import Environment, PackageLoader, select_autoescape
+import yaml
+from jinja2 import Environment, PackageLoader
 
+from harness import tracking
 from harness.study import StudySpec, study_dir
-from reports import plots, stats
-from reports.collect import trials_frame
+from reports import claims, plots, stats
+from reports.collect import StudyData, collect, report_environment
+
+ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
+STATES = ["COMPLETE", "RUNNING", "WAITING", "FAIL", "PRUNED"]
 
 
 def _png(fig) -> bytes:
@@ -32,34 +42,234 @@ def _atomic_write(path: Path, data: bytes | str) -> None:
     os.replace(tmp, path)
 
 
+def variant_summary(data: StudyData) -> pd.DataFrame:
+    """stats.summarize plus each variant's mean parameters, training time and probe AER."""
+    spec, df = data.spec, data.trials
+    order = list(spec.variant_overrides())
+    summary = stats.summarize(df, spec.metric.name, order, spec.baseline_variant(), spec.metric.direction)
+    done = df[df["state"] == "COMPLETE"]
+    for cost in ("params", "wall_time"):
+        means = pd.to_numeric(done[cost], errors="coerce").groupby(done["variant"]).mean()
+        summary[cost] = summary["variant"].map(means)
+    aer = {}
+    for trial, samples in data.attention.items():
+        variant = df.loc[df["trial"] == trial, "variant"].iloc[0]
+        aer.setdefault(variant, []).extend(plots.probe_aer(s) for s in samples)
+    summary["aer"] = summary["variant"].map(
+        {v: float(np.nanmean(a)) for v, a in aer.items() if np.isfinite(a).any()}
+    )
+    return summary
+
+
+def attention_samples(data: StudyData, summary: pd.DataFrame) -> dict[str, list]:
+    """Probe samples of the first completed seed of the baseline and the best-ranked variants."""
+    df = data.trials.set_index("trial")
+    first_trial: dict[str, int] = {}  # variant -> its trial with the lowest seed that has cross attention
+    for trial in sorted(data.attention, key=lambda t: df.at[t, "seed"]):
+        if any(plots.cross_attention(s) is not None for s in data.attention[trial]):
+            first_trial.setdefault(df.at[trial, "variant"], trial)
+    ranked = summary.sort_values("rank", na_position="last")["variant"].tolist()
+    chosen = [v for v in dict.fromkeys([data.spec.baseline_variant(), *ranked]) if v in first_trial]
+    return {v: data.attention[first_trial[v]] for v in chosen[:ATTENTION_VARIANTS]}
+
+
+def importance_frame(data: StudyData) -> pd.DataFrame:
+    """Optuna's parameter importances (fANOVA) of the tuned parameters, per variant's tune trials."""
+    if data.spec.tune is None:
+        return pd.DataFrame(columns=["variant", "param", "importance"])
+    rows = []
+    for variant, trials in data.tune.items():
+        params = [p for p in data.spec.tune.params if sum(p in t.params for t in trials) >= 2]
+        if len(trials) < 2 or not params:
+            continue
+        study = optuna.create_study(direction=data.spec.metric.direction)
+        study.add_trials([t for t in trials if all(p in t.params for p in params)])
+        try:
+            importances = optuna.importance.get_param_importances(study, params=params)
+        except (RuntimeError, ValueError):
+            continue  # e.g. every trial sampled the same value: nothing to attribute
+        rows += [{"variant": variant, "param": p, "importance": v} for p, v in importances.items()]
+    return pd.DataFrame(rows, columns=["variant", "param", "importance"])
+
+
+def figures(
+    data: StudyData, summary: pd.DataFrame, importances: pd.DataFrame
+) -> dict[str, tuple[bytes, str]]:
+    """Figure name -> (PNG, caption), for the figures the study has data for."""
+    spec, df = data.spec, data.trials
+    metric, order = spec.metric.name, list(spec.variant_overrides())
+    maximize = spec.metric.direction == "maximize"
+    made: dict[str, tuple[Any, str]] = {
+        "metric_by_variant": (plots.metric_by_variant(df, metric, order),
+                              f"{metric} per variant: mean with 95% CI, one point per seed."),
+    }  # fmt: skip
+    factors = [k for k, v in spec.factors.items() if len(v) > 1]
+    for factor in factors:
+        others = [k for k in factors if k != factor]
+        made[f"metric_by_{factor.rsplit('.', 1)[-1]}"] = (
+            plots.metric_by_factor(df, metric, factor, others),
+            f"{metric} by {factor}" + (f", faceted by {others[0]}" if others else "") + ": mean with 95% CI.",
+        )
+    split_metric = metric.split("/", 1)[-1]
+    made["learning_curves"] = (
+        plots.learning_curves(data.history, list(dict.fromkeys([f"val/{split_metric}", "val/loss"])), order),
+        "Validation curves by training step: mean over seeds with a 95% CI band.",
+    )
+    max_lens = [c["task.max_len"] for c in data.configs.values() if c.get("task.max_len") is not None]
+    made["accuracy_by_length"] = (
+        plots.accuracy_by_length(data.per_length, order, max(max_lens) if max_lens else None),
+        "Exact match against target length (test splits), mean over seeds with 95% CI; "
+        "shaded: lengths longer than any training example.",
+    )
+    made["attention"] = (
+        plots.attention_maps(attention_samples(data, summary)),
+        "Cross-attention of probe examples (last layer, heads averaged) for the baseline and the best "
+        "variants; red squares: gold alignment; AER of the attention argmax in each title.",
+    )
+    made["quality_vs_cost"] = (
+        plots.quality_vs_cost(summary, metric, maximize),
+        "Quality against cost per variant (mean, 95% CI); the line joins the Pareto front.",
+    )
+    made["param_importances"] = (
+        plots.param_importances(importances),
+        "Importance of each tuned parameter in the tune phase (Optuna fANOVA).",
+    )
+    return {name: (_png(fig), caption) for name, (fig, caption) in made.items() if fig is not None}
+
+
+def progress(data: StudyData) -> list[dict[str, Any]]:
+    """Per variant: trials by state, and the seeds with no trial yet."""
+    df, rows = data.trials, []
+    for variant in data.spec.variant_overrides():
+        mine = df[df["variant"] == variant]
+        counts = mine["state"].value_counts()
+        rows.append({"variant": variant, **{s.lower(): int(counts.get(s, 0)) for s in STATES},
+                     "missing": len(set(data.spec.seeds) - set(mine["seed"]))})  # fmt: skip
+    return rows
+
+
+def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
+    spec, df = data.spec, data.trials
+    done = df[df["state"] == "COMPLETE"]
+    metric, maximize = spec.metric.name, spec.metric.direction == "maximize"
+    best_eval = []
+    if metric in done and len(done):
+        values = pd.to_numeric(done[metric], errors="coerce")
+        for variant, idx in (
+            values.groupby(done["variant"]).agg("idxmax" if maximize else "idxmin").dropna().items()
+        ):
+            best_eval.append({"variant": variant, "trial": int(done.at[idx, "trial"]),
+                              "seed": done.at[idx, "seed"], "value": float(values[idx])})  # fmt: skip
+    best_tune = []
+    for variant, trials in data.tune.items():
+        best = (max if maximize else min)(trials, key=lambda t: t.value)
+        best_tune.append(
+            {"variant": variant, "trials": len(trials), "value": best.value, "params": best.params}
+        )
+    overall = min(best_eval, key=lambda r: -r["value"] if maximize else r["value"]) if best_eval else None
+    wall = pd.to_numeric(df["wall_time"], errors="coerce")
+    started, completed = pd.to_datetime(df["started"]).dropna(), pd.to_datetime(df["completed"]).dropna()
+    return {
+        "grid": len(spec.variant_overrides()) * len(spec.seeds),
+        "states": df["state"].value_counts().to_dict(),
+        "tune_trials": sum(len(t) for t in data.tune.values()),
+        "search": spec.tune.model_dump() if spec.tune else None,
+        "best_eval": best_eval,
+        "best_tune": best_tune,
+        "best_config": data.configs.get(overall["trial"], {}) if overall else {},
+        "best_trial": overall,
+        "seeds": spec.seeds,
+        "recorded": data.recorded,
+        "environment": report_environment(),
+        "total_time": float(wall.sum()) if wall.notna().any() else None,
+        "mean_time": float(wall.mean()) if wall.notna().any() else None,
+        "span": (str(started.min()), str(completed.max())) if len(started) and len(completed) else None,
+        "params": summary[["variant", "params"]].dropna().to_dict("records"),
+        "spec_yaml": yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, allow_unicode=True),
+    }
+
+
+def _num(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not np.isfinite(x)) or x is pd.NA:
+        return "–"
+    if isinstance(x, (int, np.integer)):
+        return str(x)
+    return f"{x:.{digits}f}"
+
+
+def _pvalue(p) -> str:
+    return "–" if p is None or not np.isfinite(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _md_cell(text: Any) -> str:
+    """A Markdown table cell: no pipes, newlines or raw HTML from user text."""
+    s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _environment(html: bool) -> Environment:
+    env = Environment(
+        loader=PackageLoader("reports", "templates"), autoescape=html, trim_blocks=True, lstrip_blocks=True
+    )
+    env.filters.update(num=_num, pvalue=_pvalue, md=_md_cell)
+    return env
+
+
 def build_report(
-    spec: StudySpec, storage, runs_root: str | Path = "runs", out: str | Path | None = None
+    spec: StudySpec,
+    storage,
+    runs_root: str | Path = "runs",
+    out: str | Path | None = None,
+    wandb_mode: tracking.WandbMode | None = None,
 ) -> Path:
+    """Reads the study from `storage` (and its artifacts under runs_root) and writes the report to `out`
+    (default runs/<study>/report/); returns that folder."""
     out_dir = Path(out) if out else study_dir(spec, runs_root) / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
-    df = trials_frame(spec, storage)
-    order = list(spec.variant_overrides())
-    metric = spec.metric.name
-    summary = stats.summarize(df, metric, order) if metric in df else pd.DataFrame()
-
-    figures: dict[str, bytes] = {}
-    if metric in df and (df["state"] == "COMPLETE").any():
-        figures["metric_by_variant"] = _png(plots.metric_by_variant(df, metric, order))
-
-    counts = df["state"].value_counts().to_dict() if len(df) else {}
+    data = collect(spec, storage, runs_root)
+    summary = variant_summary(data)
+    importances = importance_frame(data)
+    figs = figures(data, summary, importances)
     context = {
         "spec": spec,
-        "metric": metric,
-        "summary": summary.to_dict("records"),
-        "counts": counts,
-        "failed": df[df["state"] == "FAIL"][["trial", "variant", "seed", "fail_reason"]].to_dict("records"),
-        "figures": {k: base64.b64encode(v).decode() for k, v in figures.items()},
+        "metric": spec.metric.name,
+        "baseline": spec.baseline_variant(),
+        "summary": summary.sort_values("rank", na_position="last").to_dict("records"),
+        "claims": claims.evaluate_all(spec, data.trials),
+        "progress": progress(data),
+        "trials": data.trials.to_dict("records"),
+        "importances": importances.to_dict("records"),
+        "repro": reproducibility(data, summary),
+        "figures": {k: (base64.b64encode(png).decode(), caption) for k, (png, caption) in figs.items()},
     }
-    env = Environment(loader=PackageLoader("reports", "templates"), autoescape=select_autoescape(["html"]))
-    env.filters["num"] = lambda x, d=3: "–" if x is None or pd.isna(x) else f"{x:.{d}f}"
-    for name, data in figures.items():
-        _atomic_write(out_dir / f"{name}.png", data)
-    _atomic_write(out_dir / "results.csv", df.to_csv(index=False))
-    _atomic_write(out_dir / "report.md", env.get_template("report.md.j2").render(**context))
-    _atomic_write(out_dir / "report.html", env.get_template("report.html.j2").render(**context))
+    for name, (png, _) in figs.items():
+        _atomic_write(out_dir / f"{name}.png", png)
+    _atomic_write(out_dir / "results.csv", data.trials.to_csv(index=False))
+    _atomic_write(out_dir / "report.md", _environment(False).get_template("report.md.j2").render(**context))
+    _atomic_write(
+        out_dir / "report.html", _environment(True).get_template("report.html.j2").render(**context)
+    )
+    if tracking.resolve_mode(wandb_mode) == "online":
+        log_summary_run(spec, summary, out_dir, list(figs), "online", study_dir(spec, runs_root))
     return out_dir
+
+
+def log_summary_run(
+    spec: StudySpec, summary: pd.DataFrame, report_dir: Path, figure_names: list[str], mode, directory: Path
+) -> None:
+    """One W&B run in the study's group (job_type 'report') holding the variant table, results.csv as a
+    table, and every figure."""
+    import wandb
+
+    results = pd.read_csv(report_dir / "results.csv")
+    with tracking.wandb_logger(mode, directory, group=spec.name, name=f"{spec.name}-report", job_type="report",
+                               tags=["report"], config=spec.model_dump(mode="json")) as logger:  # fmt: skip
+        if logger is None:
+            return
+        run = logger.experiment
+        run.log({
+            "report/variants": wandb.Table(dataframe=summary.astype(object).where(summary.notna(), None)),
+            "report/trials": wandb.Table(dataframe=results.astype(object).where(results.notna(), None)),
+            **{f"report/{name}": wandb.Image(str(report_dir / f"{name}.png")) for name in figure_names},
+        })  # fmt: skip
+        run.save(str(report_dir / "report.html"), base_path=str(report_dir), policy="now")

@@ -1,38 +1,143 @@
-"""Per-variant summaries with bootstrap confidence intervals."""
+"""Statistics of a study's table: per-variant summaries with bootstrap CIs, differences to the baseline
+with Welch and permutation p-values, Holm's correction, Hedges' g, ranks, and the Pareto front.
+
+One value per (variant, seed) enters: the latest completed trial of that grid point, so a retried
+trial is never counted twice."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from scipy import stats as sps
+
+LEVEL = 0.95
+N_BOOT = 4000
+
+
+def variant_values(df: pd.DataFrame, metric: str) -> dict[str, np.ndarray]:
+    """Variant -> its finite metric values, one per seed, from completed trials."""
+    if metric not in df:
+        return {}
+    done = df[(df["state"] == "COMPLETE") & np.isfinite(pd.to_numeric(df[metric], errors="coerce"))]
+    done = done.sort_values("trial").drop_duplicates(["variant", "seed"], keep="last")
+    return {v: g[metric].to_numpy(dtype=float) for v, g in done.groupby("variant", sort=False)}
 
 
 def bootstrap_ci(
-    values: np.ndarray, level: float = 0.95, n_resamples: int = 2000, seed: int = 0
+    values: np.ndarray, level: float = LEVEL, n_resamples: int = N_BOOT, seed: int = 0
 ) -> tuple[float, float]:
     """Percentile bootstrap CI of the mean; a single value gives a zero-width interval at that value."""
     values = np.asarray(values, dtype=float)
-    values = values[np.isfinite(values)]
     if len(values) == 0:
         return (np.nan, np.nan)
-    if len(values) == 1:
-        return (float(values[0]), float(values[0]))
     rng = np.random.default_rng(seed)
     means = rng.choice(values, size=(n_resamples, len(values)), replace=True).mean(1)
     alpha = (1 - level) / 2
     return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
 
 
-def summarize(df: pd.DataFrame, metric: str, order: list[str] | None = None) -> pd.DataFrame:
-    """One row per variant: n, mean, std, 95% CI of `metric` over completed trials."""
-    done = df[df["state"] == "COMPLETE"]
+def bootstrap_effect_ci(
+    pairs: list[tuple[np.ndarray, np.ndarray]], level: float = LEVEL, n_resamples: int = N_BOOT, seed: int = 0
+) -> tuple[float, float, float]:
+    """The mean over pairs of mean(a) - mean(b), and its percentile bootstrap CI; every group is
+    resampled on its own (seeds are independent runs). Empty groups make it NaN."""
+    if not pairs or any(len(a) == 0 or len(b) == 0 for a, b in pairs):
+        return (np.nan, np.nan, np.nan)
+    rng = np.random.default_rng(seed)
+    estimate, boot = 0.0, np.zeros(n_resamples)
+    for a, b in pairs:
+        estimate += a.mean() - b.mean()
+        boot += rng.choice(a, (n_resamples, len(a))).mean(1) - rng.choice(b, (n_resamples, len(b))).mean(1)
+    estimate, boot = estimate / len(pairs), boot / len(pairs)
+    alpha = (1 - level) / 2
+    return float(estimate), float(np.quantile(boot, alpha)), float(np.quantile(boot, 1 - alpha))
+
+
+def welch_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided Welch t-test p-value; NaN with fewer than two values a side or no variance at all."""
+    if len(a) < 2 or len(b) < 2 or (np.var(a) == 0 and np.var(b) == 0):
+        return np.nan
+    return float(sps.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def permutation_p(a: np.ndarray, b: np.ndarray, n_resamples: int = 9999, seed: int = 0) -> float:
+    """Two-sided permutation test of the difference of means: exact when the relabellings number at
+    most n_resamples, Monte Carlo otherwise. NaN when a side is empty."""
+    if len(a) == 0 or len(b) == 0:
+        return np.nan
+    result = sps.permutation_test(
+        (a, b), lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis), vectorized=True,
+        permutation_type="independent", alternative="two-sided", n_resamples=n_resamples,
+        rng=np.random.default_rng(seed),
+    )  # fmt: skip
+    return float(result.pvalue)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (NaNs stay NaN and do not count as tests)."""
+    p = np.asarray(pvalues, dtype=float)
+    out = np.full_like(p, np.nan)
+    idx = np.flatnonzero(np.isfinite(p))
+    order = idx[np.argsort(p[idx], kind="stable")]
+    m, running = len(order), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out.tolist()
+
+
+def hedges_g(a: np.ndarray, b: np.ndarray) -> float:
+    """Standardized mean difference (a - b) with the pooled SD and the small-sample correction;
+    NaN with fewer than two values a side or zero pooled variance."""
+    na, nb = len(a), len(b)
+    if na < 2 or nb < 2:
+        return np.nan
+    pooled = ((na - 1) * np.var(a, ddof=1) + (nb - 1) * np.var(b, ddof=1)) / (na + nb - 2)
+    if pooled == 0:
+        return np.nan
+    correction = 1 - 3 / (4 * (na + nb) - 9)
+    return float((a.mean() - b.mean()) / np.sqrt(pooled) * correction)
+
+
+def summarize(
+    df: pd.DataFrame, metric: str, order: list[str], baseline: str | None, direction: str = "maximize"
+) -> pd.DataFrame:
+    """One row per variant in `order`: n, mean, std, 95% CI; against the baseline: diff (variant -
+    baseline) with its bootstrap CI, Welch and permutation p-values, p (Welch where defined, else the
+    permutation test), p_holm (Holm across the non-baseline variants) and Hedges' g; and rank (1 = best
+    mean in the metric's direction)."""
+    values = variant_values(df, metric)
+    base = values.get(baseline, np.array([]))
     rows = []
-    for variant in order or list(dict.fromkeys(df["variant"])):
-        values = done.loc[done["variant"] == variant, metric].dropna().to_numpy(dtype=float)
-        lo, hi = bootstrap_ci(values)
-        rows.append({
-            "variant": variant, "n": len(values),
-            "mean": values.mean() if len(values) else np.nan,
-            "std": values.std(ddof=1) if len(values) > 1 else np.nan,
-            "ci_low": lo, "ci_high": hi,
-        })  # fmt: skip
-    return pd.DataFrame(rows)
+    for variant in order:
+        v = values.get(variant, np.array([]))
+        lo, hi = bootstrap_ci(v)
+        row = {"variant": variant, "n": len(v), "mean": v.mean() if len(v) else np.nan,
+               "std": v.std(ddof=1) if len(v) > 1 else np.nan, "ci_low": lo, "ci_high": hi,
+               "diff": np.nan, "diff_ci_low": np.nan, "diff_ci_high": np.nan, "p_welch": np.nan,
+               "p_perm": np.nan, "p": np.nan, "g": np.nan}  # fmt: skip
+        if variant != baseline and len(base):
+            row["diff"], row["diff_ci_low"], row["diff_ci_high"] = bootstrap_effect_ci([(v, base)])
+            row["p_welch"], row["p_perm"] = welch_p(v, base), permutation_p(v, base)
+            row["p"] = row["p_welch"] if np.isfinite(row["p_welch"]) else row["p_perm"]
+            row["g"] = hedges_g(v, base)
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=[*(rows[0] if rows else ["variant"])])
+    if out.empty:
+        return out
+    out["p_holm"] = holm(out["p"].tolist())
+    out["rank"] = out["mean"].rank(ascending=direction == "minimize", method="min").astype("Int64")
+    return out
+
+
+def pareto_front(cost: np.ndarray, quality: np.ndarray, maximize: bool = True) -> np.ndarray:
+    """Mask of the points no other point beats: at most the cost and at least the quality (for
+    `maximize`), strictly better in one. NaN points are never on the front."""
+    cost, quality = np.asarray(cost, dtype=float), np.asarray(quality, dtype=float)
+    q = quality if maximize else -quality
+    ok = np.isfinite(cost) & np.isfinite(q)
+    front = np.zeros(len(cost), dtype=bool)
+    for i in np.flatnonzero(ok):
+        others = ok & (cost <= cost[i]) & (q >= q[i]) & ((cost < cost[i]) | (q > q[i]))
+        front[i] = not others.any()
+    return front
