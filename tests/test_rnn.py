@@ -13,8 +13,7 @@ from harness.config import ConfigError, load_config
 from models import build_model
 from models.attention import MultiHeadAttention, ScoreAttention, make_score
 from models.config import PRESETS, ModelConfig
-from models.decoding import greedy_decode
-from models.module import token_cross_entropy
+from models.decoding import beam_search, greedy_decode
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -215,7 +214,7 @@ def test_every_switch_value_trains_a_step(key, value):
     tgt_in = F.pad(tgt, (1, 0), value=1)[:, :-1]  # BOS first
 
     def loss() -> torch.Tensor:
-        return token_cross_entropy(model(src, tgt_in), tgt)
+        return F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt.flatten(), ignore_index=0)
 
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.eval()  # dropout off, so the two losses compare the same function
@@ -228,11 +227,14 @@ def test_every_switch_value_trains_a_step(key, value):
     assert loss() < before
 
 
-def test_greedy_decoding_runs_over_the_step_interface():
-    model = rnn(**PRESETS["lstm-luong-general"], attention_heads=2)
+@pytest.mark.parametrize("preset", ["lstm-bahdanau", "lstm-luong-general"])
+def test_search_runs_over_the_step_interface(preset):
+    # Every state tensor is batch-first, so beam search can reorder them (the input-feeding one included).
+    model = rnn(**PRESETS[preset], attention_heads=2)
     src = batch([5, 2, 7])
-    out = greedy_decode(model, src, bos_id=1, eos_id=2, pad_id=0, max_len=6)
-    assert out.shape[0] == 3 and out.shape[1] <= 6
+    greedy = greedy_decode(model, src, bos_id=1, eos_id=2, pad_id=0, max_len=6)
+    assert torch.equal(beam_search(model, src, 1, 2, 0, beam_size=1, max_len=6), greedy)
+    assert beam_search(model, src, 1, 2, 0, beam_size=3, max_len=6).shape[0] == 3
 
 
 # Parameter counts: each switch adds exactly the parameters its formula names.
