@@ -62,8 +62,8 @@ def welch_p(a: np.ndarray, b: np.ndarray) -> float:
 
 def permutation_p(a: np.ndarray, b: np.ndarray, n_resamples: int = 9999, seed: int = 0) -> float:
     """Two-sided permutation test of the difference of means: exact when the relabellings number at
-    most n_resamples, Monte Carlo otherwise. NaN when a side is empty."""
-    if len(a) == 0 or len(b) == 0:
+    most n_resamples, Monte Carlo otherwise. NaN with fewer than two values a side."""
+    if len(a) < 2 or len(b) < 2:
         return np.nan
     result = sps.permutation_test(
         (a, b), lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis), vectorized=True,

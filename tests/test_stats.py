@@ -1,0 +1,192 @@
+"""Report statistics and claim verdicts against known answers (scipy and hand-computed references)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from harness.study import StudySpec
+from reports import claims, stats
+from reports.claims import CONTRADICTED, INCONCLUSIVE, REPRODUCED
+
+METRIC = "test/seq_acc"
+
+
+def table(values: dict[str, list[float]], extra: list[dict] | None = None) -> pd.DataFrame:
+    """A trial table as collect.trials_frame gives it: one completed trial per (variant, seed)."""
+    rows = [
+        {"trial": 0, "variant": v, "seed": seed, "state": "COMPLETE", METRIC: x}
+        for v, xs in values.items()
+        for seed, x in enumerate(xs)
+    ]
+    rows += extra or []
+    for i, row in enumerate(rows):
+        row["trial"] = i
+    return pd.DataFrame(rows)
+
+
+def test_welch_and_difference_match_scipy_on_a_constructed_table():
+    base = [0.50, 0.55, 0.70, 0.90]
+    worse = [0.10, 0.20, 0.30, 0.40]
+    same = [0.52, 0.61, 0.68, 0.80]
+    df = table({"base": base, "worse": worse, "same": same})
+    summary = stats.summarize(df, METRIC, ["base", "worse", "same"], "base").set_index("variant")
+
+    for name, values in (("worse", worse), ("same", same)):
+        row = summary.loc[name]
+        ref = sps.ttest_ind(values, base, equal_var=False)
+        assert row["p_welch"] == pytest.approx(ref.pvalue, rel=1e-12)
+        assert row["p"] == row["p_welch"]
+        assert row["diff"] == pytest.approx(np.mean(values) - np.mean(base))
+        assert row["diff_ci_low"] < row["diff"] < row["diff_ci_high"]
+    assert summary.loc["worse", "diff_ci_high"] < 0 < summary.loc["same", "diff_ci_high"]
+    assert summary.loc["base", "n"] == 4
+    assert summary.loc["base", "mean"] == pytest.approx(np.mean(base))
+    assert summary.loc["base", "std"] == pytest.approx(np.std(base, ddof=1))
+    assert math.isnan(summary.loc["base", "diff"]) and math.isnan(summary.loc["base", "p_holm"])
+    # Holm over the two comparisons, by hand.
+    p_worse, p_same = summary.loc["worse", "p"], summary.loc["same", "p"]
+    assert p_worse < p_same
+    assert summary.loc["worse", "p_holm"] == pytest.approx(min(1, 2 * p_worse))
+    assert summary.loc["same", "p_holm"] == pytest.approx(max(min(1, 2 * p_worse), p_same))
+    assert summary["rank"].tolist() == [1, 3, 2]  # base 0.6625 > same 0.6525 > worse 0.25
+    ranked_min = stats.summarize(df, METRIC, ["base", "worse", "same"], "base", direction="minimize")
+    assert ranked_min["rank"].tolist() == [3, 1, 2]
+
+
+def test_permutation_test_is_exact_for_small_groups():
+    # Of the 20 ways to split {1..6} into 3 + 3, only the two extreme splits reach |diff| = 3.
+    assert stats.permutation_p(np.array([1.0, 2, 3]), np.array([4.0, 5, 6])) == pytest.approx(2 / 20)
+    a, b = np.array([0.2, 0.5, 0.9, 0.4]), np.array([0.1, 0.3, 0.35])
+    pooled, observed = np.concatenate([a, b]), abs(a.mean() - b.mean())
+    splits = list(itertools.combinations(range(7), 4))
+    extreme = sum(
+        abs(pooled[list(idx)].mean() - np.delete(pooled, idx).mean()) >= observed - 1e-12 for idx in splits
+    )
+    assert stats.permutation_p(a, b) == pytest.approx(extreme / len(splits))
+
+
+def test_holm_by_hand():
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    adjusted = stats.holm([math.nan, 0.01, 0.04])
+    assert math.isnan(adjusted[0]) and adjusted[1:] == pytest.approx([0.02, 0.04])
+    assert stats.holm([0.5, 0.6]) == [1.0, 1.0]
+
+
+def test_hedges_g_and_degenerate_groups():
+    # Pooled variance (3 * 5/3 + 4 * 5/2) / 7 = 15/7, d = -1.5 / sqrt(15/7), correction 1 - 3/27.
+    g = stats.hedges_g(np.array([1.0, 2, 3, 4]), np.array([2.0, 3, 4, 5, 6]))
+    assert g == pytest.approx(-1.5 / math.sqrt(15 / 7) * (1 - 3 / 27))
+    assert math.isnan(stats.hedges_g(np.array([1.0]), np.array([2.0, 3.0])))
+    # No variance on either side: Welch is undefined and the permutation test decides.
+    df = table({"base": [0.0, 0.0, 0.0], "perfect": [1.0, 1.0, 1.0]})
+    row = stats.summarize(df, METRIC, ["base", "perfect"], "base").iloc[1]
+    assert math.isnan(row["p_welch"]) and row["p"] == row["p_perm"] == pytest.approx(2 / 20)
+    assert (row["diff"], row["diff_ci_low"], row["diff_ci_high"]) == (1.0, 1.0, 1.0)
+
+
+def test_bootstrap_ci():
+    assert stats.bootstrap_ci(np.array([0.7])) == (0.7, 0.7)
+    assert all(math.isnan(x) for x in stats.bootstrap_ci(np.array([])))
+    values = np.random.default_rng(1).normal(3.0, 2.0, 400)
+    lo, hi = stats.bootstrap_ci(values)
+    half = 1.96 * values.std(ddof=1) / math.sqrt(len(values))
+    assert lo == pytest.approx(values.mean() - half, abs=0.05) and hi == pytest.approx(
+        values.mean() + half, abs=0.05
+    )
+
+
+def test_summary_counts_completed_grid_points_once():
+    extra = [
+        {"variant": "a", "seed": 0, "state": "FAIL", METRIC: math.nan},  # failed, then retried below
+        {"variant": "a", "seed": 0, "state": "COMPLETE", METRIC: 0.9},  # the retry: replaces seed 0's 0.1
+        {"variant": "a", "seed": 2, "state": "RUNNING", METRIC: math.nan},
+        {"variant": "b", "seed": 2, "state": "PRUNED", METRIC: math.nan},
+    ]
+    df = table({"a": [0.1, 0.3], "b": [0.5]}, extra)
+    summary = stats.summarize(df, METRIC, ["a", "b", "never-ran"], "a").set_index("variant")
+    assert summary.loc["a", "n"] == 2 and summary.loc["a", "mean"] == pytest.approx(0.6)
+    assert summary.loc["b", "n"] == 1 and math.isnan(summary.loc["b", "std"])
+    assert summary.loc["b", "ci_low"] == summary.loc["b", "ci_high"] == 0.5  # one seed: no interval
+    assert math.isnan(summary.loc["b", "p_welch"])
+    assert summary.loc["never-ran", "n"] == 0 and pd.isna(summary.loc["never-ran", "rank"])
+
+
+def test_pareto_front():
+    cost = np.array([1.0, 2.0, 3.0, 2.0, np.nan])
+    quality = np.array([0.5, 0.7, 0.6, 0.4, 0.99])
+    assert stats.pareto_front(cost, quality).tolist() == [True, True, False, False, False]
+    assert stats.pareto_front(cost, quality, maximize=False).tolist() == [True, False, False, True, False]
+
+
+@pytest.mark.parametrize(
+    "lo, hi, expect, margin, verdict",
+    [
+        (-0.6, -0.4, "lower", 0.3, REPRODUCED),
+        (-0.4, -0.1, "lower", 0.3, INCONCLUSIVE),  # the drop may or may not reach the margin
+        (-0.2, -0.1, "lower", 0.3, CONTRADICTED),  # a drop, but surely smaller than the margin
+        (0.1, 0.2, "lower", 0.0, CONTRADICTED),
+        (-0.1, 0.1, "lower", 0.0, INCONCLUSIVE),
+        (0.2, 0.5, "higher", 0.1, REPRODUCED),
+        (0.0, 0.5, "higher", 0.1, INCONCLUSIVE),
+        (-0.3, 0.05, "higher", 0.1, CONTRADICTED),
+        (-0.04, 0.03, "similar", 0.05, REPRODUCED),
+        (-0.04, 0.08, "similar", 0.05, INCONCLUSIVE),
+        (0.06, 0.2, "similar", 0.05, CONTRADICTED),
+        (-0.2, -0.06, "similar", 0.05, CONTRADICTED),
+        (math.nan, math.nan, "lower", 0.1, INCONCLUSIVE),
+    ],
+)
+def test_verdict_margin_semantics(lo, hi, expect, margin, verdict):
+    assert claims.verdict(lo, hi, expect, margin) == verdict
+
+
+def grid_spec(claim: dict, seeds=(0, 1, 2)) -> StudySpec:
+    return StudySpec.model_validate({
+        "name": "grid", "seeds": list(seeds),
+        "factors": {"model.pos_encoding": ["sinusoidal", "none"], "model.norm": ["post", "pre"]},
+        "claims": [claim],
+    })  # fmt: skip
+
+
+def test_claim_pairs_variants_across_the_other_factor():
+    spec = grid_spec({"text": "no positions hurt", "compare": {"model.pos_encoding": "none"},
+                      "to": {"model.pos_encoding": "sinusoidal"}, "expect": "lower", "margin": 0.3})  # fmt: skip
+    df = table({
+        "pos_encoding=sinusoidal,norm=post": [0.9, 0.92, 0.94],
+        "pos_encoding=sinusoidal,norm=pre": [0.7, 0.72, 0.74],
+        "pos_encoding=none,norm=post": [0.1, 0.12, 0.14],
+        "pos_encoding=none,norm=pre": [0.3, 0.32, 0.34],
+    })  # fmt: skip
+    (result,) = claims.evaluate_all(spec, df)
+    assert result.paired and result.compare == ["pos_encoding=none,norm=post", "pos_encoding=none,norm=pre"]
+    assert result.to == ["pos_encoding=sinusoidal,norm=post", "pos_encoding=sinusoidal,norm=pre"]
+    assert result.diff == pytest.approx(((0.12 - 0.92) + (0.32 - 0.72)) / 2)
+    assert result.ci_high < -0.3 and result.verdict == REPRODUCED
+    assert (result.n_compare, result.n_to) == (6, 6)
+
+    # The same numbers against a margin the drop cannot reach.
+    spec = grid_spec({**spec.claims[0].model_dump(), "margin": 0.9})
+    assert claims.evaluate_all(spec, df)[0].verdict == CONTRADICTED
+
+
+def test_claim_pools_named_variants_and_keeps_compare_out_of_to():
+    spec = StudySpec.model_validate({
+        "name": "named", "seeds": [0, 1],
+        "variants": {"lstm": {"preset": "lstm"}, "tf": {"preset": "transformer"},
+                     "tf-nopos": {"preset": "transformer", "model.pos_encoding": "none"}},
+        "claims": [{"text": "t", "compare": {"model.pos_encoding": "none"}, "to": {"preset": "transformer"},
+                    "expect": "lower", "margin": 0.3},
+                   {"text": "u", "compare": {"preset": "gru"}, "to": {"preset": "lstm"}, "expect": "higher"}],
+    })  # fmt: skip
+    df = table({"lstm": [0.2, 0.25], "tf": [0.95, 0.97], "tf-nopos": [0.1]})
+    found, missing = claims.evaluate_all(spec, df)
+    assert (found.compare, found.to, found.paired) == (["tf-nopos"], ["tf"], False)
+    assert found.verdict == INCONCLUSIVE and "1 completed seed" in found.reason  # one seed: no CI
+    assert found.diff == pytest.approx(0.1 - 0.96)
+    assert missing.verdict == INCONCLUSIVE and "no variant matches compare" in missing.reason
