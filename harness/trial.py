@@ -8,6 +8,7 @@ and attention/probe<i>_<split>.npz (see harness.probes.AttentionSample.load)."""
 from __future__ import annotations
 
 import json
+import math
 import resource
 import tempfile
 import time
@@ -178,6 +179,47 @@ def log_final(loggers: list, result: TrialResult, step: int) -> None:
         logger.save()
 
 
+def build_trainer(
+    cfg: ExperimentConfig, callbacks: list, loggers: list, progress: bool, steps_per_epoch: int, root: str
+) -> L.Trainer:
+    """The Trainer for the train.* budgets: validation every val_every steps (at most once an epoch),
+    or once an epoch when max_epochs is set."""
+    t = cfg.train
+    if t.patience is not None:
+        callbacks = [*callbacks, EarlyStopping(MONITOR, patience=t.patience, check_on_train_epoch_end=False)]
+    if progress:
+        callbacks = [*callbacks, RichProgressBar()]
+    by_steps = t.max_epochs is None
+    return L.Trainer(
+        max_steps=t.max_steps,
+        max_epochs=-1 if by_steps else t.max_epochs,
+        max_time={"seconds": t.max_time} if t.max_time else None,
+        val_check_interval=min(t.val_every, max(1, steps_per_epoch)) if by_steps else None,
+        check_val_every_n_epoch=None if by_steps else 1,
+        gradient_clip_val=t.grad_clip,
+        precision=resolve_precision(t.precision),
+        deterministic=t.deterministic,
+        accelerator="auto",
+        devices=1,
+        logger=loggers or False,
+        callbacks=callbacks,
+        log_every_n_steps=min(50, t.val_every),
+        enable_progress_bar=progress,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=root,
+    )
+
+
+def best_validation(rows: list[dict[str, float]]) -> dict[str, float]:
+    """val/* of the validation with the lowest val/loss (the best checkpoint's); NaN never wins."""
+    scored = [row for row in rows if MONITOR in row]
+    if not scored:
+        return {}
+    best = min(scored, key=lambda row: (math.isnan(row[MONITOR]), row[MONITOR]))
+    return {k: v for k, v in best.items() if k.startswith("val/")}
+
+
 def run_trial(
     cfg: ExperimentConfig,
     out_dir: str | Path | None = None,
@@ -194,40 +236,16 @@ def run_trial(
     probes = select_probes(data)
     loggers = list(loggers or [])
     history, cost = HistoryCallback(), CostMonitor()
-    t = cfg.train
     with tempfile.TemporaryDirectory(prefix="trial-ckpt-") as scratch:
         # Without an out_dir the best checkpoint still selects the tested weights; it lives in scratch.
         ckpt_dir = Path(out_dir) / "checkpoints" if out_dir is not None else Path(scratch)
         best = ModelCheckpoint(
-            dirpath=ckpt_dir, filename="best", monitor=MONITOR, mode="min", save_top_k=1,
-            enable_version_counter=False,
-        )  # fmt: skip
+            dirpath=ckpt_dir, filename="best", monitor=MONITOR, enable_version_counter=False
+        )
         own = [history, cost, best, ValidateOnStop(), AttentionImages(probes)]
-        if t.patience is not None:
-            own.append(
-                EarlyStopping(MONITOR, patience=t.patience, mode="min", check_on_train_epoch_end=False)
-            )
-        if progress:
-            own.append(RichProgressBar())
-        trainer = L.Trainer(
-            max_steps=t.max_steps,
-            max_epochs=t.max_epochs if t.max_epochs is not None else -1,
-            max_time={"seconds": t.max_time} if t.max_time else None,
-            val_check_interval=min(t.val_every, max(1, len(dm.train_dataloader())))
-            if t.max_epochs is None
-            else None,
-            check_val_every_n_epoch=None if t.max_epochs is None else 1,
-            gradient_clip_val=t.grad_clip,
-            precision=resolve_precision(t.precision),
-            deterministic=t.deterministic,
-            accelerator="auto",
-            devices=1,
-            logger=loggers or False,
-            callbacks=[*own, *(callbacks or [])],
-            enable_progress_bar=progress,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            default_root_dir=str(out_dir) if out_dir else scratch,
+        root = str(out_dir) if out_dir is not None else scratch
+        trainer = build_trainer(
+            cfg, [*own, *(callbacks or [])], loggers, progress, len(dm.train_dataloader()), root
         )
         trainer.fit(module, datamodule=dm)
         # The full state (optimizer, schedule, loops), not only the weights: the last checkpoint can resume.
@@ -238,12 +256,7 @@ def run_trial(
     metrics, per_length = generation_metrics(module, data)
     for per_loader in test_metrics:
         metrics.update({k: float(v) for k, v in per_loader.items()})
-    # Validation metrics of the tested checkpoint: the validation row where val/loss was best.
-    scored = [row for row in history.rows if MONITOR in row]
-    if scored:
-        metrics.update(
-            {k: v for k, v in min(scored, key=lambda r: r[MONITOR]).items() if k.startswith("val/")}
-        )
+    metrics.update(best_validation(history.rows))
     result = TrialResult(
         metrics=dict(sorted(metrics.items())),
         params=module.num_parameters(),
