@@ -225,3 +225,17 @@ def test_bf16_mixed_on_cuda():
     result = run_trial(tiny("train.beam_size=2"))
     assert all(math.isfinite(v) for v in result.metrics.values())
     assert result.peak_mem_mb > 0
+
+
+@pytest.mark.slow
+def test_learns_to_reverse_and_beam_search_keeps_it():
+    cfg = load_config(None, "transformer", [
+        "task.name=reverse", "task.max_len=6", "task.n_train=2000", "model.d_model=32", "model.d_ff=64",
+        "model.layers=2", "model.dropout=0", "train.max_steps=800", "train.val_every=200", "train.lr=3e-3",
+        "train.schedule=inverse_sqrt", "train.warmup_steps=100", "train.label_smoothing=0.1", "train.beam_size=4",
+    ])  # fmt: skip
+    result = run_trial(cfg)
+    assert result.metrics["test/seq_acc"] > 0.9
+    # The per-length table of test_long starts just beyond the training lengths.
+    long_rows = [row for row in result.per_length if row["split"] == "test_long"]
+    assert long_rows and min(row["length"] for row in long_rows) == 7
