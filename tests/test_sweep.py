@@ -4,12 +4,23 @@ the storage alone."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import socket
 import sqlite3
+import subprocess
+import time
+import urllib.request
 
+import optuna
 import pandas as pd
+import pytest
 import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+from test_tracking import offline_run
+from typer.testing import CliRunner
+
+from harness.cli import app
 
 
 def write_study(path, **extra):
@@ -29,7 +40,7 @@ def write_study(path, **extra):
 def test_sweep_writes_report_and_report_rebuilds_from_storage(tmp_path):
     study = write_study(tmp_path / "tiny.yaml")
     runs = tmp_path / "runs"
-    proc = ablate("sweep", str(study), "--out", str(runs), "--wandb", "offline")
+    proc = ablate("sweep", str(study), "--out", str(runs), "--wandb", "offline", "--workers", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     report = runs / "tiny" / "report"
@@ -47,9 +58,23 @@ def test_sweep_writes_report_and_report_rebuilds_from_storage(tmp_path):
     md = (report / "report.md").read_text()
     assert "| lstm | 2 |" in md and "| transformer | 2 |" in md
 
-    # One offline W&B run per trial, grouped by study, named variant + seed.
-    runs_dirs = sorted((runs / "tiny" / "wandb").glob("offline-run-*"))
-    assert len(runs_dirs) == 4
+    # Two worker processes shared the grid: every trial has its own offline W&B run, grouped by study,
+    # named variant + seed, tagged and configured with the trial's factors and full config.
+    storage = f"sqlite:///{runs / 'tiny' / 'study.db'}"
+    trials = optuna.load_study(study_name="tiny:eval", storage=storage).trials
+    assert sorted(t.user_attrs["grid_point"] for t in trials) == [
+        "lstm/seed=0", "lstm/seed=1", "transformer/seed=0", "transformer/seed=1"
+    ]  # fmt: skip
+    wandb_runs = {r["name"]: r for r in map(offline_run, (runs / "tiny" / "wandb").glob("offline-run-*"))}
+    assert len(wandb_runs) == 4
+    for t in trials:
+        run = wandb_runs[f"{t.params['variant']}-seed{t.params['seed']}"]
+        assert (run["group"], run["job_type"], run["exit_code"]) == ("tiny", "eval", 0)
+        assert run["config"] == t.user_attrs["config"] and run["config"]["seed"] == t.params["seed"]
+
+    proc = ablate("status", "tiny", "--out", str(runs))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"lstm\s.*2/2\s.*0\s.*0\s.*0", proc.stdout) and "finished" in proc.stdout
 
     # The storage alone rebuilds the report: remove the report and every trial folder first.
     shutil.rmtree(report)
@@ -95,3 +120,46 @@ def test_train_json_prints_metrics_last(tmp_path):
     proc = ablate("train", "--set", "model.bogus=1")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: model.bogus: unknown config key"
+
+
+def test_dashboard_command_names_the_study_storage_and_artifacts(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "tiny").mkdir(parents=True)
+    (runs / "tiny" / "study.db").touch()
+    result = CliRunner().invoke(app, ["dashboard", "--out", str(runs), "--port", "8123", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    command = result.stdout.split()
+    assert command[0].endswith("optuna-dashboard")
+    assert command[1:] == [
+        f"sqlite:///{(runs / 'tiny' / 'study.db').resolve()}", "--host", "127.0.0.1", "--port", "8123",
+        "--artifact-dir", str(runs / "tiny" / "artifacts"),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, ["dashboard", "missing", "--out", str(runs), "--dry-run"])
+    assert result.exit_code == 2 and "no such database" in result.stderr
+
+
+@pytest.mark.slow
+def test_dashboard_serves_the_study_on_loopback(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "tiny").mkdir(parents=True)
+    optuna.create_study(study_name="tiny:eval", storage=f"sqlite:///{runs / 'tiny' / 'study.db'}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [shutil.which("ablate") or "ablate", "dashboard", "tiny", "--out", str(runs), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline, body = time.monotonic() + 60, ""
+        while time.monotonic() < deadline and "tiny:eval" not in body:
+            try:
+                body = (
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2).read().decode()
+                )
+            except OSError:
+                time.sleep(0.5)
+        assert "tiny:eval" in body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

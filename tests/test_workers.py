@@ -1,0 +1,74 @@
+"""Workers with real (tiny) training: a diverging variant fails with its reason while the others complete,
+artifacts come back from the store, tuning prunes through Lightning."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
+from optuna.trial import TrialState
+
+from harness.study import (
+    EVAL,
+    StudySpec,
+    artifact_store,
+    download_trial_files,
+    load_phase_study,
+    open_storage,
+    prepare_study,
+)
+from harness.workers import run_worker
+
+
+def tiny_spec(**extra) -> StudySpec:
+    return StudySpec.model_validate({
+        "name": "tiny",
+        "base": {"preset": "transformer", "task": TINY_TASK, "model": TINY_MODEL, "train": TINY_TRAIN},
+        "seeds": [0],
+        "metric": {"name": "test/tok_acc"},
+        **extra,
+    })  # fmt: skip
+
+
+def test_diverging_variant_fails_with_its_reason_and_the_rest_completes(tmp_path):
+    spec = tiny_spec(variants={"hot": {"train.lr": 1.0e6}, "ok": {}})
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    prepare_study(spec, storage)
+    run_worker(spec, storage, tmp_path / "runs", "disabled")
+
+    trials = {t.params["variant"]: t for t in load_phase_study(spec, storage, EVAL).trials}
+    assert trials["hot"].state == TrialState.FAIL
+    assert trials["hot"].user_attrs["fail_reason"].startswith("TrialFailed: diverged: ")
+    assert trials["ok"].state == TrialState.COMPLETE
+    attrs = trials["ok"].user_attrs
+    assert 0 <= trials["ok"].value == attrs["metrics"]["test/tok_acc"] <= 1
+    assert attrs["config"]["train.lr"] == TINY_TRAIN.get("lr", 1e-3) and attrs["params"] > 0
+
+    # The trial's folder comes back from the artifact store alone.
+    restored = download_trial_files(
+        trials["ok"], artifact_store(spec, tmp_path / "runs"), tmp_path / "restored"
+    )
+    files = {p.relative_to(restored).as_posix() for p in restored.rglob("*") if p.is_file()}
+    assert {"config.json", "metrics.json", "checkpoints/best.ckpt", "checkpoints/last.ckpt"} <= files
+    assert any(f.startswith("attention/") and f.endswith(".npz") for f in files)
+    original = tmp_path / "runs" / "tiny" / "trials" / "eval" / f"{trials['ok'].number:04d}" / "metrics.json"
+    assert (restored / "metrics.json").read_bytes() == original.read_bytes()
+
+
+@pytest.mark.slow
+def test_tuning_prunes_by_step_and_eval_runs_the_best(tmp_path):
+    train = {**TINY_TRAIN, "max_steps": 12, "val_every": 2}
+    tune = {"params": {"train.lr": {"log_uniform": [1e-4, 3e-2]}}, "trials": 6, "pruner": "median"}
+    spec = tiny_spec(base={"preset": "transformer", "task": TINY_TASK, "model": TINY_MODEL, "train": train},
+                     tune=tune)  # fmt: skip
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    prepare_study(spec, storage)
+    run_worker(spec, storage, tmp_path / "runs", "disabled")
+
+    import optuna
+
+    tuned = optuna.load_study(study_name="tiny:tune:base", storage=storage)
+    # The pruning callback reported at training steps 2, 4, ...
+    assert all(set(t.intermediate_values) <= set(range(2, 13, 2)) for t in tuned.trials)
+    assert len(tuned.trials[0].intermediate_values) == 6
+    (evaluated,) = load_phase_study(spec, storage, EVAL).trials
+    assert evaluated.user_attrs["config"]["train.lr"] == tuned.best_params["train.lr"]
