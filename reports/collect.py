@@ -19,7 +19,7 @@ import optuna
 import pandas as pd
 
 from harness.probes import AttentionSample
-from harness.study import EVAL, StudySpec, optuna_study_name, study_dir
+from harness.study import EVAL, StudySpec, optuna_study_name, study_dir, trial_variant
 
 # Cost figures a trial may store as user attributes next to params and wall_time.
 COST_COLUMNS = ["params", "wall_time", "tokens_per_sec", "peak_mem_mb", "steps"]
@@ -52,9 +52,8 @@ def eval_trials(spec: StudySpec, storage) -> list[optuna.trial.FrozenTrial]:
 
 
 def _grid_point(t: optuna.trial.FrozenTrial) -> tuple[Any, Any]:
-    """(variant, seed); a trial waiting to be retried has them as fixed params only."""
-    params = {**t.system_attrs.get("fixed_params", {}), **t.params}
-    return params.get("variant"), params.get("seed")
+    """(variant, seed); a trial still waiting has them as fixed params only."""
+    return trial_variant(t), t.params.get("seed", t.system_attrs.get("fixed_params", {}).get("seed"))
 
 
 def trials_frame(spec: StudySpec, storage) -> pd.DataFrame:
@@ -71,7 +70,7 @@ def trials_frame(spec: StudySpec, storage) -> pd.DataFrame:
             **{c: attrs.get(c) for c in COST_COLUMNS},
             **attrs.get("metrics", {}),
             "fail_reason": attrs.get("fail_reason"),
-            "retry_of": t.system_attrs.get("failed_trial"),
+            "retry_of": (t.system_attrs.get("retry_history") or [None])[-1],
             "started": t.datetime_start, "completed": t.datetime_complete,
         })  # fmt: skip
     columns = ["trial", "variant", "seed", "state", *COST_COLUMNS, "fail_reason", "retry_of"]
@@ -83,44 +82,35 @@ def metric_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.columns if "/" in c]
 
 
-def artifact_store_dir(spec: StudySpec, runs_root: str | Path) -> Path:
-    """Where an Optuna FileSystemArtifactStore for the study keeps its files."""
-    return study_dir(spec, runs_root) / "artifacts"
-
-
-def read_artifacts(
-    t: optuna.trial.FrozenTrial, storage, spec: StudySpec, runs_root: str | Path
-) -> TrialArtifacts:
-    """A trial's artifacts from the Optuna artifact store, else from its folder runs/<study>/trials/<NNNN>/;
-    whatever is missing stays empty. Files: metrics.json (holds history and per_length), history.json,
-    per_length.json, and attention samples probe<i>_<split>.npz."""
+def read_artifacts(t: optuna.trial.FrozenTrial, spec: StudySpec, runs_root: str | Path) -> TrialArtifacts:
+    """A trial's artifacts from the study's Optuna artifact store (the trial's 'artifacts' user attr maps
+    each file's path to its artifact id), else from its folder runs/<study>/trials/eval/<NNNN>/; whatever
+    is missing stays empty. Read: metrics.json (holds history and per_length), history.json,
+    per_length.json and the attention samples attention/probe<i>_<split>.npz; checkpoints are left alone."""
     files: dict[str, Path] = {}
-    folder = study_dir(spec, runs_root) / "trials" / f"{t.number:04d}"
+    folder = study_dir(spec, runs_root) / "trials" / EVAL / f"{t.number:04d}"
     if folder.is_dir():
-        files.update({p.name: p for p in folder.glob("*.json")})
-        files.update({p.name: p for p in sorted((folder / "attention").glob("*.npz"))})
+        files.update({p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if _wanted(p.name)})
+    store_dir = study_dir(spec, runs_root) / "artifacts"
     with tempfile.TemporaryDirectory(prefix="report-artifacts-") as scratch:
-        files.update(
-            _download_optuna_artifacts(t, storage, artifact_store_dir(spec, runs_root), Path(scratch))
-        )
-        return _parse_artifacts(files)
+        if store_dir.is_dir():
+            store = optuna.artifacts.FileSystemArtifactStore(str(store_dir))
+            for rel, artifact_id in t.user_attrs.get("artifacts", {}).items():
+                if rel in files or not _wanted(Path(rel).name):
+                    continue
+                path = Path(scratch) / artifact_id
+                try:
+                    optuna.artifacts.download_artifact(
+                        artifact_store=store, artifact_id=artifact_id, file_path=str(path)
+                    )
+                except (OSError, optuna.artifacts.exceptions.ArtifactNotFound):
+                    continue  # the record outlived its file: render what exists
+                files[rel] = path
+        return _parse_artifacts({Path(rel).name: path for rel, path in files.items()})
 
 
-def _download_optuna_artifacts(t, storage, store_dir: Path, scratch: Path) -> dict[str, Path]:
-    if not store_dir.is_dir():
-        return {}
-    store = optuna.artifacts.FileSystemArtifactStore(str(store_dir))
-    files = {}
-    for meta in optuna.artifacts.get_all_artifact_meta(t, storage=storage):
-        path = scratch / f"{meta.artifact_id}-{Path(meta.filename).name}"
-        try:
-            optuna.artifacts.download_artifact(
-                artifact_store=store, artifact_id=meta.artifact_id, file_path=str(path)
-            )
-        except (OSError, optuna.artifacts.exceptions.ArtifactNotFound):
-            continue  # the metadata outlived its file: render what exists
-        files[Path(meta.filename).name] = path
-    return files
+def _wanted(name: str) -> bool:
+    return name in ("metrics.json", "history.json", "per_length.json") or name.endswith(".npz")
 
 
 def _parse_artifacts(files: dict[str, Path]) -> TrialArtifacts:
@@ -156,7 +146,7 @@ def collect(spec: StudySpec, storage, runs_root: str | Path = "runs") -> StudyDa
         if t.state != optuna.trial.TrialState.COMPLETE:
             continue
         variant, seed = _grid_point(t)
-        art = read_artifacts(t, storage, spec, runs_root)
+        art = read_artifacts(t, spec, runs_root)
         key = {"trial": t.number, "variant": variant, "seed": seed}
         history += [{**key, **row} for row in art.history]
         per_length += [{**key, **row} for row in art.per_length]

@@ -8,6 +8,7 @@ import base64
 import io
 import os
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,11 @@ import yaml
 from jinja2 import Environment, PackageLoader
 
 from harness import tracking
-from harness.study import StudySpec, study_dir
+from harness.study import StudySpec, study_dir, study_progress, tune_metric
 from reports import claims, plots, stats
 from reports.collect import StudyData, collect, report_environment
 
 ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
-STATES = ["COMPLETE", "RUNNING", "WAITING", "FAIL", "PRUNED"]
 
 
 def _png(fig) -> bytes:
@@ -78,17 +78,22 @@ def importance_frame(data: StudyData) -> pd.DataFrame:
     if data.spec.tune is None:
         return pd.DataFrame(columns=["variant", "param", "importance"])
     rows = []
-    for variant, trials in data.tune.items():
-        params = [p for p in data.spec.tune.params if sum(p in t.params for t in trials) >= 2]
-        if len(trials) < 2 or not params:
-            continue
-        study = optuna.create_study(direction=data.spec.metric.direction)
-        study.add_trials([t for t in trials if all(p in t.params for p in params)])
-        try:
-            importances = optuna.importance.get_param_importances(study, params=params)
-        except (RuntimeError, ValueError):
-            continue  # e.g. every trial sampled the same value: nothing to attribute
-        rows += [{"variant": variant, "param": p, "importance": v} for p, v in importances.items()]
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # scratch studies need no announcement
+    try:
+        for variant, trials in data.tune.items():
+            params = [p for p in data.spec.tune.params if sum(p in t.params for t in trials) >= 2]
+            if len(trials) < 2 or not params:
+                continue
+            study = optuna.create_study(direction=tune_metric(data.spec).direction)
+            study.add_trials([t for t in trials if all(p in t.params for p in params)])
+            try:
+                importances = optuna.importance.get_param_importances(study, params=params)
+            except (RuntimeError, ValueError):
+                continue  # e.g. every trial sampled the same value: nothing to attribute
+            rows += [{"variant": variant, "param": p, "importance": v} for p, v in importances.items()]
+    finally:
+        optuna.logging.set_verbosity(verbosity)
     return pd.DataFrame(rows, columns=["variant", "param", "importance"])
 
 
@@ -137,21 +142,17 @@ def figures(
     return {name: (_png(fig), caption) for name, (fig, caption) in made.items() if fig is not None}
 
 
-def progress(data: StudyData) -> list[dict[str, Any]]:
-    """Per variant: trials by state, and the seeds with no trial yet."""
-    df, rows = data.trials, []
-    for variant in data.spec.variant_overrides():
-        mine = df[df["variant"] == variant]
-        counts = mine["state"].value_counts()
-        rows.append({"variant": variant, **{s.lower(): int(counts.get(s, 0)) for s in STATES},
-                     "missing": len(set(data.spec.seeds) - set(mine["seed"]))})  # fmt: skip
-    return rows
+def trial_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The trial table's rows, each failed trial that was queued again noting its retry."""
+    retried_by = {int(r): int(t) for t, r in zip(df["trial"], df["retry_of"]) if pd.notna(r)}
+    return [{**row, "retried_by": retried_by.get(row["trial"])} for row in df.to_dict("records")]
 
 
 def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
     spec, df = data.spec, data.trials
     done = df[df["state"] == "COMPLETE"]
     metric, maximize = spec.metric.name, spec.metric.direction == "maximize"
+    tune_maximize = spec.tune is not None and tune_metric(spec).direction == "maximize"
     best_eval = []
     if metric in done and len(done):
         values = pd.to_numeric(done[metric], errors="coerce")
@@ -162,7 +163,7 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
                               "seed": done.at[idx, "seed"], "value": float(values[idx])})  # fmt: skip
     best_tune = []
     for variant, trials in data.tune.items():
-        best = (max if maximize else min)(trials, key=lambda t: t.value)
+        best = (max if tune_maximize else min)(trials, key=lambda t: t.value)
         best_tune.append(
             {"variant": variant, "trials": len(trials), "value": best.value, "params": best.params}
         )
@@ -183,18 +184,23 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
         "environment": report_environment(),
         "total_time": float(wall.sum()) if wall.notna().any() else None,
         "mean_time": float(wall.mean()) if wall.notna().any() else None,
-        "span": (str(started.min()), str(completed.max())) if len(started) and len(completed) else None,
+        "span": (f"{started.min():%Y-%m-%d %H:%M:%S}", f"{completed.max():%Y-%m-%d %H:%M:%S}")
+        if len(started) and len(completed)
+        else None,
         "params": summary[["variant", "params"]].dropna().to_dict("records"),
         "spec_yaml": yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, allow_unicode=True),
     }
 
 
 def _num(x, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and not np.isfinite(x)) or x is pd.NA:
-        return "–"
-    if isinstance(x, (int, np.integer)):
+    """A number for a table cell; missing, NaN or non-numeric values show as a dash."""
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
         return str(x)
-    return f"{x:.{digits}f}"
+    try:
+        value = float(x)
+    except (TypeError, ValueError):
+        return "–"
+    return f"{value:.{digits}f}" if np.isfinite(value) else "–"
 
 
 def _pvalue(p) -> str:
@@ -236,8 +242,8 @@ def build_report(
         "baseline": spec.baseline_variant(),
         "summary": summary.sort_values("rank", na_position="last").to_dict("records"),
         "claims": claims.evaluate_all(spec, data.trials),
-        "progress": progress(data),
-        "trials": data.trials.to_dict("records"),
+        "progress": [asdict(row) for row in study_progress(spec, storage)],
+        "trials": trial_rows(data.trials),
         "importances": importances.to_dict("records"),
         "repro": reproducibility(data, summary),
         "figures": {k: (base64.b64encode(png).decode(), caption) for k, (png, caption) in figs.items()},

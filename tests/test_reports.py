@@ -1,0 +1,253 @@
+"""Reports end to end: a constructed study in a real Optuna storage (every trial state, artifacts in trial
+folders and in the artifact store, a tune phase), a tiny real study, escaping, partial and empty studies."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
+
+from harness.probes import AttentionSample
+from harness.study import StudySpec, open_storage, optuna_study_name, prepare_study, study_dir
+from harness.workers import run_worker
+from reports import collect
+from reports.render import build_report, log_summary_run, variant_summary
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+GRID = {"model.pos_encoding": ["sinusoidal", "none"], "model.norm": ["post", "pre"]}
+EVIL = "<script>alert(1)</script>"
+STUDY_NAME = f"{EVIL} & co"
+CLAIM = {"text": "Without positions <b>reversal</b> fails.", "compare": {"model.pos_encoding": "none"},
+         "to": {"model.pos_encoding": "sinusoidal"}, "metric": "test/seq_acc", "expect": "lower", "margin": 0.3}  # fmt: skip
+SRC, TGT = ["a", "b", "c", "</s>"], ["c", "b", "a", "</s>"]
+ALIGNMENT = np.array([[2, 0], [1, 1], [0, 2]])  # reversal: target t comes from source 2 - t
+
+
+def attention_sample(aligned: bool) -> AttentionSample:
+    """Cross attention on the gold anti-diagonal (AER 0), or uniform (argmax column 0 everywhere: one
+    hit of three links, AER 1 - 2/6)."""
+    if aligned:
+        rows = np.eye(4)[[2, 1, 0, 3]]
+    else:
+        rows = np.full((4, 4), 0.25)
+    cross = np.broadcast_to(rows, (2, 2, 4, 4)).astype(np.float32)
+    return AttentionSample("test", SRC, ["<s>", *TGT[:-1]], TGT, {"cross": cross}, ALIGNMENT)
+
+
+def write_trial_files(folder: Path, quality: float, aligned: bool) -> None:
+    history = [
+        {"step": s, "val/seq_acc": quality * s / 30, "val/loss": 2.0 - quality * s / 30} for s in (10, 20, 30)
+    ]
+    per_length = [{"split": "test" if n <= 5 else "test_long", "length": n, "n": 10, "seq_acc": quality / (n - 1),
+                   "tok_acc": quality} for n in range(2, 8)]  # fmt: skip
+    (folder / "attention").mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({"history": history, "per_length": per_length}))
+    attention_sample(aligned).save(folder / "attention" / "probe0_test.npz")
+
+
+def synthetic_study(tmp_path: Path, name: str = STUDY_NAME, variants: dict | None = None, states=None):
+    """A study as the harness leaves it: spec in the eval study, per-variant tune studies, trials with their
+    user attrs. By default the variant (pos_encoding=none, norm=pre) has one seed failed, one complete and
+    one running; (sinusoidal, pre) has a pruned seed and (none, post) a waiting one. Trial 0 keeps its
+    files in the artifact store only. User text holds HTML throughout."""
+    spec = StudySpec.model_validate({
+        "name": name, "description": "A constructed <em>study</em> & its trials.",
+        **({"variants": variants} if variants else {"factors": GRID, "claims": [CLAIM]}),
+        "seeds": [0, 1, 2], "metric": {"name": "test/seq_acc"},
+        "tune": {"params": {"train.lr": {"log_uniform": [1e-4, 1e-2]}}, "trials": 4},
+        "base": {"task": {"max_len": 5}},
+    })  # fmt: skip
+    runs = tmp_path / "runs"
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(study_name=optuna_study_name(spec), storage=storage, direction="maximize")
+    study.set_user_attr("spec", spec.model_dump(mode="json"))
+    store = optuna.artifacts.FileSystemArtifactStore(str(study_dir(spec, runs) / "artifacts"))
+    (study_dir(spec, runs) / "artifacts").mkdir(parents=True)
+    states = states if states is not None else {
+        ("pos_encoding=none,norm=pre", 0): "FAIL", ("pos_encoding=none,norm=pre", 2): "RUNNING",
+        ("pos_encoding=none,norm=post", 2): "WAITING", ("pos_encoding=sinusoidal,norm=pre", 2): "PRUNED",
+    }  # fmt: skip
+    rng = np.random.default_rng(0)
+    waiting = []
+    for variant, overrides in spec.variant_overrides().items():
+        positional = overrides.get("model.pos_encoding", "sinusoidal") != "none"
+        quality = (0.85 if positional else 0.15) + (0.05 if overrides.get("model.norm") == "pre" else 0.0)
+        tune = optuna.create_study(study_name=optuna_study_name(spec, "tune", variant), storage=storage,
+                                   direction="maximize")  # fmt: skip
+        for lr in (1e-4, 1e-3, 3e-3, 1e-2):
+            tune.add_trial(optuna.create_trial(
+                params={"train.lr": lr}, value=quality - abs(math.log10(lr) + 3) / 10, user_attrs={"variant": variant},
+                distributions={"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)},
+            ))  # fmt: skip
+        for seed in spec.seeds:
+            state = states.get((variant, seed), "COMPLETE")
+            if state == "WAITING":
+                waiting.append({"variant": variant, "seed": seed})
+                continue
+            study.enqueue_trial({"variant": variant, "seed": seed})
+            trial = study.ask()
+            trial.suggest_categorical("variant", list(spec.variant_overrides()))
+            trial.suggest_categorical("seed", spec.seeds)
+            trial.set_user_attr("factors", overrides)
+            trial.set_user_attr("config", {"task.max_len": 5, "seed": seed, **overrides})
+            if state == "RUNNING":
+                continue
+            if state == "FAIL":
+                trial.set_user_attr("fail_reason", "TrialFailed: diverged <at step 3>")
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            if state == "PRUNED":
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                continue
+            value = float(np.clip(quality + rng.normal(0, 0.03), 0, 1))
+            folder = study_dir(spec, runs) / "trials" / "eval" / f"{trial.number:04d}"
+            write_trial_files(folder, value, positional)
+            if trial.number == 0:  # kept only in the artifact store, as the harness uploads them
+                artifacts = {rel: optuna.artifacts.upload_artifact(artifact_store=store, file_path=str(folder / rel),
+                                                                    study_or_trial=trial)
+                             for rel in ("metrics.json", "attention/probe0_test.npz")}  # fmt: skip
+                trial.set_user_attr("artifacts", artifacts)
+                for path in sorted(folder.rglob("*"), reverse=True):
+                    path.unlink() if path.is_file() else path.rmdir()
+                folder.rmdir()
+            trial.set_user_attr("metrics", {"test/seq_acc": value, "test/tok_acc": min(1.0, value + 0.05)})
+            trial.set_user_attr("params", 20_000 if overrides.get("model.norm") == "pre" else 18_000)
+            trial.set_user_attr("wall_time", 10.0 + seed)
+            study.tell(trial, value)
+    for params in waiting:
+        study.enqueue_trial(params)
+    return spec, storage, runs
+
+
+@pytest.fixture(scope="session")
+def synthetic(tmp_path_factory):
+    """The constructed study and its report, built once (the browser test opens the same report)."""
+    tmp = tmp_path_factory.mktemp("synthetic")
+    spec, storage, runs = synthetic_study(tmp)
+    return spec, storage, runs, build_report(spec, storage, runs)
+
+
+FIGURES = {"metric_by_variant", "metric_by_pos_encoding", "metric_by_norm", "learning_curves", "accuracy_by_length",
+           "attention", "quality_vs_cost", "param_importances"}  # fmt: skip
+
+
+def test_report_of_a_partial_grid_study(synthetic):
+    spec, _, runs, out = synthetic
+    assert out == runs / "script_alert_1_script_co" / "report"
+    assert {p.stem for p in out.glob("*.png")} == FIGURES
+    html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
+    assert html.count('src="data:image/png;base64,') == len(FIGURES)
+
+    df = pd.read_csv(out / "results.csv")
+    states = {"COMPLETE": 8, "FAIL": 1, "RUNNING": 1, "PRUNED": 1, "WAITING": 1}
+    assert len(df) == 12 and df["state"].value_counts().to_dict() == states
+    assert {"trial", "variant", "seed", "model.pos_encoding", "model.norm", "params", "wall_time", "test/seq_acc",
+            "test/tok_acc", "fail_reason"} <= set(df.columns)  # fmt: skip
+    waiting = df[df["state"] == "WAITING"].iloc[0]
+    assert (waiting["variant"], waiting["seed"], waiting["model.norm"]) == (
+        "pos_encoding=none,norm=post",
+        2,
+        "post",
+    )
+
+    # Partial: the banner, each state in the progress table, the failure's reason.
+    assert "Partial study:** 8 of 12 grid points" in md
+    assert "| pos_encoding=none,norm=pre | 4 / 4 | 1 / 3 | 1 | 1 | 0 | 0 |" in md
+    assert "| pos_encoding=none,norm=post | 4 / 4 | 2 / 3 | 0 | 0 | 0 | 1 |" in md
+    assert "| pos_encoding=sinusoidal,norm=pre | 4 / 4 | 2 / 3 | 0 | 0 | 1 | 0 |" in md
+
+    results = md[md.index("## Results by variant") : md.index("## Claims")]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+            for line in results.splitlines() if line.startswith("| pos_")}  # fmt: skip
+    assert rows["pos_encoding=sinusoidal,norm=post"][6] == "*baseline*"
+    assert rows["pos_encoding=none,norm=pre"][1:3] == ["1", "3"]  # n, rank; one seed: no CI, no test
+    assert rows["pos_encoding=none,norm=pre"][8] == "–"
+    assert rows["pos_encoding=none,norm=post"][-1] == "0.67"  # uniform attention: AER 1 - 2/6
+    assert rows["pos_encoding=sinusoidal,norm=post"][-1] == "0.00"  # attention on the gold links
+    # The claim pairs both norms; norm=pre has one no-positions seed, so there is no verdict yet.
+    claim = next(line for line in md.splitlines() if line.startswith("| Without positions"))
+    assert "**inconclusive**" in claim and "1 completed seed(s)" in claim and "(paired)" in claim
+    assert "`train.lr` log_uniform [0.0001, 0.01]" in md
+
+
+def test_user_text_is_escaped(synthetic, tmp_path):
+    out = synthetic[3]
+    html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
+    for text in (html, md):
+        assert "<script" not in text and "<b>reversal" not in text and "<em>study" not in text
+        assert "<at step" not in text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in text
+        assert "TrialFailed: diverged &lt;at step 3&gt;" in text
+    assert "Without positions &lt;b&gt;reversal&lt;/b&gt; fails." in html
+
+    # Named variants are user text too; a study with no eval trial done renders its tables.
+    variants = {"<img src=x onerror=alert(2)>": {"preset": "lstm"}, "b|c": {"preset": "gru"}}
+    spec, storage, runs = synthetic_study(tmp_path, name="named", variants=variants,
+                                          states={(v, s): "WAITING" for v in variants for s in (0, 1, 2)})  # fmt: skip
+    out = build_report(spec, storage, runs)
+    html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
+    assert "<img src=x" not in html and "&lt;img src=x onerror=alert(2)&gt;" in html
+    assert "<img src=x" not in md and "| b\\|c |" in md
+    assert "0 of 6 grid points" in md and "| b\\|c | 4 / 4 | 0 / 3 | 0 | 0 | 0 | 3 |" in md
+    assert [p.stem for p in out.glob("*.png")] == ["param_importances"]  # tuning is all there is so far
+    assert pd.read_csv(out / "results.csv")["state"].eq("WAITING").sum() == 6
+
+
+def test_artifacts_come_from_the_store_or_the_trial_folder(synthetic):
+    spec, storage, runs, _ = synthetic
+    trials = {t.number: t for t in collect.eval_trials(spec, storage)}
+    from_store = collect.read_artifacts(trials[0], spec, runs)
+    assert not (study_dir(spec, runs) / "trials" / "eval" / "0000").exists()
+    from_folder = collect.read_artifacts(trials[1], spec, runs)
+    for art in (from_store, from_folder):
+        assert [row["step"] for row in art.history] == [10, 20, 30]
+        assert [row["length"] for row in art.per_length] == [2, 3, 4, 5, 6, 7]
+        assert len(art.attention) == 1 and art.attention[0].weights["cross"].shape == (2, 2, 4, 4)
+    # A trial whose files are gone entirely still has its row; it only draws nothing.
+    missing = collect.read_artifacts(trials[1], spec, runs.parent / "elsewhere")
+    assert (missing.history, missing.per_length, missing.attention) == ([], [], [])
+
+
+def test_summary_run_goes_to_the_study_group(synthetic, tmp_path):
+    spec, storage, runs, out = synthetic
+    summary = variant_summary(collect.collect(spec, storage, runs))
+    log_summary_run(spec, summary, out, ["attention", "metric_by_variant"], "offline", tmp_path)
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    logged = {p.name for p in (run_dir / "files").rglob("*") if p.is_file()}
+    assert "report.html" in logged
+    assert any(n.startswith("attention") and n.endswith(".png") for n in logged)
+    assert any(n.startswith("variants") and n.endswith(".table.json") for n in logged)
+
+
+def test_report_of_a_tiny_real_study(tmp_path):
+    spec = StudySpec.model_validate({
+        "name": "tiny-real", "seeds": [0],
+        "base": {"task": {**TINY_TASK, "test_max_len": 7}, "model": TINY_MODEL, "train": {**TINY_TRAIN, "max_steps": 2}},
+        "variants": {"bahdanau": {"preset": "lstm-bahdanau"}, "transformer": {"preset": "transformer"}},
+        "metric": {"name": "test/tok_acc"},
+    })  # fmt: skip
+    runs = tmp_path / "runs"
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    spec = prepare_study(spec, storage)
+    run_worker(spec, storage, runs, "disabled")
+    # The trial folders go: the report reads the artifact store.
+    for folder in (study_dir(spec, runs) / "trials" / "eval").iterdir():
+        for path in sorted(folder.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+    out = build_report(spec, storage, runs)
+    df = pd.read_csv(out / "results.csv")
+    assert sorted(df["variant"]) == ["bahdanau", "transformer"] and (df["state"] == "COMPLETE").all()
+    assert df["params"].gt(0).all() and df["wall_time"].gt(0).all() and df["test/tok_acc"].between(0, 1).all()
+    assert {p.stem for p in out.glob("*.png")} >= {"metric_by_variant", "learning_curves", "accuracy_by_length",
+                                                   "attention", "quality_vs_cost"}  # fmt: skip
+    md = (out / "report.md").read_text()
+    results = md[md.index("## Results by variant") : md.index("## Claims")]
+    rows = [line for line in results.splitlines() if line.startswith(("| bahdanau |", "| transformer |"))]
+    assert len(rows) == 2 and all(float(row.split("|")[-2]) <= 1 for row in rows)  # a probe AER for both
