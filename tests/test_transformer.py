@@ -391,3 +391,57 @@ def test_layer_diagnostics_from_a_model():
     assert "entropy/cross" not in layer_diagnostics(
         weights, model.hidden_states(src, tgt), src != PAD, tgt != PAD
     )
+
+
+# --- presets, bad values, learning ---------------------------------------------------------------------
+
+
+def test_presets_are_vaswani_post_ln_and_xiong_pre_ln():
+    for name, norm in (("transformer", "post"), ("transformer-pre-ln", "pre")):
+        cfg = ModelConfig.from_name(name)
+        assert (cfg.arch, cfg.norm, cfg.pos_encoding, cfg.scale, cfg.residual) == (
+            "transformer",
+            norm,
+            "sinusoidal",
+            "sqrt",
+            True,
+        )
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("scale", -1.0, "model.scale: "),
+        ("scale", "cube", "model.scale: "),
+        ("pos_encoding", "relative", "model.pos_encoding: "),
+        ("norm", "sandwich", "model.norm: "),
+        ("pos_base", 1.0, "model.pos_base: must be greater than 1"),
+        ("heads", 3, "model.heads: must divide d_model=16"),
+        ("dropout", 1.0, "model.dropout: "),
+    ],
+)
+def test_bad_switch_values_fail_naming_the_key(key, value, message):
+    from harness.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match="^" + message.replace(".", r"\.")):
+        build_config({"model": {**dict(d_model=16, heads=2), key: value}})
+
+
+LEARN_REVERSE = {
+    "task": dict(name="reverse", min_len=1, max_len=12, test_max_len=12, vocab_size=10,
+                 n_train=5000, n_valid=200, n_test=500),
+    "model": dict(d_model=64, heads=4, layers=2, d_ff=128, dropout=0.0),
+    # max_time is the CPU budget: training stops there whatever max_steps says.
+    "train": dict(batch_size=64, lr=2e-3, schedule="cosine", warmup_steps=100, max_steps=1000,
+                  val_every=500, max_time=600),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["transformer", "transformer-pre-ln"])
+def test_preset_learns_reverse(preset):
+    from harness.config import build_config
+    from harness.trial import run_trial
+
+    result = run_trial(build_config({**LEARN_REVERSE, "preset": preset}))
+    assert result.metrics["test/seq_acc"] >= 0.95
