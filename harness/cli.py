@@ -344,6 +344,35 @@ def _study_name(study: str) -> str:
     return study
 
 
+@app.command()
+def bench(
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu | cuda (default: cuda if present).")
+    ] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes, a few seconds per figure.")] = False,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="CPU threads for torch in this process.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON line.")] = False,
+) -> None:
+    """Throughput of the fast paths against their references (harness/bench.py says what each figure is)."""
+    from harness import bench as benchmarks
+
+    try:
+        resolved = benchmarks.resolve_device(device)
+    except ValueError as e:
+        raise fail(str(e)) from None
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    result = benchmarks.run_bench(resolved, quick, progress=lambda what: console.print(f"measuring {what}"))
+    if as_json:
+        print(json.dumps(result))
+    else:
+        benchmarks.print_table(result)
+
+
 @app.command("list")
 def list_all() -> None:
     """Tasks, presets, bundled studies and config keys."""
