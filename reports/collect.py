@@ -32,6 +32,7 @@ class TrialArtifacts:
     history: list[dict[str, float]] = field(default_factory=list)  # rows of {step, val/..., train/...}
     per_length: list[dict[str, Any]] = field(default_factory=list)  # rows of {split, length, n, seq_acc}
     attention: list[AttentionSample] = field(default_factory=list)
+    cost: dict[str, float] = field(default_factory=dict)  # tokens_per_sec, peak_mem_mb, steps
 
 
 @dataclass
@@ -57,8 +58,10 @@ def _grid_point(t: optuna.trial.FrozenTrial) -> tuple[Any, Any]:
 
 
 def trials_frame(spec: StudySpec, storage) -> pd.DataFrame:
-    """Columns: trial, variant, seed, state, one per factor key (dotted), the cost columns, one per metric
-    (named split/metric), fail_reason, retry_of (the failed trial this one retries), start and end times."""
+    """Columns: trial, variant, seed, state, one per factor key and tuned key (dotted), the cost columns,
+    one per metric (named split/metric), fail_reason, retry_of (the failed trial this one retries), start
+    and end times. Cost figures a trial did not store as user attributes are filled from its metrics.json
+    artifact by `collect`."""
     overrides = spec.variant_overrides()
     rows = []
     for t in eval_trials(spec, storage):
@@ -68,6 +71,7 @@ def trials_frame(spec: StudySpec, storage) -> pd.DataFrame:
             "trial": t.number, "variant": variant, "seed": seed, "state": t.state.name,
             **overrides.get(variant, attrs.get("factors", {})),
             **{c: attrs.get(c) for c in COST_COLUMNS},
+            **attrs.get("tuned", {}),
             **attrs.get("metrics", {}),
             "fail_reason": attrs.get("fail_reason"),
             "retry_of": (t.system_attrs.get("retry_history") or [None])[-1],
@@ -75,11 +79,6 @@ def trials_frame(spec: StudySpec, storage) -> pd.DataFrame:
         })  # fmt: skip
     columns = ["trial", "variant", "seed", "state", *COST_COLUMNS, "fail_reason", "retry_of"]
     return pd.DataFrame(rows, columns=list(dict.fromkeys(columns + [k for r in rows for k in r])))
-
-
-def metric_columns(df: pd.DataFrame) -> list[str]:
-    """Metric columns are the ones named split/metric, e.g. test/seq_acc."""
-    return [c for c in df.columns if "/" in c]
 
 
 def read_artifacts(t: optuna.trial.FrozenTrial, spec: StudySpec, runs_root: str | Path) -> TrialArtifacts:
@@ -119,6 +118,7 @@ def _parse_artifacts(files: dict[str, Path]) -> TrialArtifacts:
         result = _read_json(files["metrics.json"])
         out.history = result.get("history") or []
         out.per_length = result.get("per_length") or []
+        out.cost = {k: result[k] for k in COST_COLUMNS if isinstance(result.get(k), (int, float))}
     if "history.json" in files:
         out.history = _read_json(files["history.json"]) or out.history
     if "per_length.json" in files:
@@ -152,6 +152,10 @@ def collect(spec: StudySpec, storage, runs_root: str | Path = "runs") -> StudyDa
         per_length += [{**key, **row} for row in art.per_length]
         if art.attention:
             attention[t.number] = art.attention
+        row = df.index[df["trial"] == t.number]
+        for column, value in art.cost.items():
+            if df.loc[row, column].isna().all():
+                df.loc[row, column] = value
     return StudyData(
         spec=spec, trials=df, history=pd.DataFrame(history), per_length=pd.DataFrame(per_length),
         attention=attention, tune=tune_trials(spec, storage), recorded=recorded_provenance(trials),

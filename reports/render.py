@@ -8,6 +8,7 @@ import base64
 import io
 import os
 import tempfile
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -256,7 +257,10 @@ def build_report(
         out_dir / "report.html", _environment(True).get_template("report.html.j2").render(**context)
     )
     if tracking.resolve_mode(wandb_mode) == "online":
-        log_summary_run(spec, summary, out_dir, list(figs), "online", study_dir(spec, runs_root))
+        try:
+            log_summary_run(spec, summary, out_dir, list(figs), "online", study_dir(spec, runs_root))
+        except Exception as e:  # the report is written; W&B is a copy of it and must not undo it
+            warnings.warn(f"W&B: the report summary run failed ({type(e).__name__}: {e})", stacklevel=2)
     return out_dir
 
 

@@ -16,7 +16,7 @@ from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 from harness.probes import AttentionSample
 from harness.study import StudySpec, open_storage, optuna_study_name, prepare_study, study_dir
 from harness.workers import run_worker
-from reports import collect
+from reports import collect, plots
 from reports.render import build_report, log_summary_run, variant_summary
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -126,12 +126,17 @@ def synthetic_study(tmp_path: Path, name: str = STUDY_NAME, variants: dict | Non
     return spec, storage, runs
 
 
+_BUILT: dict[str, tuple] = {}
+
+
 @pytest.fixture(scope="session")
 def synthetic(tmp_path_factory):
-    """The constructed study and its report, built once (the browser test opens the same report)."""
-    tmp = tmp_path_factory.mktemp("synthetic")
-    spec, storage, runs = synthetic_study(tmp)
-    return spec, storage, runs, build_report(spec, storage, runs)
+    """The constructed study and its report, built once per session: the browser test imports this fixture
+    and opens the same report (the cache is shared because both modules see this one module object)."""
+    if "report" not in _BUILT:
+        spec, storage, runs = synthetic_study(tmp_path_factory.mktemp("synthetic"))
+        _BUILT["report"] = (spec, storage, runs, build_report(spec, storage, runs))
+    return _BUILT["report"]
 
 
 FIGURES = {"metric_by_variant", "metric_by_pos_encoding", "metric_by_norm", "learning_curves", "accuracy_by_length",
@@ -245,9 +250,28 @@ def test_report_of_a_tiny_real_study(tmp_path):
     df = pd.read_csv(out / "results.csv")
     assert sorted(df["variant"]) == ["bahdanau", "transformer"] and (df["state"] == "COMPLETE").all()
     assert df["params"].gt(0).all() and df["wall_time"].gt(0).all() and df["test/tok_acc"].between(0, 1).all()
+    assert df["tokens_per_sec"].gt(0).all() and df["steps"].eq(2).all()  # cost from the trials' metrics.json
     assert {p.stem for p in out.glob("*.png")} >= {"metric_by_variant", "learning_curves", "accuracy_by_length",
                                                    "attention", "quality_vs_cost"}  # fmt: skip
     md = (out / "report.md").read_text()
     results = md[md.index("## Results by variant") : md.index("## Claims")]
     rows = [line for line in results.splitlines() if line.startswith(("| bahdanau |", "| transformer |"))]
     assert len(rows) == 2 and all(float(row.split("|")[-2]) <= 1 for row in rows)  # a probe AER for both
+
+
+def test_figures_skip_what_has_no_data():
+    no_trials = pd.DataFrame(columns=["trial", "variant", "seed", "state", "test/seq_acc"])
+    failed = pd.DataFrame(
+        [{"trial": 0, "variant": "a", "seed": 0, "state": "FAIL", "test/seq_acc": math.nan}]
+    )
+    for df in (no_trials, failed):
+        assert plots.metric_by_variant(df, "test/seq_acc", ["a"]) is None
+        assert plots.metric_by_factor(df, "test/seq_acc", "model.norm", []) is None
+    assert plots.learning_curves(pd.DataFrame(), ["val/seq_acc"], ["a"]) is None
+    assert plots.accuracy_by_length(pd.DataFrame(), ["a"], 5) is None
+    # An LSTM without attention has no cross-attention map to draw or score.
+    no_attention = AttentionSample("test", SRC, ["<s>", *TGT[:-1]], TGT, {}, ALIGNMENT)
+    assert plots.attention_maps({"lstm": [no_attention]}) is None and math.isnan(
+        plots.probe_aer(no_attention)
+    )
+    assert plots.probe_aer(attention_sample(aligned=True)) == 0.0
