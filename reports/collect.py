@@ -1,8 +1,9 @@
 """What a report reads: the tidy trial table from the Optuna storage, per-trial artifacts (metric history,
 accuracy by length, attention samples) where they exist, tune studies, and provenance.
 
-The table comes from the storage alone, so results.csv is the same whether or not trial folders survive.
-Artifacts are optional: a trial without them still counts in every statistic, it only draws no curve."""
+The table comes from the storage (cost figures a trial did not store there are filled from its
+metrics.json). Artifacts are optional: a trial without them still counts in every statistic, it only draws
+no curve."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import optuna
 import pandas as pd
 
 from harness.probes import AttentionSample
-from harness.study import EVAL, StudySpec, optuna_study_name, study_dir, trial_variant
+from harness.study import EVAL, TUNE, StudySpec, optuna_study_name, study_dir, trial_variant
 
 # Cost figures a trial may store as user attributes next to params and wall_time.
 COST_COLUMNS = ["params", "wall_time", "tokens_per_sec", "peak_mem_mb", "steps"]
@@ -57,14 +58,14 @@ def _grid_point(t: optuna.trial.FrozenTrial) -> tuple[Any, Any]:
     return trial_variant(t), t.params.get("seed", t.system_attrs.get("fixed_params", {}).get("seed"))
 
 
-def trials_frame(spec: StudySpec, storage) -> pd.DataFrame:
+def trials_frame(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> pd.DataFrame:
     """Columns: trial, variant, seed, state, one per factor key and tuned key (dotted), the cost columns,
     one per metric (named split/metric), fail_reason, retry_of (the failed trial this one retries), start
     and end times. Cost figures a trial did not store as user attributes are filled from its metrics.json
     artifact by `collect`."""
     overrides = spec.variant_overrides()
     rows = []
-    for t in eval_trials(spec, storage):
+    for t in trials:
         variant, seed = _grid_point(t)
         attrs = t.user_attrs
         rows.append({
@@ -140,7 +141,7 @@ def _read_json(path: Path) -> Any:
 
 def collect(spec: StudySpec, storage, runs_root: str | Path = "runs") -> StudyData:
     trials = eval_trials(spec, storage)
-    df = trials_frame(spec, storage)
+    df = trials_frame(spec, trials)
     history, per_length, attention = [], [], {}
     for t in trials:
         if t.state != optuna.trial.TrialState.COMPLETE:
@@ -164,17 +165,17 @@ def collect(spec: StudySpec, storage, runs_root: str | Path = "runs") -> StudyDa
 
 
 def tune_trials(spec: StudySpec, storage) -> dict[str, list[optuna.trial.FrozenTrial]]:
-    """Completed tune trials by variant, from every study named '<study>:tune...' in the storage. The
-    variant is the trial's 'variant' param or user attribute, else the part of the study name after
-    '<study>:tune:' (one tune study per variant), else 'all'."""
-    prefix = f"{spec.name}:tune"
+    """Completed tune trials by variant, from the studies '<study>:tune:<variant>' (one per variant) or
+    '<study>:tune' in the storage. The variant is the trial's 'variant' param or user attribute, else the
+    one its study is named after, else 'all'."""
+    prefix = optuna_study_name(spec, TUNE)
     out: dict[str, list] = {}
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
         name = summary.study_name
-        if not name.startswith(prefix) or name == optuna_study_name(spec, EVAL):
+        if name != prefix and not name.startswith(f"{prefix}:"):
             continue
         study = optuna.load_study(study_name=name, storage=storage)
-        default = name.removeprefix(f"{prefix}:") if name.startswith(f"{prefix}:") else "all"
+        default = name.removeprefix(f"{prefix}:") if name != prefix else "all"
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             variant = t.params.get("variant") or t.user_attrs.get("variant") or default
             out.setdefault(str(variant), []).append(t)
