@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProg
 from lightning.pytorch.loggers import WandbLogger
 
 from harness.config import ExperimentConfig
-from harness.metrics import accuracy_by_length, text_metrics
+from harness.metrics import accuracy_by_length, alignment_error_rate, text_metrics
 from harness.probes import AttentionSample, Probe, capture, log_images, select_probes
 from harness.tasks import TaskData, build_task
 from harness.tasks.datamodule import Seq2SeqDataModule
@@ -166,6 +166,27 @@ def generation_metrics(
     return metrics, per_length
 
 
+def alignment_metrics(module: Seq2SeqModule, dm: Seq2SeqDataModule, data: TaskData) -> dict[str, float]:
+    """AER of the last cross-attention layer (mean over heads) against the gold alignments, for each
+    evaluation split whose examples carry them. Models without attention have no AER."""
+    metrics = {}
+    for split, loader in zip(dm.eval_splits, dm.test_dataloader()):
+        examples = data.splits[split]
+        if any(ex.alignment is None for ex in examples):
+            continue
+        attentions = []
+        for batch in loader:  # evaluation loaders keep the split's order
+            cross = module.attention(batch["src"].to(module.device), batch["tgt_in"].to(module.device)).get(
+                "cross"
+            )
+            if not cross or cross[-1] is None:
+                return metrics
+            attentions.extend(cross[-1].float().mean(1).cpu())  # (B, H, T, S) -> B x (T, S)
+        sizes = [(len(ex.src), len(ex.tgt)) for ex in examples]
+        metrics[f"{split}/aer"] = alignment_error_rate(attentions, [ex.alignment for ex in examples], sizes)
+    return metrics
+
+
 def log_final(loggers: list, result: TrialResult, step: int) -> None:
     """Cost figures as metrics and the per-length table as a W&B table."""
     cost = {"cost/params": result.params, "cost/wall_time": result.wall_time,
@@ -257,6 +278,7 @@ def run_trial(
     for per_loader in test_metrics:
         metrics.update({k: float(v) for k, v in per_loader.items()})
     metrics.update(best_validation(history.rows))
+    metrics.update(alignment_metrics(module, dm, data))
     result = TrialResult(
         metrics=dict(sorted(metrics.items())),
         params=module.num_parameters(),
