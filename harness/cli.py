@@ -90,6 +90,10 @@ def sweep(
     per_device: Annotated[int, typer.Option("--per-device", min=1, help="Worker processes per GPU.")] = 1,
     wandb: WandbOption = None,
     sets: SetOption = None,
+    profile: Annotated[
+        str | None,
+        typer.Option("--profile", help="Study-file profile, e.g. cpu or gpu (default: the first)."),
+    ] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip the report at the end.")] = False,
 ) -> None:
     """Tune (if the study says so) and run every variant x seed of a study, then write its report.
@@ -97,10 +101,9 @@ def sweep(
     Resumes what the storage holds: finished trials are kept, interrupted ones run again."""
     from harness.config import parse_override
     from harness.study import default_storage_url, load_study, open_storage, prepare_study, validate_spec
-    from harness.workers import spawn_workers, worker_slots
 
     try:
-        spec = load_study(study)
+        spec = load_study(study, profile)
         if sets:
             # --set changes the study's fixed keys for every trial (e.g. train.max_steps=50).
             spec = spec.model_copy(update={"fixed": {**spec.fixed, **dict(parse_override(s) for s in sets)}})
@@ -114,7 +117,7 @@ def sweep(
             raise ConfigError(f"--devices: expected GPU indices like 0,1 (got {devices!r})")
         mode = wandb_mode(wandb)
         url = storage or default_storage_url(spec, out)
-        store = open_storage(url)
+        store = open_storage(url, heartbeat=spec.heartbeat)
         stored = prepare_study(spec, store)
         if stored != spec:
             changed = ", ".join(k for k in type(spec).model_fields if getattr(stored, k) != getattr(spec, k))
@@ -124,6 +127,8 @@ def sweep(
             )
     except ConfigError as e:
         raise fail(str(e)) from None
+    from harness.workers import spawn_workers, worker_slots  # Lightning: seconds to import, so after the checks
+
     slots = worker_slots(workers, gpus, per_device)
     console.print(f"[bold]{spec.name}[/]: {len(spec.variant_overrides())} variants x {len(spec.seeds)} seeds"
                   f"{f', {spec.tune.trials} tune trials per variant' if spec.tune else ''}; "
@@ -195,7 +200,6 @@ def worker(
     from harness.study import default_storage_url, load_study, open_storage, prepare_study
 
     try:
-        mode = wandb_mode(wandb)
         if _is_study_file(study):
             spec = load_study(study)
             store = open_storage(storage or default_storage_url(spec, out))
@@ -204,6 +208,11 @@ def worker(
         raise fail(str(e)) from None
     if not _is_study_file(study):
         spec, store = _stored_study("worker", study, storage, out)
+    try:
+        mode = wandb_mode(wandb)
+        store = open_storage(store.url, create_dir=False, heartbeat=spec.heartbeat)  # the study's periods
+    except ConfigError as e:
+        raise fail(str(e)) from None
     if threads:
         import torch
 

@@ -49,6 +49,22 @@ class TuneSpec(BaseModel):
     metric: MetricSpec | None = None  # default: the study metric measured on the validation split
 
 
+class HeartbeatSpec(BaseModel):
+    """How a dead worker is noticed: a running trial records a heartbeat every `interval` seconds; one whose
+    last heartbeat is older than `grace` seconds is failed and queued again. Stored with the study, so every
+    worker, wherever it runs, uses the same periods."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    interval: int = Field(15, ge=1)
+    grace: int = Field(60, ge=1)
+
+    @model_validator(mode="after")
+    def _grace(self) -> HeartbeatSpec:
+        if self.grace <= self.interval:
+            raise ValueError(f"grace: must exceed interval={self.interval} (got {self.grace})")
+        return self
+
+
 class StudySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -64,6 +80,8 @@ class StudySpec(BaseModel):
     baseline: dict[str, Value] | str | None = None
     claims: list[ClaimSpec] = Field(default_factory=list)
     budget: dict[str, Value] = Field(default_factory=dict)  # train.* limits applied to every trial
+    heartbeat: HeartbeatSpec = HeartbeatSpec()
+    profile: str | None = None  # the profile of the study file this spec was built with
 
     @field_validator("name")
     @classmethod
@@ -136,10 +154,42 @@ def variant_name(overrides: dict[str, Value]) -> str:
     return ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()) or "base"
 
 
-def load_study(path: str | Path) -> StudySpec:
-    """Reads and validates a study file, including every variant's config; ConfigError otherwise."""
+def apply_profile(tree: dict[str, Any], profile: str | None, where: str) -> dict[str, Any]:
+    """Study files size their runs per machine in `profiles` (e.g. `cpu` and `gpu`); the first listed is the
+    default. A profile's keys are config keys (added to `fixed`) or study keys: `seeds`, `factors.<key>`.
+    Any other profile than the default runs as its own study, `<name>-<profile>`."""
+    profiles = tree.pop("profiles", None) or {}
+    if not isinstance(profiles, dict):
+        raise ConfigError(f"{where}: profiles: expected a mapping of profile names to overrides")
+    if profile is None:
+        if not profiles:
+            return tree
+        profile = next(iter(profiles))
+    if profile not in profiles:
+        raise ConfigError(
+            f"{where}: profiles: no profile {profile!r} (the file has: {', '.join(profiles) or 'none'})"
+        )
+    tree = {**tree, "fixed": dict(tree.get("fixed") or {}), "profile": profile}
+    factors = dict(tree.get("factors") or {})
+    for key, value in (profiles[profile] or {}).items():
+        if key == "seeds":
+            tree["seeds"] = value
+        elif key.startswith("factors."):
+            factors[key.removeprefix("factors.")] = value
+        else:
+            tree["fixed"][key] = value
+    if factors:
+        tree["factors"] = factors
+    if profile != next(iter(profiles)):
+        tree["name"] = f"{tree.get('name')}-{profile}"
+    return tree
+
+
+def load_study(path: str | Path, profile: str | None = None) -> StudySpec:
+    """Reads and validates a study file (with one of its profiles), including every variant's config;
+    ConfigError otherwise."""
     path = resolve_study_path(path)
-    tree = read_yaml(path)
+    tree = apply_profile(read_yaml(path), profile, str(path))
     try:
         spec = StudySpec.model_validate(tree)
     except ValidationError as e:
@@ -265,7 +315,7 @@ VALIDATION_METRICS = ("loss", "ppl", "seq_acc", "tok_acc")  # what Seq2SeqModule
 # transition is atomic) and stop when none is left, so each grid point runs exactly once however many join.
 
 EVAL, TUNE = "eval", "tune"
-HEARTBEAT_S, GRACE_S = 15, 60
+CONNECT_TIMEOUT_S = 10  # an unreachable database server is reported, not waited on
 MAX_RETRIES = 3  # a grid point whose worker keeps dying (killed, out of host memory) is given up after this
 
 
@@ -278,11 +328,9 @@ def default_storage_url(spec: StudySpec, runs_root: str | Path = "runs") -> str:
     return f"sqlite:///{(study_dir(spec, runs_root) / 'study.db').resolve()}"
 
 
-def open_storage(
-    url: str, create_dir: bool = True, heartbeat_interval: int = HEARTBEAT_S, grace_period: int = GRACE_S
-):
+def open_storage(url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = HeartbeatSpec()):
     """An RDBStorage with a heartbeat: the RUNNING trial of a killed worker is failed once its heartbeat is
-    `grace_period` seconds old, and re-queued as a WAITING copy (RetryHeartbeatStaleTrialCallback)."""
+    `heartbeat.grace` seconds old, and re-queued as a WAITING copy (RetryHeartbeatStaleTrialCallback)."""
     import optuna
     from sqlalchemy.exc import ArgumentError, OperationalError
 
@@ -297,8 +345,8 @@ def open_storage(
         with warnings.catch_warnings():  # the heartbeat is flagged experimental
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             storage = optuna.storages.RDBStorage(
-                url, engine_kwargs={"connect_args": {"timeout": 60}} if sqlite else {},
-                heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+                url, engine_kwargs={"connect_args": connect_args(url)},
+                heartbeat_interval=heartbeat.interval, grace_period=heartbeat.grace,
                 heartbeat_stale_trial_callback=retry_callback(MAX_RETRIES),
             )  # fmt: skip
     except (OperationalError, ArgumentError, ModuleNotFoundError) as e:
@@ -307,6 +355,16 @@ def open_storage(
     if sqlite:
         serialize_sqlite_transactions(storage.engine)
     return storage
+
+
+def connect_args(url: str) -> dict[str, Any]:
+    """Driver options: SQLite waits for the write lock (several local workers share the file); network
+    databases give up connecting after CONNECT_TIMEOUT_S."""
+    if url.startswith("sqlite"):
+        return {"timeout": 60}
+    if url.startswith(("postgresql", "mysql")):
+        return {"connect_timeout": CONNECT_TIMEOUT_S}
+    return {}
 
 
 def retry_callback(max_retry: int | None):
