@@ -316,6 +316,7 @@ VALIDATION_METRICS = ("loss", "ppl", "seq_acc", "tok_acc")  # what Seq2SeqModule
 
 EVAL, TUNE = "eval", "tune"
 CONNECT_TIMEOUT_S = 10  # an unreachable database server is reported, not waited on
+SCHEMA_ATTEMPTS = 10
 MAX_RETRIES = 3  # a grid point whose worker keeps dying (killed, out of host memory) is given up after this
 
 
@@ -332,7 +333,7 @@ def open_storage(url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = H
     """An RDBStorage with a heartbeat: the RUNNING trial of a killed worker is failed once its heartbeat is
     `heartbeat.grace` seconds old, and re-queued as a WAITING copy (RetryHeartbeatStaleTrialCallback)."""
     import optuna
-    from sqlalchemy.exc import ArgumentError, OperationalError
+    from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError
 
     sqlite = url.startswith("sqlite:///")
     if sqlite:
@@ -341,17 +342,24 @@ def open_storage(url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = H
             db.parent.mkdir(parents=True, exist_ok=True)
         elif not db.is_file():
             raise ConfigError(f"storage {url}: no such database")
-    try:
-        with warnings.catch_warnings():  # the heartbeat is flagged experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            storage = optuna.storages.RDBStorage(
-                url, engine_kwargs={"connect_args": connect_args(url)},
-                heartbeat_interval=heartbeat.interval, grace_period=heartbeat.grace,
-                heartbeat_stale_trial_callback=retry_callback(MAX_RETRIES),
-            )  # fmt: skip
-    except (OperationalError, ArgumentError, ModuleNotFoundError) as e:
-        reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
-        raise ConfigError(f"storage {url}: cannot open ({reason})") from None
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():  # the heartbeat is flagged experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                storage = optuna.storages.RDBStorage(
+                    url, engine_kwargs={"connect_args": connect_args(url)},
+                    heartbeat_interval=heartbeat.interval, grace_period=heartbeat.grace,
+                    heartbeat_stale_trial_callback=retry_callback(MAX_RETRIES),
+                )  # fmt: skip
+            break
+        except (OperationalError, IntegrityError, ProgrammingError, ArgumentError, ModuleNotFoundError) as e:
+            reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+            # Workers that open a new database at the same moment all create Optuna's tables; the losers
+            # hit a table, type or version row another just made. Opening again finds the schema there.
+            lost_race = isinstance(e, IntegrityError | ProgrammingError) or "already exists" in reason
+            if not lost_race or attempt == SCHEMA_ATTEMPTS - 1:
+                raise ConfigError(f"storage {url}: cannot open ({reason})") from None
+            time.sleep(0.2 * (attempt + 1))
     if sqlite:
         serialize_sqlite_transactions(storage.engine)
     return storage

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import netrc
 import os
-import warnings
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,14 +24,63 @@ def has_credentials() -> bool:
 
 
 def resolve_mode(requested: WandbMode | None) -> WandbMode:
-    """The mode to use: what was asked for, except that online without credentials becomes offline."""
+    """The mode to use: what was asked for, except that online becomes offline without credentials or when
+    the W&B server cannot be reached within PROBE_TIMEOUT_S (said once, on stderr)."""
     if requested is None:
         requested = os.environ.get("WANDB_MODE") or ("online" if has_credentials() else "offline")
     if requested in ("dryrun",):
         requested = "offline"
     if requested == "online" and not has_credentials():
         return "offline"
+    if requested == "online":
+        problem = server_unreachable(base_url())
+        if problem:
+            go_offline(f"cannot reach {base_url()} ({problem})")
+            return "offline"
     return requested  # type: ignore[return-value]
+
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def base_url() -> str:
+    return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").rstrip("/")
+
+
+def server_unreachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why `url` gives no HTTP answer within `timeout` seconds (name lookup included), or None when it
+    answers at all: any status means the network is there; the key is W&B's to judge."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    outcome: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            urllib.request.urlopen(url, timeout=timeout).close()
+            outcome.append(None)
+        except urllib.error.HTTPError:
+            outcome.append(None)
+        except Exception as e:  # URLError, socket timeouts, refused connections
+            outcome.append(f"{type(e).__name__}: {getattr(e, 'reason', e)}")
+
+    # A name lookup ignores urlopen's timeout; the thread bounds it.
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout + 1)
+    return outcome[0] if outcome else f"no answer within {timeout:.0f} s"
+
+
+_offline_reason: str | None = None  # set once this process has fallen back to offline
+
+
+def go_offline(reason: str) -> None:
+    """Logs offline from now on in this process, saying why once."""
+    global _offline_reason
+    if _offline_reason is None:
+        print(f"W&B: {reason}; logging offline (upload later with `wandb sync`)", file=sys.stderr)
+    _offline_reason = reason
 
 
 @contextmanager
@@ -57,14 +106,14 @@ def wandb_logger(
         project=PROJECT, group=group, name=name, job_type=job_type, tags=[t[:64] for t in tags],
         config=config, dir=str(directory), reinit="finish_previous",
     )  # fmt: skip
+    if mode == "online" and _offline_reason is not None:
+        mode = "offline"
     try:
         run = wandb.init(mode=mode, settings=settings(wandb), **init)
     except Exception as e:  # wandb raises its own CommError / UsageError, or a timeout
         if mode != "online":
             raise
-        warnings.warn(
-            f"W&B: cannot start an online run ({type(e).__name__}: {e}); logging offline", stacklevel=2
-        )
+        go_offline(f"cannot start an online run ({type(e).__name__}: {str(e).splitlines()[0]})")
         run = wandb.init(mode="offline", settings=settings(wandb), **init)
     exit_code = 1
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -111,7 +112,13 @@ def heartbeat(storage, trial_id: int) -> Iterator[None]:
 
     def beat() -> None:
         while True:
-            storage.record_heartbeat(trial_id)
+            try:
+                storage.record_heartbeat(trial_id)
+            except Exception as e:  # the database blinked: beat again next time rather than stop beating
+                print(
+                    f"heartbeat of trial {trial_id} not recorded ({type(e).__name__}); retrying",
+                    file=sys.stderr,
+                )
             if stop.wait(storage.get_heartbeat_interval()):
                 return
 
@@ -136,12 +143,14 @@ class Worker:
         self.tune = {v: load_phase_study(spec, storage, TUNE, v) for v in self.variants} if spec.tune else {}
 
     def run(self) -> None:
-        """Runs trials until nothing is queued; waits while eval trials wait for tuning elsewhere."""
+        """Runs trials until nothing is queued or running; waits while eval trials wait for tuning elsewhere,
+        and while other workers' trials run: one whose worker died is queued again once its heartbeat is
+        stale, and somebody must be left to run it."""
         while True:
             claim = self.claim()
             if claim is not None:
                 self.run_claimed(claim)
-            elif self.anything_waiting():
+            elif self.anything_pending():
                 time.sleep(POLL_S)
             else:
                 return
@@ -149,8 +158,9 @@ class Worker:
     def studies(self) -> list[optuna.Study]:
         return [*self.tune.values(), self.eval]
 
-    def anything_waiting(self) -> bool:
-        return any(s.get_trials(deepcopy=False, states=(TrialState.WAITING,)) for s in self.studies())
+    def anything_pending(self) -> bool:
+        pending = (TrialState.WAITING, TrialState.RUNNING)
+        return any(s.get_trials(deepcopy=False, states=pending) for s in self.studies())
 
     def tuning_finished(self, variant: str) -> bool:
         if variant not in self.tune:
@@ -235,6 +245,7 @@ class Worker:
         trial.set_user_attr("factors", overrides)
         trial.set_user_attr("config", cfg.flat())
         trial.set_user_attr("grid_point", grid_point(variant, seed))
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")  # who ran it, for post-mortems
         out_dir = self.root / "trials" / claim.phase
         out_dir = (out_dir / slugify(variant) if claim.phase == TUNE else out_dir) / f"{trial.number:04d}"
         tags = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()]

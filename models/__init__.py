@@ -1,8 +1,13 @@
 """Attention model families: plain torch.nn building blocks and one LightningModule."""
 
-from torch import nn
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from models.config import PRESETS, ModelConfig
+
+if TYPE_CHECKING:  # torch loads in seconds; config checks (and the CLI's errors) need no torch
+    from torch import nn
 
 
 def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0) -> nn.Module:

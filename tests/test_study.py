@@ -18,6 +18,7 @@ from harness.cli import app
 from harness.config import ConfigError
 from harness.study import (
     EVAL,
+    HeartbeatSpec,
     StudySpec,
     grid_point,
     load_phase_study,
@@ -204,7 +205,7 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, m
 
 def test_dead_workers_trial_is_retried_once_its_heartbeat_is_stale(tmp_path, monkeypatch):
     spec, url = prepared(tmp_path, factors={}, seeds=[0])
-    storage = open_storage(url, heartbeat_interval=1, grace_period=1)
+    storage = open_storage(url, heartbeat=HeartbeatSpec(interval=1, grace=2))
     dead = Worker(spec, storage, tmp_path / "runs", "disabled")
     lost = dead.claim()  # claimed, then the worker "dies": no heartbeat, no tell
     storage.record_heartbeat(lost.trial._trial_id)

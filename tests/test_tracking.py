@@ -51,6 +51,7 @@ def test_mode_falls_back_to_offline_without_credentials(monkeypatch, tmp_path):
     assert tracking.resolve_mode("online") == "offline"
     assert tracking.resolve_mode("disabled") == "disabled"
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setattr(tracking, "server_unreachable", lambda url: None)  # reachability: test_reliability.py
     assert tracking.resolve_mode(None) == "online"
 
 
