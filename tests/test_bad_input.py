@@ -1,0 +1,120 @@
+"""Bad input through the installed `ablate` script: one line on stderr naming what and where, exit code 2,
+and nothing written: no run folder, no study folder, nothing in the working directory.
+
+Also checked elsewhere: heads not dividing d_model and `report` on an empty runs folder (test_sweep.py),
+every study-file check (test_study.py), every config key (test_config.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+
+CLOSED_PORT_URL = "postgresql+psycopg2://postgres@127.0.0.1:9/ablate"  # nothing listens on loopback:9
+
+
+def study_file(folder: Path, name: str = "study.yaml", **extra) -> Path:
+    tree = {
+        "name": "bad",
+        "base": {"preset": "transformer", "task": TINY_TASK, "model": TINY_MODEL, "train": TINY_TRAIN},
+        "factors": {"model.pos_encoding": ["sinusoidal", "none"]},
+        **extra,
+    }
+    path = folder / name
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def write(folder: Path, name: str, data: str | bytes) -> Path:
+    path = folder / name
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return path
+
+
+def train_on(corpus: Path) -> list[str]:
+    return ["train", "--set", "task.name=parallel", "--set", f"task.path={corpus}", "--out", "{out}"]
+
+
+# (arguments, the error line) built from the folder holding the inputs; `{out}` is where output would go.
+CASES = {
+    "unknown config key": lambda d: (
+        ["train", str(write(d, "exp.yaml", "model:\n  d_model: 16\n  bogus: 1\n")), "--out", "{out}"],
+        "model.bogus: unknown config key",
+    ),
+    "wrong type": lambda d: (
+        ["train", "--set", "model.d_model=wide", "--out", "{out}"],
+        "model.d_model: Input should be a valid integer, unable to parse string as an integer",
+    ),
+    "unknown task": lambda d: (
+        ["train", "--set", "task.name=translate", "--out", "{out}"],
+        "task.name: Input should be 'copy', 'reverse', 'sort', 'addition', 'recall', 'synth_mt', 'scan' or "
+        "'parallel' (got 'translate')",
+    ),
+    "unknown preset": lambda d: (
+        ["train", "--preset", "gpt", "--out", "{out}"],
+        "preset: unknown preset 'gpt'; known: ",
+    ),
+    "missing study file": lambda d: (
+        ["sweep", str(d / "nowhere.yaml"), "--out", "{out}"],
+        f"{d / 'nowhere.yaml'}: no such study file",
+    ),
+    "YAML syntax error": lambda d: (
+        [
+            "sweep",
+            str(write(d, "broken.yaml", "name: x\nfactors:\n  model.norm: [pre, post\nseeds: [0]\n")),
+            "--out",
+            "{out}",
+        ],  # fmt: skip
+        f"{d / 'broken.yaml'}:4: YAML syntax error: expected ',' or ']', but got ':'",
+    ),
+    "empty factor list": lambda d: (
+        ["worker", str(study_file(d, factors={"model.norm": []})), "--out", "{out}"],
+        f"{d / 'study.yaml'}: factors.model.norm: empty list of values (the grid would be empty)",
+    ),
+    "malformed corpus line": lambda d: (
+        train_on(write(d, "c.tsv", "a b\tb a\nc d\n")),
+        f"{d / 'c.tsv'}:2: expected source<TAB>target, found no tab",
+    ),
+    "non-UTF-8 corpus": lambda d: (
+        train_on(write(d, "latin1.tsv", b"a\ta\n" + "café\tcafé\n".encode("latin-1"))),
+        f"{d / 'latin1.tsv'}:2: not UTF-8 text (invalid continuation byte at column 4)",
+    ),
+    "unreachable storage URL": lambda d: (
+        ["sweep", str(study_file(d)), "--storage", CLOSED_PORT_URL, "--out", "{out}"],
+        f'storage {CLOSED_PORT_URL}: cannot open (connection to server at "127.0.0.1", port 9 failed: '
+        "Connection refused",
+    ),
+    "report for an unknown study": lambda d: (
+        ["report", "other", "--storage", existing_storage(d), "--out", "{out}"],
+        f"report: no study 'other' in {existing_storage(d)} (studies there: present)",
+    ),
+}
+
+
+def existing_storage(folder: Path) -> str:
+    """A storage that exists and holds one study, 'present'."""
+    url = f"sqlite:///{folder / 'present.db'}"
+    if not (folder / "present.db").exists():
+        optuna.create_study(study_name="present:eval", storage=url)
+    return url
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
+    inputs, cwd, out = tmp_path / "inputs", tmp_path / "cwd", tmp_path / "out"
+    inputs.mkdir()
+    cwd.mkdir()
+    args, message = CASES[case](inputs)
+    before = sorted(inputs.iterdir())
+    started = time.monotonic()
+    proc = ablate(*(a.replace("{out}", str(out)) for a in args), cwd=cwd, timeout=120)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {message}"), line
+    assert not out.exists() and not list(cwd.iterdir()) and sorted(inputs.iterdir()) == before
+    assert elapsed < 60  # an error is reported, never waited on (the storage connect timeout among others)

@@ -1,0 +1,277 @@
+"""What long sweeps on shared machines need: a worker killed mid-trial costs one retry and nothing else,
+faults end as FAIL with their reason while the sweep goes on, W&B without network never blocks and never
+leaks the key, and the same config and seed give the same numbers in two processes.
+
+The crash scenario runs here on the SQLite default and in test_postgres.py on PostgreSQL."""
+
+from __future__ import annotations
+
+import errno
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+import yaml
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+from optuna.trial import TrialState
+from test_workers import tiny_spec
+
+import harness.trial
+from harness import tracking
+from harness.study import EVAL, grid_point, load_phase_study, load_study, open_storage, prepare_study
+from harness.workers import run_worker
+from models.module import Seq2SeqModule
+from reports.render import build_report
+
+
+def ablate_exe() -> str:
+    return shutil.which("ablate") or str(Path(sys.executable).parent / "ablate")
+
+
+def start_worker(study: Path, runs: Path, *extra: str) -> subprocess.Popen:
+    """`ablate worker` in the background, as a user on another shell or machine would start it."""
+    command = [ablate_exe(), "worker", str(study), "--out", str(runs), "--wandb", "disabled",
+               "--threads", "1"]  # fmt: skip
+    log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads a worker's output until it is done
+    proc = subprocess.Popen([*command, *extra], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    proc.log = log
+    return proc
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    """Waits for a worker; its output, which must show a clean exit."""
+    proc.wait(timeout=timeout)
+    proc.log.seek(0)
+    out = proc.log.read()
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def write_study(path: Path, **extra) -> Path:
+    train = {**TINY_TRAIN, "max_steps": 60, "val_every": 10}
+    tree = {
+        "name": "crash",
+        "base": {"preset": "transformer", "task": TINY_TASK, "model": TINY_MODEL, "train": train},
+        "seeds": [0, 1, 2],
+        "metric": {"name": "test/tok_acc"},
+        # A dead worker's trial is noticed after 3 s instead of the default minute.
+        "heartbeat": {"interval": 1, "grace": 3},
+        **extra,
+    }
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def wait_for(condition, timeout: float, what: str, poll: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def kill_mid_trial_and_recover(tmp_path: Path, storage_url: str | None) -> None:
+    """Worker A completes trial 0 and is SIGKILLed while trial 1 trains (its first checkpoint written);
+    worker B, started at once, runs trial 2, waits out the grace period, fails trial 1 and runs its retry.
+    `storage_url` None: the study's default SQLite file."""
+    study, runs = write_study(tmp_path / "crash.yaml"), tmp_path / "runs"
+    extra = ("--storage", storage_url) if storage_url else ()
+    url = storage_url or f"sqlite:///{runs / 'crash' / 'study.db'}"
+    a = start_worker(study, runs, *extra)
+    try:
+        wait_for(lambda: (runs / "crash/trials/eval/0001/checkpoints/best.ckpt").is_file(), 240, "trial 1")
+        a.send_signal(signal.SIGKILL)
+        a.wait(timeout=30)
+    finally:
+        a.kill()
+    spec, storage = load_study(study), open_storage(url, create_dir=False)
+    before = {t.number: t for t in load_phase_study(spec, storage, EVAL).get_trials()}
+    assert before[0].state == TrialState.COMPLETE and before[1].state == TrialState.RUNNING
+
+    started = time.monotonic()
+    b = start_worker(study, runs, *extra)
+    finish(b)
+    assert time.monotonic() - started < 240
+
+    trials = load_phase_study(spec, storage, EVAL).get_trials()
+    assert TrialState.RUNNING not in [t.state for t in trials]  # no zombie
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert sorted(t.user_attrs["grid_point"] for t in done) == [grid_point("base", s) for s in (0, 1, 2)]
+    # The completed trial is untouched; the killed one failed once and its retry (by B) completed.
+    assert trials[0].state == TrialState.COMPLETE and trials[0].value == before[0].value
+    assert trials[0].user_attrs["artifacts"] == before[0].user_attrs["artifacts"]
+    assert trials[1].state == TrialState.FAIL and trials[1].user_attrs["worker"].endswith(f":{a.pid}")
+    (retry,) = [t for t in trials if t.system_attrs.get("retry_history")]
+    assert retry.system_attrs["retry_history"] == [1] and retry.state == TrialState.COMPLETE
+    assert retry.user_attrs["grid_point"] == trials[1].user_attrs["grid_point"]
+    assert retry.user_attrs["worker"].endswith(f":{b.pid}")
+    assert len(trials) == 4
+
+
+def test_killed_worker_trial_is_retried_on_sqlite(tmp_path):
+    kill_mid_trial_and_recover(tmp_path, None)
+
+
+def open_at(url: str, start: float) -> None:
+    while time.time() < start:  # all processes open the new database at the same moment
+        pass
+    open_storage(url)
+
+
+def test_workers_opening_a_new_database_together_all_succeed(tmp_path):
+    """Each process opening a new storage creates Optuna's tables; the ones that lose that race open it
+    again instead of failing (on PostgreSQL: test_postgres.py's three workers)."""
+    ctx = multiprocessing.get_context("fork")
+    for attempt in range(4):
+        url, start = f"sqlite:///{tmp_path / f'new{attempt}.db'}", time.time() + 0.5
+        procs = [ctx.Process(target=open_at, args=(url, start)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0] * 4
+
+
+# Faults ---------------------------------------------------------------------------------------------------
+
+# Which variant meets which fault: the variants differ only in weight decay, which the injected faults read.
+FAULTS = {"ok": 0.01, "oom": 0.011, "boom": 0.012, "disk_full": 0.013}
+
+
+def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monkeypatch, single_thread):
+    real_step, real_write = Seq2SeqModule.training_step, harness.trial.write_artifacts
+
+    def faulty_step(self, batch, batch_idx):
+        if self.hparams.weight_decay == FAULTS["oom"] and batch_idx == 1:
+            # What the CUDA caching allocator raises, raised on the CPU.
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        if self.hparams.weight_decay == FAULTS["boom"]:
+            raise RuntimeError("boom <in the variant's own code>")
+        return real_step(self, batch, batch_idx)
+
+    def full_disk(out, cfg, result, loggers):
+        if cfg.train.weight_decay == FAULTS["disk_full"]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "metrics.json"))
+        return real_write(out, cfg, result, loggers)
+
+    monkeypatch.setattr(Seq2SeqModule, "training_step", faulty_step)
+    monkeypatch.setattr("harness.trial.write_artifacts", full_disk)
+    variants = {name: {"train.weight_decay": wd} for name, wd in FAULTS.items()}
+    spec = tiny_spec(variants={**variants, "nan": {"train.lr": 1.0e6}})
+    runs = tmp_path / "runs"
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    prepare_study(spec, storage)
+    run_worker(spec, storage, runs, "disabled")
+
+    trials = {t.params["variant"]: t for t in load_phase_study(spec, storage, EVAL).trials}
+    assert {v: t.state for v, t in trials.items()} == {
+        "ok": TrialState.COMPLETE, "oom": TrialState.FAIL, "boom": TrialState.FAIL,
+        "disk_full": TrialState.FAIL, "nan": TrialState.FAIL,
+    }  # fmt: skip
+    reasons = {v: t.user_attrs.get("fail_reason") for v, t in trials.items() if v != "ok"}
+    assert reasons["oom"].startswith("OutOfMemoryError: CUDA out of memory.")
+    assert reasons["boom"] == "RuntimeError: boom <in the variant's own code>"
+    assert reasons["disk_full"].startswith("OSError: [Errno 28] No space left on device")
+    assert reasons["nan"].startswith("TrialFailed: diverged: ")
+    # A failed trial keeps what it wrote before failing (the checkpoints), for a post-mortem.
+    assert "checkpoints/last.ckpt" in trials["disk_full"].user_attrs["artifacts"]
+
+    out = build_report(spec, storage, runs)
+    md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
+    for variant, reason in reasons.items():
+        row = next(line for line in md.splitlines() if line.startswith(f"| {trials[variant].number} |"))
+        assert "| fail |" in row and reason.split("<")[0].strip() in row, row
+    assert "boom &lt;in the variant&#39;s own code&gt;" in html
+    table = pd.read_csv(out / "results.csv").set_index("variant")
+    assert (table["state"] == "FAIL").sum() == 4 and table.loc["ok", "state"] == "COMPLETE"
+
+
+# W&B without network ------------------------------------------------------------------------------------
+
+FAKE_KEY = "local-test-key-" + "0123456789abcdef" * 3  # 40+ characters, as W&B requires
+NO_SERVER = "http://127.0.0.1:9"  # the discard port on loopback: refused at once, never a real server
+
+
+def test_online_wandb_without_network_goes_offline_once_and_never_leaks_the_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
+    monkeypatch.setenv("WANDB_BASE_URL", NO_SERVER)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    study = write_study(tmp_path / "study.yaml", name="offline", seeds=[0, 1])
+    runs = tmp_path / "runs"
+    started = time.monotonic()
+    proc = ablate("sweep", str(study), "--out", str(runs), "--wandb", "online", "--workers", "2",
+                  "--set", "train.max_steps=4", timeout=300)  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = (proc.stdout + proc.stderr).count("W&B: cannot reach http://127.0.0.1:9")
+    assert said == 1, proc.stderr[-3000:]
+    assert "logging offline" in proc.stderr and "W&B offline" in proc.stderr
+    # Two trials, each kept offline from the start: no 30-s connection timeout was waited out.
+    assert len(list((runs / "offline" / "wandb").glob("offline-run-*"))) == 2
+    assert elapsed < 150
+
+    for path in (runs / "offline").rglob("*"):
+        if path.is_file():
+            assert FAKE_KEY.encode() not in path.read_bytes(), path
+    assert FAKE_KEY not in proc.stdout + proc.stderr
+
+
+def test_lost_network_mid_sweep_falls_back_once(tmp_path, monkeypatch, capfd):
+    """The server answered the first probe and then went away: the first run waits out its (shortened)
+    init timeout and falls back; later runs of the process go offline at once, without a second message."""
+    monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
+    monkeypatch.setenv("WANDB_BASE_URL", NO_SERVER)
+    monkeypatch.setattr(tracking, "INIT_TIMEOUT_S", 5)
+    monkeypatch.setattr(tracking, "_offline_reason", None)
+    durations = []
+    for seed in (0, 1):
+        started = time.monotonic()
+        with tracking.wandb_logger(
+            "online", tmp_path, "g", f"run{seed}", "eval", [], {"seed": seed}
+        ) as logger:
+            logger.log_metrics({"val/loss": 1.0}, step=1)
+        durations.append(time.monotonic() - started)
+    err = capfd.readouterr().err
+    assert err.count("W&B: cannot start an online run") == 1, err
+    assert durations[0] >= tracking.INIT_TIMEOUT_S > durations[1]  # the second run did not wait
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 2
+    assert FAKE_KEY not in err
+
+
+# Determinism ------------------------------------------------------------------------------------------------
+
+
+def test_same_config_and_seed_give_identical_metrics_in_two_processes(tmp_path):
+    """Two `ablate train` processes with different hash seeds (string-keyed vocabularies must not depend
+    on them) on a word-level corpus; the in-process check with train.deterministic is in test_module.py."""
+    corpus = tmp_path / "pairs.tsv"
+    words = ["red", "green", "blue", "big", "small", "cat", "dog", "bird"]
+    lines = [f"{words[i % 8]} {words[(i * 3) % 8]}\t{words[(i * 3) % 8]} {words[i % 8]}" for i in range(60)]
+    corpus.write_text("\n".join(lines) + "\n")
+    cfg = tmp_path / "exp.yaml"
+    task = {"name": "parallel", "path": str(corpus), "tokenizer": "word"}
+    cfg.write_text(yaml.safe_dump({"preset": "transformer", "task": task, "model": TINY_MODEL,
+                                   "train": {**TINY_TRAIN, "max_steps": 6}}))  # fmt: skip
+    summaries = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        proc = subprocess.run([ablate_exe(), "train", str(cfg), "--json"], capture_output=True, text=True,
+                              env=env, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        summaries.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    timing = {"wall_time", "tokens_per_sec", "peak_mem_mb"}
+    first, second = ({k: v for k, v in s.items() if k not in timing} for s in summaries)
+    assert first == second
+    assert "test/loss" in first and first["steps"] == 6
