@@ -6,6 +6,7 @@ every study-file check (test_study.py), every config key (test_config.py)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -118,3 +119,26 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
     assert line.startswith(f"error: {message}"), line
     assert not out.exists() and not list(cwd.iterdir()) and sorted(inputs.iterdir()) == before
     assert elapsed < 60  # an error is reported, never waited on (the storage connect timeout among others)
+
+
+def test_a_storage_server_that_never_answers_is_given_up_within_the_connect_timeout(tmp_path):
+    """A server that accepts the connection and then says nothing (a hung host behind a live port): the
+    connect timeout, not the operating system's minutes, decides when the user hears about it."""
+    from harness.study import CONNECT_TIMEOUT_S
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nobody ever reads or writes
+        port = silent.getsockname()[1]
+        url = f"postgresql+psycopg2://postgres@127.0.0.1:{port}/ablate"
+        started = time.monotonic()
+        proc = ablate("sweep", str(study_file(tmp_path)), "--storage", url, "--out", str(tmp_path / "out"))
+        elapsed = time.monotonic() - started
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert (
+        line == f'error: storage {url}: cannot open (connection to server at "127.0.0.1", port {port} '
+        "failed: timeout expired)"
+    )
+    assert CONNECT_TIMEOUT_S <= elapsed < CONNECT_TIMEOUT_S + 30
+    assert not (tmp_path / "out").exists()

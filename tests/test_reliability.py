@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -248,6 +249,17 @@ def test_lost_network_mid_sweep_falls_back_once(tmp_path, monkeypatch, capfd):
     assert durations[0] >= tracking.INIT_TIMEOUT_S > durations[1]  # the second run did not wait
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 2
     assert FAKE_KEY not in err
+
+
+def test_wandb_probe_gives_up_on_a_server_that_never_answers():
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # accepts connections, never answers them
+        started = time.monotonic()
+        reason = tracking.server_unreachable(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=2)
+        elapsed = time.monotonic() - started
+    assert reason is not None and "timed out" in reason
+    assert 2 <= elapsed < 4
 
 
 # Determinism ------------------------------------------------------------------------------------------------
