@@ -219,9 +219,10 @@ def test_online_wandb_without_network_goes_offline_once_and_never_leaks_the_key(
     said = (proc.stdout + proc.stderr).count("W&B: cannot reach http://127.0.0.1:9")
     assert said == 1, proc.stderr[-3000:]
     assert "logging offline" in proc.stderr and "W&B offline" in proc.stderr
-    # Two trials, each kept offline from the start: no 30-s connection timeout was waited out.
+    # Two trials, each kept offline from the start: no run waited out W&B's connection timeout.
+    assert "cannot start an online run" not in proc.stderr
     assert len(list((runs / "offline" / "wandb").glob("offline-run-*"))) == 2
-    assert elapsed < 150
+    assert elapsed < 240
 
     for path in (runs / "offline").rglob("*"):
         if path.is_file():
