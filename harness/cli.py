@@ -127,7 +127,10 @@ def sweep(
             )
     except ConfigError as e:
         raise fail(str(e)) from None
-    from harness.workers import spawn_workers, worker_slots  # Lightning: seconds to import, so after the checks
+    from harness.workers import (  # Lightning: seconds to import, so after the checks
+        spawn_workers,
+        worker_slots,
+    )
 
     slots = worker_slots(workers, gpus, per_device)
     console.print(f"[bold]{spec.name}[/]: {len(spec.variant_overrides())} variants x {len(spec.seeds)} seeds"
@@ -141,7 +144,7 @@ def sweep(
     if not no_report:
         from reports.render import build_report
 
-        out_dir = build_report(spec, store, out)
+        out_dir = build_report(spec, store, out, wandb_mode=mode)
         console.print(f"report: {out_dir / 'report.html'}")
     if crashed:
         raise typer.Exit(code=1)

@@ -29,7 +29,7 @@ import torch
 from optuna.trial import TrialState
 from optuna_integration import PyTorchLightningPruningCallback
 
-from harness import tracking
+from harness import provenance, tracking
 from harness.study import (
     EVAL,
     TUNE,
@@ -246,6 +246,9 @@ class Worker:
         trial.set_user_attr("config", cfg.flat())
         trial.set_user_attr("grid_point", grid_point(variant, seed))
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")  # who ran it, for post-mortems
+        trial.set_user_attr("hardware", provenance.hardware())
+        trial.set_user_attr("versions", provenance.versions())
+        trial.set_user_attr("git_commit", provenance.git_commit())
         out_dir = self.root / "trials" / claim.phase
         out_dir = (out_dir / slugify(variant) if claim.phase == TUNE else out_dir) / f"{trial.number:04d}"
         tags = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()]

@@ -8,11 +8,8 @@ no curve."""
 from __future__ import annotations
 
 import json
-import platform
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +22,6 @@ from harness.study import EVAL, TUNE, StudySpec, optuna_study_name, study_dir, t
 # Cost figures a trial may store as user attributes next to params and wall_time.
 COST_COLUMNS = ["params", "wall_time", "tokens_per_sec", "peak_mem_mb", "steps"]
 PROVENANCE_ATTRS = ["hardware", "versions", "git_commit"]
-PACKAGES = ["torch", "lightning", "optuna", "wandb", "numpy", "pandas", "scipy", "seaborn", "matplotlib"]
 
 
 @dataclass
@@ -192,30 +188,3 @@ def recorded_provenance(trials: list[optuna.trial.FrozenTrial]) -> dict[str, lis
             if value:
                 out[key].add(json.dumps(value, sort_keys=True) if isinstance(value, dict) else str(value))
     return {key: sorted(values) for key, values in out.items()}
-
-
-def report_environment() -> dict[str, Any]:
-    """Python, platform, package versions and commit where the report is built."""
-    versions = {"python": platform.python_version()}
-    for pkg in PACKAGES:
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            continue
-    return {"platform": platform.platform(), "versions": versions, "git_commit": git_commit()}
-
-
-def git_commit() -> str | None:
-    """The checkout's commit (with '+dirty' when it has local changes), or None outside a checkout."""
-    repo = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10
-        )
-        if head.returncode:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, timeout=10)  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

@@ -20,9 +20,10 @@ import yaml
 from jinja2 import Environment, PackageLoader
 
 from harness import tracking
+from harness.provenance import environment
 from harness.study import StudySpec, study_dir, study_progress, tune_metric
 from reports import claims, plots, stats
-from reports.collect import StudyData, collect, report_environment
+from reports.collect import StudyData, collect
 
 ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
 
@@ -182,7 +183,7 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
         "best_trial": overall,
         "seeds": spec.seeds,
         "recorded": data.recorded,
-        "environment": report_environment(),
+        "environment": environment(),
         "total_time": float(wall.sum()) if wall.notna().any() else None,
         "mean_time": float(wall.mean()) if wall.notna().any() else None,
         "span": (f"{started.min():%Y-%m-%d %H:%M:%S}", f"{completed.max():%Y-%m-%d %H:%M:%S}")
