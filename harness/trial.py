@@ -44,12 +44,14 @@ class TrialResult:
     tokens_per_sec: float = 0.0  # training throughput, target + source tokens without padding
     peak_mem_mb: float = 0.0  # peak CUDA memory allocated, or peak process RSS on CPU
     steps: int = 0
+    padding_fraction: float = 0.0  # share of padding in one epoch of training batches
 
     def summary(self) -> dict[str, Any]:
         """The flat JSON object `ablate train --json` prints."""
         return {**self.metrics, "params": self.params, "wall_time": round(self.wall_time, 3),
                 "steps": self.steps, "tokens_per_sec": round(self.tokens_per_sec, 1),
-                "peak_mem_mb": round(self.peak_mem_mb, 1), "split_sizes": self.split_sizes}  # fmt: skip
+                "peak_mem_mb": round(self.peak_mem_mb, 1), "padding_fraction": round(self.padding_fraction, 4),
+                "split_sizes": self.split_sizes}  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         """Everything but the attention arrays (those are .npz files)."""
@@ -290,11 +292,13 @@ def run_trial(
         tokens_per_sec=cost.tokens_per_sec,
         peak_mem_mb=cost.peak_mem_mb,
         steps=trainer.global_step,
+        padding_fraction=dm.padding_fraction("train"),
     )
     log_images(loggers, result.attention, trainer.global_step)
     log_final(loggers, result, trainer.global_step)
     if out_dir is not None:
         write_artifacts(Path(out_dir), cfg, result, loggers)
+        data.save(Path(out_dir) / "data")  # vocabularies and tokenizers: what reads this run's outputs
     return result
 
 

@@ -109,13 +109,18 @@ def test_bad_study_fails_before_creating_anything(tmp_path):
 def test_train_json_prints_metrics_last(tmp_path):
     cfg = tmp_path / "exp.yaml"
     cfg.write_text(yaml.safe_dump({"task": TINY_TASK, "model": TINY_MODEL, "train": TINY_TRAIN}))
-    proc = ablate("train", str(cfg), "--preset", "transformer", "--set", "train.max_steps=3", "--json")
+    out = tmp_path / "run"
+    proc = ablate("train", str(cfg), "--preset", "transformer", "--set", "train.max_steps=3", "--json",
+                  "--out", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {"test/seq_acc", "test/tok_acc", "test_long/seq_acc", "val/loss", "params", "wall_time"} <= set(
         summary
     )
     assert summary["split_sizes"] == {"train": 64, "valid": 16, "test": 16, "test_long": 16}
+    assert 0.0 <= summary["padding_fraction"] < 1.0
+    # The run keeps what reads its outputs: the vocabularies, ids 0-3 the specials.
+    assert json.loads((out / "data" / "tgt_vocab.json").read_text())[:4] == ["<pad>", "<s>", "</s>", "<unk>"]
 
     proc = ablate("train", "--set", "model.bogus=1")
     assert proc.returncode == 2
