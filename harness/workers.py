@@ -186,8 +186,13 @@ class Worker:
             variant = trial_variant(frozen)
             if phase == EVAL and not self.tuning_finished(variant):
                 continue
-            # The WAITING -> RUNNING transition succeeds for exactly one process.
-            if self.storage.set_trial_state_values(frozen._trial_id, TrialState.RUNNING):
+            # The WAITING -> RUNNING transition succeeds for exactly one process. The list read above may
+            # be stale: another worker may have claimed this trial and even finished it since.
+            try:
+                claimed = self.storage.set_trial_state_values(frozen._trial_id, TrialState.RUNNING)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue
+            if claimed:
                 return Claim(study, optuna.Trial(study, frozen._trial_id), phase, variant)
         return None
 
