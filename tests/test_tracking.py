@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,14 @@ def offline_records(run_dir: Path) -> list[pb.Record]:
 
 def offline_run(run_dir: Path) -> dict:
     """group, name, job_type, tags, config and exit code of an offline run."""
-    records = offline_records(run_dir)
+    # wandb-core writes the run's log in the background: wait (bounded) until its run and exit records are in.
+    deadline = time.monotonic() + 30
+    while True:
+        records = offline_records(run_dir)
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if ("run" in kinds and "exit" in kinds) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     exits = [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"]
     config = {u.key: json.loads(u.value_json) for u in run.config.update if u.key != "_wandb"}
