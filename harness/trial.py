@@ -8,10 +8,12 @@ and attention/probe<i>_<split>.npz (see harness.probes.AttentionSample.load)."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import resource
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,14 @@ from harness.tasks.datamodule import Seq2SeqDataModule
 from models.module import PAD_ID, Seq2SeqModule
 
 MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
+
+
+def quiet_lightning() -> None:
+    """Many trials in one process: Lightning's per-run notices (accelerators, tips, checkpoint restores)
+    and its deprecation warnings would bury the one line a worker prints per trial."""
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    for category in (DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category, module="lightning")
 
 
 @dataclass

@@ -198,11 +198,17 @@ class Worker:
 
     def run_claimed(self, claim: Claim) -> None:
         trial, study = claim.trial, claim.study
+        start = time.monotonic()
+        say = lambda outcome: print(  # noqa: E731
+            f"{claim.phase} trial {trial.number} {trial.user_attrs.get('grid_point', claim.variant)}: "
+            f"{outcome} ({time.monotonic() - start:.0f} s)", flush=True,
+        )  # fmt: skip
         try:
             with heartbeat(self.storage, trial._trial_id):
                 value = self.objective(claim)
         except optuna.TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
+            say("pruned")
         except (KeyboardInterrupt, SystemExit):
             # Lightning turns Ctrl-C during fit into SystemExit; either way: no trial left RUNNING, the
             # grid point queued again for the next run, then stop.
@@ -214,8 +220,13 @@ class Worker:
             trial.set_user_attr("traceback", traceback.format_exc()[-4000:])
             study.tell(trial, state=TrialState.FAIL)
             free_device_memory()
+            say(f"FAILED, {type(e).__name__}: {e}"[:300])
         else:
             study.tell(trial, value)
+            say(f"{self.metric_name(claim)} = {value:.4g}")
+
+    def metric_name(self, claim: Claim) -> str:
+        return tune_metric(self.spec).name if claim.phase == TUNE else self.spec.metric.name
 
     def requeue(self, study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
         """Fails the trial with `reason` and queues a copy of it (same grid point) as WAITING."""
@@ -232,8 +243,7 @@ class Worker:
             assert spec.tune is not None
             seed = spec.seeds[0]
             extra = {key: suggest(trial, key, space) for key, space in spec.tune.params.items()}
-            metric = tune_metric(spec)
-            callbacks.append(StepPruning(trial, monitor=metric.name))
+            callbacks.append(StepPruning(trial, monitor=self.metric_name(claim)))
             name = f"{variant}-seed{seed}-tune{trial.number}"
         else:
             # The stored fixed params make these return the queued grid point, recorded as trial params.
@@ -244,7 +254,6 @@ class Worker:
                 extra, best_number = best_tuned_params(spec, self.storage, variant)
                 trial.set_user_attr("tuned", extra)
                 trial.set_user_attr("tune_trial", best_number)
-            metric = spec.metric
             name = f"{variant}-seed{seed}"
         cfg = spec.config_for(overrides, seed, extra)
         trial.set_user_attr("factors", overrides)
@@ -274,9 +283,10 @@ class Worker:
         trial.set_user_attr("params", result.params)
         trial.set_user_attr("wall_time", result.wall_time)
         trial.set_user_attr("split_sizes", result.split_sizes)
-        value = result.metrics.get(metric.name)
+        metric = self.metric_name(claim)
+        value = result.metrics.get(metric)
         if value is None or not math.isfinite(value):
-            raise TrialFailed(f"metric {metric.name} is {value!r}")
+            raise TrialFailed(f"metric {metric} is {value!r}")
         return value
 
 
@@ -301,6 +311,9 @@ def free_device_memory() -> None:
 
 def run_worker(spec: StudySpec, storage, runs_root: str | Path = "runs", wandb_mode="offline") -> Worker:
     """Runs queued trials of a prepared study (see study.prepare_study) until none is left."""
+    from harness.trial import quiet_lightning
+
+    quiet_lightning()
     worker = Worker(spec, storage, runs_root, wandb_mode)
     worker.run()
     return worker

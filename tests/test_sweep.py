@@ -55,6 +55,10 @@ def test_sweep_writes_report_and_report_rebuilds_from_storage(tmp_path):
     ]
     assert (df["state"] == "COMPLETE").all()
     assert df["test/tok_acc"].between(0, 1).all() and df["params"].gt(0).all()
+    # The workers say one line per finished trial, with its metric, and none of Lightning's notices.
+    for variant, seed, value in zip(df["variant"], df["seed"], df["test/tok_acc"]):
+        assert f"{variant}/seed={seed}: test/tok_acc = {value:.4g} (" in proc.stdout
+    assert "GPU available" not in proc.stdout + proc.stderr and "Restoring states" not in proc.stderr
     md = (report / "report.md").read_text()
     assert "| lstm | 2 |" in md and "| transformer | 2 |" in md
 
