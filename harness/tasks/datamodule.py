@@ -139,7 +139,11 @@ class Seq2SeqDataModule(L.LightningDataModule):
         return float(1 - real / padded) if padded else 0.0
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.encoded[split], batch_sampler=self.sampler(split, shuffle), collate_fn=collate)
+        # Pinned host memory lets Lightning's non-blocking copy overlap the transfer with GPU work.
+        return DataLoader(
+            self.encoded[split], batch_sampler=self.sampler(split, shuffle), collate_fn=collate,
+            pin_memory=torch.cuda.is_available(),
+        )  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)
