@@ -1,6 +1,7 @@
 """Seaborn figures for a study report. Each function returns a matplotlib Figure, or None when the study
 holds nothing to draw (no completed trial, no artifact of that kind). Bands and error bars are 95%
-bootstrap CIs across seeds; with one seed they vanish and the mean is drawn alone."""
+Student t CIs of the mean across seeds, the same stats.mean_ci the tables report; with one seed they
+vanish and the mean is drawn alone."""
 
 from __future__ import annotations
 
@@ -14,13 +15,11 @@ import seaborn as sns  # noqa: E402
 
 from harness.metrics import alignment_error_rate  # noqa: E402
 from harness.probes import AttentionSample  # noqa: E402
-from reports.stats import pareto_front  # noqa: E402
+from reports.stats import mean_ci, pareto_front  # noqa: E402
 
 # Variant names are user text: never parse them as mathtext.
 plt.rcParams["text.parse_math"] = False
 sns.set_theme(style="whitegrid", context="paper")
-CI = ("ci", 95)
-N_BOOT = 500  # seaborn bootstrap resamples per band point: plenty for a few seeds, and fast
 
 
 def _done(df: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -37,7 +36,7 @@ def metric_by_variant(df: pd.DataFrame, metric: str, order: list[str]) -> plt.Fi
     if done.empty:
         return None
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(order)), 3.8))
-    sns.pointplot(data=done, x="variant", y=metric, order=order, errorbar=CI, n_boot=N_BOOT, linestyle="none", ax=ax,
+    sns.pointplot(data=done, x="variant", y=metric, order=order, errorbar=mean_ci, linestyle="none", ax=ax,
                   color="#08306b", capsize=0.15, markers="D")  # fmt: skip
     sns.stripplot(data=done, x="variant", y=metric, order=order, ax=ax, color="#6baed6", size=5, jitter=0.12)
     ax.set_xlabel("")
@@ -55,7 +54,7 @@ def metric_by_factor(df: pd.DataFrame, metric: str, factor: str, others: list[st
     done = done.astype({k: str for k in [factor, *others] if k in done})
     col = others[0] if others else None
     hue = others[1] if len(others) > 1 else None
-    grid = sns.catplot(data=done, kind="point", x=factor, y=metric, col=col, hue=hue, errorbar=CI, n_boot=N_BOOT,
+    grid = sns.catplot(data=done, kind="point", x=factor, y=metric, col=col, hue=hue, errorbar=mean_ci,
                        capsize=0.1, dodge=0.2 if hue else False, height=3.4, aspect=1.1,
                        col_wrap=min(3, done[col].nunique()) if col else None)  # fmt: skip
     grid.set_titles("{col_var} = {col_name}" if col else "")
@@ -71,7 +70,7 @@ def learning_curves(history: pd.DataFrame, columns: list[str], order: list[str])
     hue_order = [v for v in order if v in set(history["variant"])]
     for ax, column in zip(axes[0], columns):
         sns.lineplot(data=history.dropna(subset=[column]), x="step", y=column, hue="variant",
-                     hue_order=hue_order, errorbar=CI, n_boot=N_BOOT, marker="o", markersize=3, ax=ax)  # fmt: skip
+                     hue_order=hue_order, errorbar=mean_ci, marker="o", markersize=3, ax=ax)  # fmt: skip
         ax.set_title(column)
         if ax is not axes[0][-1] and ax.get_legend():
             ax.get_legend().remove()
@@ -91,7 +90,7 @@ def accuracy_by_length(
     merged["seq_acc"] = merged["hits"] / merged["n"]
     fig, ax = plt.subplots(figsize=(7, 4))
     hue_order = [v for v in order if v in set(merged["variant"])]
-    sns.lineplot(data=merged, x="length", y="seq_acc", hue="variant", hue_order=hue_order, errorbar=CI, n_boot=N_BOOT,
+    sns.lineplot(data=merged, x="length", y="seq_acc", hue="variant", hue_order=hue_order, errorbar=mean_ci,
                  marker="o", ax=ax)  # fmt: skip
     if train_max_len is not None and merged["length"].max() > train_max_len:
         ax.axvspan(train_max_len + 0.5, merged["length"].max() + 0.5, color="#999999", alpha=0.15, lw=0)

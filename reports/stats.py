@@ -1,5 +1,7 @@
-"""Statistics of a study's table: per-variant summaries with bootstrap CIs, differences to the baseline
-with Welch and permutation p-values, Holm's correction, Hedges' g, ranks, and the Pareto front.
+"""Statistics of a study's table: per-variant summaries with Student t CIs of the mean; differences to
+the baseline with Welch t CIs (Welch-Satterthwaite df), Welch and permutation p-values, Holm's
+correction and Hedges' g; ranks; and the Pareto front. CIs are t-intervals, not bootstraps: with the
+2-5 seeds a study has, a percentile bootstrap of a mean is about [min, max] of the seeds, far too narrow.
 
 One value per (variant, seed) enters: the latest completed trial of that grid point, so a retried
 trial is never counted twice."""
@@ -11,7 +13,6 @@ import pandas as pd
 from scipy import stats as sps
 
 LEVEL = 0.95
-N_BOOT = 4000
 
 
 def variant_values(df: pd.DataFrame, metric: str) -> dict[str, np.ndarray]:
@@ -23,34 +24,37 @@ def variant_values(df: pd.DataFrame, metric: str) -> dict[str, np.ndarray]:
     return {v: g[metric].to_numpy(dtype=float) for v, g in done.groupby("variant", sort=False)}
 
 
-def bootstrap_ci(
-    values: np.ndarray, level: float = LEVEL, n_resamples: int = N_BOOT, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean; a single value gives a zero-width interval at that value."""
+def _t_interval(estimate: float, groups: list[np.ndarray], scale: float, level: float) -> tuple[float, float]:
+    """estimate ± t · scale · sqrt(sum of s^2/n over the groups), with Welch-Satterthwaite df over the
+    groups of two or more values; zero-width when there is no variance (equal values, one value a group)."""
+    # Equal values count as exactly no variance: np.var leaves ~1e-34 of rounding on them.
+    terms = [((np.var(g, ddof=1) if np.ptp(g) else 0.0) / len(g), len(g) - 1) for g in groups if len(g) > 1]
+    variance = sum(v for v, _ in terms)
+    if variance == 0:
+        return (float(estimate), float(estimate))
+    df = variance**2 / sum(v**2 / dof for v, dof in terms)
+    half = sps.t.ppf((1 + level) / 2, df) * scale * np.sqrt(variance)
+    return (float(estimate - half), float(estimate + half))
+
+
+def mean_ci(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """Student t CI of the mean (n - 1 df); a single value gives a zero-width interval at that value,
+    none gives NaN."""
     values = np.asarray(values, dtype=float)
     if len(values) == 0:
         return (np.nan, np.nan)
-    rng = np.random.default_rng(seed)
-    means = rng.choice(values, size=(n_resamples, len(values)), replace=True).mean(1)
-    alpha = (1 - level) / 2
-    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+    return _t_interval(values.mean(), [values], 1.0, level)
 
 
-def bootstrap_effect_ci(
-    pairs: list[tuple[np.ndarray, np.ndarray]], level: float = LEVEL, n_resamples: int = N_BOOT, seed: int = 0
-) -> tuple[float, float, float]:
-    """The mean over pairs of mean(a) - mean(b), and its percentile bootstrap CI; every group is
-    resampled on its own (seeds are independent runs). Empty groups make it NaN."""
+def diff_ci(pairs: list[tuple[np.ndarray, np.ndarray]], level: float = LEVEL) -> tuple[float, float, float]:
+    """The mean over the k pairs of mean(a) - mean(b), and its Welch t CI: all groups are independent
+    runs, so the variance is sum(s^2/n over the 2k groups) / k^2, with Welch-Satterthwaite df. Empty
+    groups make it NaN."""
     if not pairs or any(len(a) == 0 or len(b) == 0 for a, b in pairs):
         return (np.nan, np.nan, np.nan)
-    rng = np.random.default_rng(seed)
-    estimate, boot = 0.0, np.zeros(n_resamples)
-    for a, b in pairs:
-        estimate += a.mean() - b.mean()
-        boot += rng.choice(a, (n_resamples, len(a))).mean(1) - rng.choice(b, (n_resamples, len(b))).mean(1)
-    estimate, boot = estimate / len(pairs), boot / len(pairs)
-    alpha = (1 - level) / 2
-    return float(estimate), float(np.quantile(boot, alpha)), float(np.quantile(boot, 1 - alpha))
+    estimate = float(np.mean([np.mean(a) - np.mean(b) for a, b in pairs]))
+    groups = [np.asarray(g, dtype=float) for pair in pairs for g in pair]
+    return (estimate, *_t_interval(estimate, groups, 1 / len(pairs), level))
 
 
 def welch_p(a: np.ndarray, b: np.ndarray) -> float:
@@ -103,7 +107,7 @@ def summarize(
     df: pd.DataFrame, metric: str, order: list[str], baseline: str | None, direction: str = "maximize"
 ) -> pd.DataFrame:
     """One row per variant in `order`: n, mean, std, 95% CI; against the baseline: diff (variant -
-    baseline) with its bootstrap CI, Welch and permutation p-values, p (Welch where defined, else the
+    baseline) with its Welch t CI, Welch and permutation p-values, p (Welch where defined, else the
     permutation test), p_holm (Holm across the non-baseline variants) and Hedges' g; and rank (1 = best
     mean in the metric's direction)."""
     values = variant_values(df, metric)
@@ -111,13 +115,13 @@ def summarize(
     rows = []
     for variant in order:
         v = values.get(variant, np.array([]))
-        lo, hi = bootstrap_ci(v)
+        lo, hi = mean_ci(v)
         row = {"variant": variant, "n": len(v), "mean": v.mean() if len(v) else np.nan,
                "std": v.std(ddof=1) if len(v) > 1 else np.nan, "ci_low": lo, "ci_high": hi,
                "diff": np.nan, "diff_ci_low": np.nan, "diff_ci_high": np.nan, "p_welch": np.nan,
                "p_perm": np.nan, "p": np.nan, "g": np.nan}  # fmt: skip
         if variant != baseline and len(base):
-            row["diff"], row["diff_ci_low"], row["diff_ci_high"] = bootstrap_effect_ci([(v, base)])
+            row["diff"], row["diff_ci_low"], row["diff_ci_high"] = diff_ci([(v, base)])
             row["p_welch"], row["p_perm"] = welch_p(v, base), permutation_p(v, base)
             row["p"] = row["p_welch"] if np.isfinite(row["p_welch"]) else row["p_perm"]
             row["g"] = hedges_g(v, base)

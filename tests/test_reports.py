@@ -16,7 +16,7 @@ from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 from harness.probes import AttentionSample
 from harness.study import StudySpec, open_storage, optuna_study_name, prepare_study, study_dir
 from harness.workers import run_worker
-from reports import collect, plots
+from reports import collect, plots, stats
 from reports.render import build_report, log_summary_run, variant_summary
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -257,6 +257,21 @@ def test_report_of_a_tiny_real_study(tmp_path):
     results = md[md.index("## Results by variant") : md.index("## Claims")]
     rows = [line for line in results.splitlines() if line.startswith(("| bahdanau |", "| transformer |"))]
     assert len(rows) == 2 and all(float(row.split("|")[-2]) <= 1 for row in rows)  # a probe AER for both
+
+
+def test_figure_error_bars_are_the_table_cis():
+    seeds = {"a": [0.8, 0.84, 0.9], "b": [0.5, 0.6], "c": [0.3]}
+    df = pd.DataFrame([{"trial": 0, "variant": v, "seed": i, "state": "COMPLETE", "test/seq_acc": x}
+                       for v, xs in seeds.items() for i, x in enumerate(xs)])  # fmt: skip
+    summary = stats.summarize(df, "test/seq_acc", list(seeds), "a").set_index("variant")
+    ax = plots.metric_by_variant(df, "test/seq_acc", list(seeds)).axes[0]
+    bars = [line.get_ydata() for line in ax.lines[1:]]  # the means' line, then one error bar (with caps) each
+    for variant, bar in zip(seeds, bars[:2]):
+        assert (np.nanmin(bar), np.nanmax(bar)) == pytest.approx(
+            tuple(summary.loc[variant, ["ci_low", "ci_high"]])
+        )
+    assert np.isnan(bars[2]).all()  # one seed: the mean alone
+    plots.plt.close("all")
 
 
 def test_figures_skip_what_has_no_data():

@@ -43,11 +43,14 @@ def test_welch_and_difference_match_scipy_on_a_constructed_table():
         assert row["p_welch"] == pytest.approx(ref.pvalue, rel=1e-12)
         assert row["p"] == row["p_welch"]
         assert row["diff"] == pytest.approx(np.mean(values) - np.mean(base))
-        assert row["diff_ci_low"] < row["diff"] < row["diff_ci_high"]
+        ci = ref.confidence_interval(0.95)
+        assert (row["diff_ci_low"], row["diff_ci_high"]) == pytest.approx((ci.low, ci.high), rel=1e-12)
     assert summary.loc["worse", "diff_ci_high"] < 0 < summary.loc["same", "diff_ci_high"]
     assert summary.loc["base", "n"] == 4
     assert summary.loc["base", "mean"] == pytest.approx(np.mean(base))
     assert summary.loc["base", "std"] == pytest.approx(np.std(base, ddof=1))
+    ci = sps.t.interval(0.95, 3, loc=np.mean(base), scale=sps.sem(base))
+    assert tuple(summary.loc["base", ["ci_low", "ci_high"]]) == pytest.approx(ci, rel=1e-12)
     assert math.isnan(summary.loc["base", "diff"]) and math.isnan(summary.loc["base", "p_holm"])
     # Holm over the two comparisons, by hand.
     p_worse, p_same = summary.loc["worse", "p"], summary.loc["same", "p"]
@@ -90,15 +93,57 @@ def test_hedges_g_and_degenerate_groups():
     assert (row["diff"], row["diff_ci_low"], row["diff_ci_high"]) == (1.0, 1.0, 1.0)
 
 
-def test_bootstrap_ci():
-    assert stats.bootstrap_ci(np.array([0.7])) == (0.7, 0.7)
-    assert all(math.isnan(x) for x in stats.bootstrap_ci(np.array([])))
-    values = np.random.default_rng(1).normal(3.0, 2.0, 400)
-    lo, hi = stats.bootstrap_ci(values)
-    half = 1.96 * values.std(ddof=1) / math.sqrt(len(values))
-    assert lo == pytest.approx(values.mean() - half, abs=0.05) and hi == pytest.approx(
-        values.mean() + half, abs=0.05
+@pytest.mark.parametrize("values", [[0.8, 0.84], [0.2, 0.5, 0.45], [3.0, 1.0, 4.0, 1.0, 5.0]])
+def test_mean_ci_is_the_student_t_interval(values):
+    ref = sps.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=sps.sem(values))
+    assert stats.mean_ci(np.array(values)) == pytest.approx(ref, rel=1e-12)
+
+
+def test_mean_ci_degenerate_groups():
+    assert stats.mean_ci(np.array([0.7])) == (0.7, 0.7)
+    assert all(math.isnan(x) for x in stats.mean_ci(np.array([])))
+    lo, hi = stats.mean_ci(np.array([0.1, 0.1, 0.1]))  # equal values: no spread, not a rounding-wide one
+    assert lo == hi == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ([0.8, 0.84], [0.7, 0.74, 0.71]),
+        ([1.0, 2, 3, 4], [2.0, 3, 4, 5, 9]),
+        ([0.5, 0.9, 0.7, 0.6, 0.65], [0.1, 0.3]),
+    ],
+)
+def test_diff_ci_of_one_pair_is_welchs_interval(a, b):
+    ref = sps.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    diff, lo, hi = stats.diff_ci([(np.array(a), np.array(b))])
+    assert diff == pytest.approx(np.mean(a) - np.mean(b))
+    assert (lo, hi) == pytest.approx((ref.low, ref.high), rel=1e-12)
+
+
+def test_diff_ci_pools_pairs_with_welch_satterthwaite_df():
+    # Pair 1: mean 2 - 2, s^2/n = 2/2 (1 df) and 4/3 (2 df). Pair 2: mean 7 - 3, s^2/n = 4/3 (2 df) and 2/2 (1 df).
+    pairs = [(np.array([1.0, 3]), np.array([0.0, 2, 4])), (np.array([5.0, 7, 9]), np.array([2.0, 4]))]
+    variance = (1 + 4 / 3 + 4 / 3 + 1) / 2**2  # 7/6
+    df = (14 / 3) ** 2 / (1**2 / 1 + (4 / 3) ** 2 / 2 + (4 / 3) ** 2 / 2 + 1**2 / 1)  # 98/17
+    half = sps.t.ppf(0.975, df) * math.sqrt(variance)
+    assert stats.diff_ci(pairs) == pytest.approx((2.0, 2.0 - half, 2.0 + half), rel=1e-12)
+    # A single value has no variance and adds no df term: only the other side's 1/3 with 2 df is left.
+    half = sps.t.ppf(0.975, 2) * math.sqrt(1 / 3)
+    assert stats.diff_ci([(np.array([5.0]), np.array([1.0, 2, 3]))]) == pytest.approx(
+        (3.0, 3 - half, 3 + half)
     )
+    assert all(math.isnan(x) for x in stats.diff_ci([(np.array([1.0]), np.array([]))]))
+    assert all(math.isnan(x) for x in stats.diff_ci([]))
+
+
+def test_two_seeds_give_honestly_wide_intervals():
+    # A percentile bootstrap gives about [0.80, 0.84] here, and a difference that excludes 0.
+    a, b = np.array([0.80, 0.84]), np.array([0.70, 0.74])
+    lo, hi = stats.mean_ci(a)
+    assert hi - lo > 10 * (a.max() - a.min())
+    _, lo, hi = stats.diff_ci([(a, b)])
+    assert lo < 0 < hi
 
 
 def test_summary_counts_completed_grid_points_once():
