@@ -266,10 +266,9 @@ def bench_overhead(device: torch.device, quick: bool, repeats: int) -> Figure:
     cfg = overhead_config(quick)
     data = build_task(cfg.task, cfg.seed)
     dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed)
-    vocab_sizes = (len(data.src_vocab), len(data.tgt_vocab))
     L.seed_everything(cfg.seed, verbose=False)
-    module = build_module(cfg, vocab_sizes, dm.eval_splits)
-    plain = build_module(cfg, vocab_sizes, dm.eval_splits)  # its configure_optimizers gives the same AdamW
+    module = build_module(cfg, data, dm.eval_splits)
+    plain = build_module(cfg, data, dm.eval_splits)  # its configure_optimizers gives the same AdamW
     initial = copy.deepcopy(module.state_dict())
     steps, root = cfg.train.max_steps, tempfile.mkdtemp(prefix="bench-overhead-")
 

@@ -155,13 +155,13 @@ def resolve_precision(precision: str) -> str:
     return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
 
 
-def build_module(cfg: ExperimentConfig, data_sizes: tuple[int, int], eval_splits: list[str]) -> Seq2SeqModule:
+def build_module(cfg: ExperimentConfig, data: TaskData, eval_splits: list[str]) -> Seq2SeqModule:
     t = cfg.train
     return Seq2SeqModule(
-        cfg.model, *data_sizes, lr=t.lr, weight_decay=t.weight_decay, schedule=t.schedule,
+        cfg.model, len(data.src_vocab), len(data.tgt_vocab), lr=t.lr, weight_decay=t.weight_decay, schedule=t.schedule,
         warmup_steps=t.warmup_steps, max_steps=t.max_steps, label_smoothing=t.label_smoothing,
         beam_size=t.beam_size, length_penalty=t.length_penalty, compile=t.compile,
-        eval_splits=tuple(eval_splits),
+        eval_splits=tuple(eval_splits), train_max_len=data.train_max_len,
     )  # fmt: skip
 
 
@@ -265,7 +265,7 @@ def run_trial(
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = build_task(cfg.task, cfg.seed)
     dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed, batch_tokens=cfg.train.batch_tokens)
-    module = build_module(cfg, (len(data.src_vocab), len(data.tgt_vocab)), dm.eval_splits)
+    module = build_module(cfg, data, dm.eval_splits)
     probes = select_probes(data)
     loggers = list(loggers or [])
     history, cost = HistoryCallback(), CostMonitor()

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from models import build_model
 from models.config import ModelConfig
-from models.decoding import beam_search, greedy_decode
+from models.decoding import beam_search, greedy_decode, max_target_length
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
@@ -91,6 +91,7 @@ class Seq2SeqModule(L.LightningModule):
         length_penalty: float = 0.6,
         compile: bool = False,
         eval_splits: tuple[str, ...] = ("test",),
+        train_max_len: int = 0,
     ):
         super().__init__()
         self.model_cfg = model if isinstance(model, ModelConfig) else ModelConfig(**model)
@@ -123,10 +124,11 @@ class Seq2SeqModule(L.LightningModule):
     def generate(self, src: torch.Tensor, beam_size: int = 1) -> torch.Tensor:
         """(B, S) -> (B, L) predicted ids, EOS kept, padded."""
         with self._inference():
+            max_len = max_target_length(src, PAD_ID, self.hparams.train_max_len)
             if beam_size == 1:
-                return greedy_decode(self.model, src, BOS_ID, EOS_ID, PAD_ID)
+                return greedy_decode(self.model, src, BOS_ID, EOS_ID, PAD_ID, max_len)
             return beam_search(
-                self.model, src, BOS_ID, EOS_ID, PAD_ID, beam_size, self.hparams.length_penalty
+                self.model, src, BOS_ID, EOS_ID, PAD_ID, beam_size, self.hparams.length_penalty, max_len
             )
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

@@ -91,6 +91,8 @@ def test_max_target_length_follows_the_longest_source():
     assert max_target_length(src, PAD) == 2 * 5 + 10
     untrained = TableModel({BOS: {A: 1.0}, A: {A: 1.0}})
     assert greedy_decode(untrained, src, BOS, EOS, PAD).size(1) == 20
+    # Targets longer than their sources (SCAN: 9 words, 48 actions) raise the budget.
+    assert max_target_length(src, PAD, longest_target=48) == 2 * 48 + 10
 
 
 def random_model(arch: str) -> nn.Module:

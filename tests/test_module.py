@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import WandbLogger
 from harness.config import load_config
 from harness.probes import AttentionSample, heatmap
 from harness.trial import resolve_precision, run_trial
-from models.module import Seq2SeqModule, lr_lambda, token_cross_entropy
+from models.module import EOS_ID, Seq2SeqModule, lr_lambda, token_cross_entropy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -56,6 +56,17 @@ def test_schedules():
     assert cosine(110) == pytest.approx(0.0, abs=1e-12)
     assert lr_lambda("constant", 0, 100)(0) == 1.0
     assert lr_lambda("constant", 4, 100)(1) == 0.5
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_generation_may_run_past_twice_the_source(beam_size):
+    """SCAN maps 9 words to 48 actions: the output budget also follows the longest training target."""
+    module = Seq2SeqModule({"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}, 10, 10, train_max_len=48)
+    with torch.no_grad():
+        module.model.generator.bias[EOS_ID] = -1e9  # never EOS: the output runs to the budget
+    src = torch.tensor([[5] * 9 + [EOS_ID]])
+    assert module.generate(src, beam_size).size(1) == 2 * 48 + 10
+    assert Seq2SeqModule(module.model_cfg, 10, 10).hparams.train_max_len == 0  # without it: 2 * 10 + 10
 
 
 def test_compile_keeps_checkpoint_names():
