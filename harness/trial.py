@@ -23,11 +23,12 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 
-from harness.config import ExperimentConfig
+from harness.config import ConfigError, ExperimentConfig
 from harness.metrics import accuracy_by_length, alignment_error_rate, text_metrics
 from harness.probes import AttentionSample, Probe, capture, log_images, select_probes
 from harness.tasks import TaskData, build_task
 from harness.tasks.datamodule import Seq2SeqDataModule
+from models.decoding import generation_budget
 from models.module import PAD_ID, Seq2SeqModule
 
 MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
@@ -155,6 +156,25 @@ def resolve_precision(precision: str) -> str:
     return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
 
 
+def check_positions(cfg: ExperimentConfig, data: TaskData) -> None:
+    """Learned positions and location attention stop at model.max_positions: say so before training,
+    not in the test after it."""
+    m = cfg.model
+    longest_source = 1 + max(len(ex.src) for examples in data.splits.values() for ex in examples)  # + EOS
+    if m.arch == "transformer" and m.pos_encoding == "learned":
+        needed = generation_budget(longest_source, data.train_max_len)
+        reach = f"decoding may run to {needed} positions (sources of up to {longest_source} tokens)"
+    elif m.arch != "transformer" and m.attention == "location":
+        needed, reach = longest_source, f"sources reach {longest_source} tokens"
+    else:
+        return
+    if needed > m.max_positions:
+        raise ConfigError(
+            f"model.max_positions: {m.max_positions} is too short for {cfg.task.name}: {reach}; "
+            f"set it to at least {needed}"
+        )
+
+
 def build_module(cfg: ExperimentConfig, data: TaskData, eval_splits: list[str]) -> Seq2SeqModule:
     t = cfg.train
     return Seq2SeqModule(
@@ -264,6 +284,7 @@ def run_trial(
     start = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = build_task(cfg.task, cfg.seed)
+    check_positions(cfg, data)
     dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed, batch_tokens=cfg.train.batch_tokens)
     module = build_module(cfg, data, dm.eval_splits)
     probes = select_probes(data)

@@ -13,14 +13,18 @@ from torch import nn
 SYNC_EVERY = 4
 
 
-def max_target_length(
-    src: torch.Tensor, pad_id: int, longest_target: int = 0, ratio: float = 2.0, extra: int = 10
+def generation_budget(
+    longest_source: int, longest_target: int = 0, ratio: float = 2.0, extra: int = 10
 ) -> int:
-    """Longest output worth generating: `ratio` times the longest source in the batch or, when that is
-    longer, the longest training target (outputs can be far longer than their inputs: SCAN maps 9 words
-    to 48 actions), plus `extra`."""
-    longest = max(int((src != pad_id).sum(1).max().item()), longest_target)
-    return int(longest * ratio) + extra
+    """Longest output worth generating: `ratio` times the longest source or, when that is longer, the
+    longest training target (outputs can be far longer than their inputs: SCAN maps 9 words to 48
+    actions), plus `extra`."""
+    return int(max(longest_source, longest_target) * ratio) + extra
+
+
+def max_target_length(src: torch.Tensor, pad_id: int, longest_target: int = 0) -> int:
+    """The generation budget of a batch of sources (B, S)."""
+    return generation_budget(int((src != pad_id).sum(1).max().item()), longest_target)
 
 
 def length_penalty(length: int, alpha: float) -> float:

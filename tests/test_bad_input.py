@@ -40,6 +40,12 @@ def train_on(corpus: Path) -> list[str]:
     return ["train", "--set", "task.name=parallel", "--set", f"task.path={corpus}", "--out", "{out}"]
 
 
+def train_copy(*args: str) -> list[str]:
+    """Copy with sources of up to 8 tokens in its longest test split (9 with EOS)."""
+    return ["train", "--set", "task.name=copy", "--set", "task.max_len=6", "--set", "task.test_max_len=8",
+            *args, "--out", "{out}"]  # fmt: skip
+
+
 # (arguments, the error line) built from the folder holding the inputs; `{out}` is where output would go.
 CASES = {
     "unknown config key": lambda d: (
@@ -83,6 +89,15 @@ CASES = {
     "non-UTF-8 corpus": lambda d: (
         train_on(write(d, "latin1.tsv", b"a\ta\n" + "café\tcafé\n".encode("latin-1"))),
         f"{d / 'latin1.tsv'}:2: not UTF-8 text (invalid continuation byte at column 4)",
+    ),
+    "learned positions shorter than the outputs": lambda d: (
+        train_copy("--set", "model.pos_encoding=learned", "--set", "model.max_positions=20"),
+        "model.max_positions: 20 is too short for copy: decoding may run to 28 positions (sources of up to "
+        "9 tokens); set it to at least 28",
+    ),
+    "location attention over sources longer than its table": lambda d: (
+        train_copy("--preset", "lstm-luong-location", "--set", "model.max_positions=8"),
+        "model.max_positions: 8 is too short for copy: sources reach 9 tokens; set it to at least 9",
     ),
     "unreachable storage URL": lambda d: (
         ["sweep", str(study_file(d)), "--storage", CLOSED_PORT_URL, "--out", "{out}"],
