@@ -146,7 +146,15 @@ class MultiHeadAttention(nn.Module):
 # Each head scores its own slice of the features, split as in MultiHeadAttention.
 
 
-class DotScore(nn.Module):
+class Score(nn.Module):
+    """A score function: `forward(query (B, T, D), prepare(keys))` -> scores (B, H, T, S). `prepare` holds
+    what depends on the keys alone (U h, W h), so a decoder computes it once per source, not every step."""
+
+    def prepare(self, keys: torch.Tensor) -> torch.Tensor:
+        return keys
+
+
+class DotScore(Score):
     """Luong's dot: s·h per head, times `scale` (Dh^-1/2 gives the Transformer's scaled dot product)."""
 
     def __init__(self, heads: int, scale: float = 1.0):
@@ -158,7 +166,7 @@ class DotScore(nn.Module):
         return (q @ k.transpose(-2, -1)) * self.scale
 
 
-class GeneralScore(nn.Module):
+class GeneralScore(Score):
     """Luong's general: sᵀ W h, i.e. the dot score of s with W h."""
 
     def __init__(self, d_model: int, heads: int):
@@ -166,11 +174,14 @@ class GeneralScore(nn.Module):
         self.w = nn.Linear(d_model, d_model, bias=False)
         self.dot = DotScore(heads)
 
+    def prepare(self, keys: torch.Tensor) -> torch.Tensor:
+        return self.w(keys)
+
     def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        return self.dot(query, self.w(keys))
+        return self.dot(query, keys)
 
 
-class TanhScore(nn.Module):
+class TanhScore(Score):
     """vᵀ tanh(query part + key part), one v per head; subclasses say how the parts are projected."""
 
     def __init__(self, d_model: int, heads: int):
@@ -193,8 +204,11 @@ class AdditiveScore(TanhScore):
         self.w = nn.Linear(d_model, d_model, bias=False)
         self.u = nn.Linear(d_model, d_model)
 
+    def prepare(self, keys: torch.Tensor) -> torch.Tensor:
+        return self.u(keys)
+
     def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        return self.combine(self.w(query), self.u(keys))
+        return self.combine(self.w(query), keys)
 
 
 class ConcatScore(TanhScore):
@@ -205,12 +219,14 @@ class ConcatScore(TanhScore):
         super().__init__(d_model, heads)
         self.w = nn.Linear(2 * d_model, d_model)
 
+    def prepare(self, keys: torch.Tensor) -> torch.Tensor:
+        return F.linear(keys, self.w.weight.chunk(2, dim=1)[1])
+
     def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        w_query, w_keys = self.w.weight.chunk(2, dim=1)
-        return self.combine(F.linear(query, w_query, self.w.bias), F.linear(keys, w_keys))
+        return self.combine(F.linear(query, self.w.weight.chunk(2, dim=1)[0], self.w.bias), keys)
 
 
-class LocationScore(nn.Module):
+class LocationScore(Score):
     """Luong's location: softmax(W s) over source positions, from the decoder state alone."""
 
     def __init__(self, d_model: int, heads: int, max_positions: int):
@@ -224,7 +240,7 @@ class LocationScore(nn.Module):
         return self.w(split_heads(query, self.heads))[..., : keys.size(1)]  # (B, H, T, S)
 
 
-class CosineScore(nn.Module):
+class CosineScore(Score):
     """Graves et al. 2014 content addressing: β · cos(k, h), key k = W s and strength β = 1 + softplus(w·s)
     both emitted from the decoder state, one β per head."""
 
@@ -265,13 +281,21 @@ class ScoreAttention(nn.Module):
         super().__init__()
         self.score, self.heads = score, heads
 
+    def prepare(self, keys: torch.Tensor) -> torch.Tensor:
+        return self.score.prepare(keys)
+
     def forward(
-        self, query: torch.Tensor, keys: torch.Tensor, key_padding: torch.Tensor | None = None
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        key_padding: torch.Tensor | None = None,
+        prepared: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """query (B, T, D), keys = values (B, S, D), key_padding (B, S) True for real tokens.
+        """query (B, T, D), keys = values (B, S, D), key_padding (B, S) True for real tokens; prepared:
+        `prepare(keys)`, when the caller keeps it across decoder steps.
 
         Returns the context (B, T, D) and the weights (B, H, T, S)."""
-        scores = self.score(query, keys)
+        scores = self.score(query, self.prepare(keys) if prepared is None else prepared)
         mask = build_mask(key_padding, scores.size(2), scores.size(3), causal=False, device=scores.device)
         weights = masked_softmax(scores, mask)
         return merge_heads(weights @ split_heads(keys, self.heads)), weights

@@ -95,7 +95,7 @@ class RNNSeq2Seq(nn.Module):
         inputs = [x]
         weights = None
         if self.query_previous:  # Bahdanau: score with s_{t-1} (top layer); the context enters the RNN
-            context, weights = self.attention(state["h"][:, -1:], memory, padding)
+            context, weights = self.attention(state["h"][:, -1:], memory, padding, state["prepared"])
             inputs.append(context)
         if self.input_feeding:  # Luong: h~_{t-1} enters the RNN
             inputs.append(state["feed"])
@@ -106,7 +106,7 @@ class RNNSeq2Seq(nn.Module):
         out = h
         if self.attention is not None:
             if self.query_current:  # Luong: score with h_t
-                context, weights = self.attention(h, memory, padding)
+                context, weights = self.attention(h, memory, padding, state["prepared"])
             out = self.attentional(torch.cat([context, h], -1))
         next_state = {**state, **{n: s.transpose(0, 1) for n, s in zip(self.state_names, rnn_state)}}
         if self.input_feeding:
@@ -137,6 +137,8 @@ class RNNSeq2Seq(nn.Module):
         padding = src != self.pad_id
         memory, final = self.encoder(src, padding.sum(1))
         state = {"memory": memory, "padding": padding}
+        if self.attention is not None:
+            state["prepared"] = self.attention.prepare(memory)  # once per source, not once per step
         state.update({n: s.transpose(0, 1) for n, s in zip(self.state_names, final)})  # (B, layers, D)
         if self.input_feeding:
             state["feed"] = memory.new_zeros(src.size(0), 1, self.cfg.d_model)  # h~_0 = 0

@@ -85,7 +85,7 @@ def test_score_matches_its_formula(kind):
     torch.manual_seed(0)
     score = make_score(kind, d_model=8, heads=1, max_positions=16)
     s, h = torch.randn(2, 3, 8), torch.randn(2, 5, 8)
-    got = score(s, h)
+    got = score(s, score.prepare(h))
     assert got.shape == (2, 1, 3, 5)
     torch.testing.assert_close(got[:, 0], reference_score(kind, score, s, h), atol=1e-5, rtol=1e-5)
 
@@ -164,6 +164,19 @@ def test_luong_without_input_feeding_computes_all_steps_at_once_like_the_loop(ki
     looped, looped_weights = model(src, tgt_in, need_weights=True)
     torch.testing.assert_close(parallel, looped, atol=1e-5, rtol=0)
     torch.testing.assert_close(weights["cross"][0], looped_weights["cross"][0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind, projection", [("additive", "u"), ("general", "w")])
+def test_the_step_loop_projects_the_source_once(kind, projection):
+    """U h (additive) and W h (general) depend on the source alone: one projection per sentence, however
+    many decoder steps, in training's step loop and in decoding."""
+    model = rnn(attention=kind, attention_query="previous")
+    calls = []
+    getattr(model.attention.score, projection).register_forward_hook(lambda *_: calls.append(1))
+    model(batch([7, 3, 5]), batch([6, 6, 2], seed=1))
+    assert len(calls) == 1
+    greedy_decode(model, batch([7, 3, 5]), bos_id=1, eos_id=2, pad_id=0, max_len=9)
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("preset", RNN_PRESETS)
