@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import resource
+import shutil
 import tempfile
 import time
 import warnings
@@ -340,9 +341,10 @@ def write_artifacts(out: Path, cfg: ExperimentConfig, result: TrialResult, logge
     attention_dir = out / "attention"
     attention_dir.mkdir(exist_ok=True)
     for i, sample in enumerate(result.attention):
-        path = attention_dir / f"probe{i}_{sample.split}.npz"
-        sample.save(path)
-        for logger in loggers:
-            if isinstance(logger, WandbLogger):
-                # The arrays travel with the W&B run too, next to the heatmap images.
-                logger.experiment.save(str(path), base_path=str(out), policy="now")
+        sample.save(attention_dir / f"probe{i}_{sample.split}.npz")
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            # The arrays travel with the W&B run too, next to the heatmap images: what lies in the run's
+            # own folder is uploaded when it finishes (or by `wandb sync`), without wandb.save's
+            # per-file symlink warnings.
+            shutil.copytree(attention_dir, Path(logger.experiment.dir) / "attention", dirs_exist_ok=True)

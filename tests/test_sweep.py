@@ -59,6 +59,7 @@ def test_sweep_writes_report_and_report_rebuilds_from_storage(tmp_path):
     for variant, seed, value in zip(df["variant"], df["seed"], df["test/tok_acc"]):
         assert f"{variant}/seed={seed}: test/tok_acc = {value:.4g} (" in proc.stdout
     assert "GPU available" not in proc.stdout + proc.stderr and "Restoring states" not in proc.stderr
+    assert "Symlinked" not in proc.stderr
     md = (report / "report.md").read_text()
     assert "| lstm | 2 |" in md and "| transformer | 2 |" in md
 
@@ -71,6 +72,8 @@ def test_sweep_writes_report_and_report_rebuilds_from_storage(tmp_path):
     ]  # fmt: skip
     wandb_runs = {r["name"]: r for r in map(offline_run, (runs / "tiny" / "wandb").glob("offline-run-*"))}
     assert len(wandb_runs) == 4
+    for run_dir in (runs / "tiny" / "wandb").glob("offline-run-*"):  # the attention arrays travel along
+        assert sorted(p.name for p in (run_dir / "files" / "attention").glob("*.npz"))[0] == "probe0_test.npz"
     for t in trials:
         run = wandb_runs[f"{t.params['variant']}-seed{t.params['seed']}"]
         assert (run["group"], run["job_type"], run["exit_code"]) == ("tiny", "eval", 0)
