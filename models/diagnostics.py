@@ -52,5 +52,8 @@ def layer_diagnostics(
         if layers and all(w is not None for w in layers)
     }
     for side, states in hidden.items():
-        out[f"rank_collapse/{side}"] = torch.stack([rank_collapse(h, queries[side]).mean() for h in states])
+        if states:  # a decoder-only model (cross_attention: false) has no encoder layers
+            out[f"rank_collapse/{side}"] = torch.stack(
+                [rank_collapse(h, queries[side]).mean() for h in states]
+            )
     return out

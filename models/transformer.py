@@ -6,7 +6,7 @@ norm -> where the LayerNorms sit, residual -> Sublayer.residual, causal_mask / c
 DecoderLayer, qkv_projections -> Identity projections in MultiHeadAttention.
 
 With `cross_attention: false` nothing of the source reaches the decoder: it is a language model of the
-target, the control that shows how much a task needs the source.
+target, the control that shows how much a task needs the source (no encoder layers are built).
 """
 
 from __future__ import annotations
@@ -160,11 +160,13 @@ class Transformer(nn.Module):
                 rotary=rotary if positional else None, alibi=alibi if positional else None,
             )  # fmt: skip
 
-        self.encoder = nn.ModuleList(EncoderLayer(cfg, make_attention) for _ in range(cfg.layers))
+        # Without cross-attention no encoder layer could reach the decoder: none is built or run.
+        encoder_layers = cfg.layers if cfg.cross_attention else 0
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, make_attention) for _ in range(encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg, make_attention) for _ in range(cfg.layers))
         # Pre-norm stacks need a final norm: their residual stream is never normalised otherwise.
         pre = cfg.norm in ("pre", "rms_pre")
-        self.encoder_norm = make_norm(cfg.norm, d) if pre else nn.Identity()
+        self.encoder_norm = make_norm(cfg.norm, d) if pre and encoder_layers else nn.Identity()
         self.decoder_norm = make_norm(cfg.norm, d) if pre else nn.Identity()
         self.generator = nn.Linear(d, tgt_vocab)
         if cfg.tie_embeddings:

@@ -385,12 +385,20 @@ def test_layer_diagnostics_from_a_model():
     }  # fmt: skip
     assert (report["entropy/encoder"] <= math.log(7) + 1e-5).all()
     assert ((report["rank_collapse/encoder"] > 0) & (report["rank_collapse/encoder"] <= 1)).all()
-    # Without cross-attention there are no cross weights to measure.
+    # Without cross-attention there are no cross weights and no encoder layers to measure.
     model = build(cross_attention=False)
     _, weights = model(src, tgt, need_weights=True)
-    assert "entropy/cross" not in layer_diagnostics(
-        weights, model.hidden_states(src, tgt), src != PAD, tgt != PAD
-    )
+    assert set(layer_diagnostics(weights, model.hidden_states(src, tgt), src != PAD, tgt != PAD)) == {
+        "entropy/decoder", "rank_collapse/decoder"
+    }  # fmt: skip
+
+
+def test_without_cross_attention_no_encoder_is_built():
+    full, decoder_only = build(layers=2), build(layers=2, cross_attention=False)
+    count = lambda modules: sum(p.numel() for m in modules for p in m.parameters())  # noqa: E731
+    cross = count(layer.cross_attn for layer in full.decoder)
+    assert len(decoder_only.encoder) == 0
+    assert count([decoder_only]) == count([full]) - count(full.encoder) - cross
 
 
 # --- presets, bad values, learning ---------------------------------------------------------------------
