@@ -30,6 +30,7 @@ from harness.probes import AttentionSample, Probe, capture, log_images, select_p
 from harness.tasks import TaskData, build_task
 from harness.tasks.datamodule import Seq2SeqDataModule
 from models.decoding import generation_budget
+from models.diagnostics import rank_collapse
 from models.module import PAD_ID, Seq2SeqModule
 
 MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
@@ -220,6 +221,29 @@ def alignment_metrics(module: Seq2SeqModule, dm: Seq2SeqDataModule, data: TaskDa
     return metrics
 
 
+def rank_collapse_metrics(module: Seq2SeqModule, dm: Seq2SeqDataModule) -> dict[str, float]:
+    """Rank collapse (Dong et al. 2021, models/diagnostics.py) of the last encoder and decoder layer's
+    output on each evaluation split, mean over its sequences: 0 when every token became the same vector.
+    Transformers only: the recurrent family has no layer outputs of that kind."""
+    if not hasattr(module.model, "hidden_states"):
+        return {}
+    metrics = {}
+    with module._inference():
+        for split, loader in zip(dm.eval_splits, dm.test_dataloader()):
+            sums: dict[str, float] = {}
+            count = 0
+            for batch in loader:
+                src, tgt_in = batch["src"].to(module.device), batch["tgt_in"].to(module.device)
+                masks = {"encoder": src != PAD_ID, "decoder": tgt_in != PAD_ID}
+                for side, states in module.model.hidden_states(src, tgt_in).items():
+                    if states:  # no encoder layers without cross-attention
+                        value = float(rank_collapse(states[-1].float(), masks[side]).sum())
+                        sums[side] = sums.get(side, 0.0) + value
+                count += src.size(0)
+            metrics.update({f"{split}/rank_collapse_{side}": total / count for side, total in sums.items()})
+    return metrics
+
+
 def log_final(loggers: list, result: TrialResult, step: int) -> None:
     """Cost figures as metrics and the per-length table as a W&B table."""
     cost = {"cost/params": result.params, "cost/wall_time": result.wall_time,
@@ -313,6 +337,7 @@ def run_trial(
         metrics.update({k: float(v) for k, v in per_loader.items()})
     metrics.update(best_validation(history.rows))
     metrics.update(alignment_metrics(module, dm, data))
+    metrics.update(rank_collapse_metrics(module, dm))
     result = TrialResult(
         metrics=dict(sorted(metrics.items())),
         params=module.num_parameters(),

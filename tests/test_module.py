@@ -112,6 +112,10 @@ def test_trial_results_and_artifacts(logged_trial):
             math.exp(result.metrics[f"{split}/loss"]), rel=1e-4
         )
     assert result.steps == 8 and [row["step"] for row in result.history] == [4, 8]
+    # Rank collapse of the last layers (Dong et al. 2021): 0 would be every token the same vector.
+    for split in ("test", "test_long"):
+        for side in ("encoder", "decoder"):
+            assert 0.05 < result.metrics[f"{split}/rank_collapse_{side}"] <= 1
     assert result.tokens_per_sec > 0 and result.peak_mem_mb > 0 and result.params > 0
     lengths = {(row["split"], row["length"]): row["n"] for row in result.per_length}
     assert sum(n for (split, _), n in lengths.items() if split == "test") == result.split_sizes["test"]
