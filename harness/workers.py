@@ -199,10 +199,12 @@ class Worker:
     def run_claimed(self, claim: Claim) -> None:
         trial, study = claim.trial, claim.study
         start = time.monotonic()
-        say = lambda outcome: print(  # noqa: E731
-            f"{claim.phase} trial {trial.number} {trial.user_attrs.get('grid_point', claim.variant)}: "
-            f"{outcome} ({time.monotonic() - start:.0f} s)", flush=True,
-        )  # fmt: skip
+
+        def say(outcome: str) -> None:
+            where = trial.user_attrs.get("grid_point", claim.variant)
+            print(f"{claim.phase} trial {trial.number} {where}: {outcome} ({time.monotonic() - start:.0f} s)",
+                  flush=True)  # fmt: skip
+
         try:
             with heartbeat(self.storage, trial._trial_id):
                 value = self.objective(claim)
