@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import re
 import tempfile
 import warnings
 from dataclasses import asdict
@@ -209,10 +210,14 @@ def _pvalue(p) -> str:
     return "–" if p is None or not np.isfinite(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
+_ENTITY = re.compile(r"&(?=#?\w+;)")
+
+
 def _md_cell(text: Any) -> str:
-    """A Markdown table cell: no pipes, newlines or raw HTML from user text."""
+    """A Markdown table cell: no pipes, newlines or raw HTML from user text. A bare `&` stays as it is so
+    the raw file reads well; only one that would start an entity (`&lt;`) is escaped."""
     s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
-    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _ENTITY.sub("&amp;", s).replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _environment(html: bool) -> Environment:

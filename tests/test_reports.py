@@ -17,7 +17,7 @@ from harness.probes import AttentionSample
 from harness.study import StudySpec, open_storage, optuna_study_name, prepare_study, study_dir
 from harness.workers import run_worker
 from reports import collect, plots, stats
-from reports.render import build_report, log_summary_run, variant_summary
+from reports.render import _md_cell, build_report, log_summary_run, variant_summary
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -188,8 +188,11 @@ def test_user_text_is_escaped(synthetic, tmp_path):
     for text in (html, md):
         assert "<script" not in text and "<b>reversal" not in text and "<em>study" not in text
         assert "<at step" not in text
-        assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in text
         assert "TrialFailed: diverged &lt;at step 3&gt;" in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in html
+    # Markdown keeps a bare "&" readable and escapes only one that would start an entity.
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; & co" in md
+    assert _md_cell("R&D: a &lt; b, &#60;") == "R&D: a &amp;lt; b, &amp;#60;"
     assert "Without positions &lt;b&gt;reversal&lt;/b&gt; fails." in html
 
     # Named variants are user text too; a study with no eval trial done renders its tables.
