@@ -257,6 +257,15 @@ def log_final(loggers: list, result: TrialResult, step: int) -> None:
         logger.save()
 
 
+class StepBudgetProgressBar(RichProgressBar):
+    """Rich's bar, without the "Epoch 3/-2" it shows when a run is bounded by steps (max_epochs -1)."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        if self.trainer.max_epochs >= 0:
+            return super()._get_train_description(current_epoch)
+        return f"Epoch {current_epoch}".ljust(len(self.validation_description))  # as wide: no flicker
+
+
 def build_trainer(
     cfg: ExperimentConfig, callbacks: list, loggers: list, progress: bool, steps_per_epoch: int, root: str
 ) -> L.Trainer:
@@ -266,7 +275,7 @@ def build_trainer(
     if t.patience is not None:
         callbacks = [*callbacks, EarlyStopping(MONITOR, patience=t.patience, check_on_train_epoch_end=False)]
     if progress:
-        callbacks = [*callbacks, RichProgressBar()]
+        callbacks = [*callbacks, StepBudgetProgressBar()]
     by_steps = t.max_epochs is None
     return L.Trainer(
         max_steps=t.max_steps,

@@ -9,7 +9,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from harness.config import load_config
 from harness.probes import AttentionSample, heatmap
-from harness.trial import resolve_precision, run_trial
+from harness.trial import build_trainer, resolve_precision, run_trial
 from models.module import EOS_ID, Seq2SeqModule, lr_lambda, token_cross_entropy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -230,6 +230,15 @@ def test_bf16_mixed_trains_and_beam_searches_on_cpu(logged_trial):
     assert all(math.isfinite(v) for v in bf16.metrics.values())
     for key in ("val/loss", "test/loss", "test_long/loss"):
         assert bf16.metrics[key] == pytest.approx(fp32.metrics[key], rel=0.02)
+
+
+def test_progress_bar_counts_epochs_without_a_negative_last_one(tmp_path):
+    # A step budget leaves max_epochs at -1, which Rich's bar showed as "Epoch 3/-2".
+    for sets, expected in ((("train.max_steps=40",), "Epoch 3"), (("train.max_epochs=5",), "Epoch 3/4")):
+        trainer = build_trainer(tiny(*sets), [], [], progress=True, steps_per_epoch=10, root=str(tmp_path))
+        bar = trainer.progress_bar_callback
+        bar.setup(trainer, None, "fit")
+        assert bar._get_train_description(3).strip() == expected
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
