@@ -7,6 +7,7 @@ and attention/probe<i>_<split>.npz (see harness.probes.AttentionSample.load)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -55,7 +56,7 @@ class TrialResult:
     per_length: list[dict[str, Any]] = field(default_factory=list)
     attention: list[AttentionSample] = field(default_factory=list)
     tokens_per_sec: float = 0.0  # training throughput, target + source tokens without padding
-    peak_mem_mb: float = 0.0  # peak CUDA memory allocated, or peak process RSS on CPU
+    peak_mem_mb: float = 0.0  # peak CUDA memory allocated, or the process's peak RSS while training on CPU
     steps: int = 0
     padding_fraction: float = 0.0  # share of padding in one epoch of training batches
 
@@ -83,6 +84,21 @@ class HistoryCallback(L.Callback):
             self.rows.append({"step": trainer.global_step, **row})
 
 
+def reset_peak_rss() -> None:
+    """Restarts the kernel's peak-RSS count (Linux), so a long-lived worker reports each trial's own peak
+    rather than the largest of all it ran."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_mb() -> float:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):  # "VmHWM:   123456 kB"
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # never reset; KiB on Linux
+
+
 class CostMonitor(L.Callback):
     """Training throughput in tokens per second and peak memory.
 
@@ -97,6 +113,8 @@ class CostMonitor(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
+        else:
+            reset_peak_rss()
         self._window_start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -118,7 +136,7 @@ class CostMonitor(L.Callback):
         if pl_module.device.type == "cuda":
             self.peak_mem_mb = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
         else:
-            self.peak_mem_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+            self.peak_mem_mb = peak_rss_mb()
 
     def _close_window(self) -> float:
         tokens = int(self._window_tokens)

@@ -1,6 +1,7 @@
 """Seq2SeqModule and run_trial: loss, schedules, checkpoints, determinism, budgets, logging, precision."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from harness.config import load_config
 from harness.probes import AttentionSample, heatmap
-from harness.trial import build_trainer, resolve_precision, run_trial
+from harness.trial import build_trainer, peak_rss_mb, resolve_precision, run_trial
 from models.module import EOS_ID, Seq2SeqModule, lr_lambda, token_cross_entropy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -239,6 +240,16 @@ def test_progress_bar_counts_epochs_without_a_negative_last_one(tmp_path):
         bar = trainer.progress_bar_callback
         bar.setup(trainer, None, "fit")
         assert bar._get_train_description(3).strip() == expected
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+def test_cpu_peak_memory_is_each_trials_own():
+    # A long-lived worker runs many trials; each reports its own peak RSS, not the largest so far.
+    ballast = np.ones(2**26)  # 512 MiB, every page touched
+    high = peak_rss_mb()
+    del ballast
+    result = run_trial(tiny("train.max_steps=2"))
+    assert 0 < result.peak_mem_mb < high - 400
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
