@@ -278,9 +278,14 @@ class Worker:
                 result = run_trial(
                     cfg, out_dir=out_dir, loggers=[logger] if logger else None, callbacks=callbacks
                 )
-        finally:
-            if out_dir.is_dir():
-                trial.set_user_attr("artifacts", upload_trial_files(trial, out_dir, self.store))
+        except BaseException as failure:
+            # A failed trial keeps what it wrote, for a post-mortem; its own error stays the reason.
+            try:
+                self.store_artifacts(trial, out_dir)
+            except Exception as e:
+                failure.add_note(f"Its artifacts could not be stored either: {type(e).__name__}: {e}")
+            raise
+        self.store_artifacts(trial, out_dir)
         trial.set_user_attr("metrics", result.metrics)
         trial.set_user_attr("params", result.params)
         trial.set_user_attr("wall_time", result.wall_time)
@@ -290,6 +295,10 @@ class Worker:
         if value is None or not math.isfinite(value):
             raise TrialFailed(f"metric {metric} is {value!r}")
         return value
+
+    def store_artifacts(self, trial: optuna.Trial, out_dir: Path) -> None:
+        if out_dir.is_dir():
+            trial.set_user_attr("artifacts", upload_trial_files(trial, out_dir, self.store))
 
 
 @contextmanager

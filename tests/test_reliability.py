@@ -27,6 +27,7 @@ from optuna.trial import TrialState
 from test_workers import tiny_spec
 
 import harness.trial
+import harness.workers
 from harness import tracking
 from harness.study import EVAL, grid_point, load_phase_study, load_study, open_storage, prepare_study
 from harness.workers import run_worker
@@ -148,7 +149,7 @@ def test_workers_opening_a_new_database_together_all_succeed(tmp_path):
 # Faults ---------------------------------------------------------------------------------------------------
 
 # Which variant meets which fault: the variants differ only in weight decay, which the injected faults read.
-FAULTS = {"ok": 0.01, "oom": 0.011, "boom": 0.012, "disk_full": 0.013}
+FAULTS = {"ok": 0.01, "oom": 0.011, "boom": 0.012, "disk_full": 0.013, "store_down": 0.014}
 
 
 def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monkeypatch, single_thread):
@@ -163,12 +164,19 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
         return real_step(self, batch, batch_idx)
 
     def full_disk(out, cfg, result, loggers):
-        if cfg.train.weight_decay == FAULTS["disk_full"]:
+        if cfg.train.weight_decay in (FAULTS["disk_full"], FAULTS["store_down"]):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "metrics.json"))
         return real_write(out, cfg, result, loggers)
 
+    def unreachable_store(trial, out_dir, store):
+        if trial.user_attrs["config"]["train.weight_decay"] == FAULTS["store_down"]:
+            raise OSError(errno.ECONNREFUSED, "artifact store unreachable (simulated)")
+        return real_upload(trial, out_dir, store)
+
+    real_upload = harness.workers.upload_trial_files
     monkeypatch.setattr(Seq2SeqModule, "training_step", faulty_step)
     monkeypatch.setattr("harness.trial.write_artifacts", full_disk)
+    monkeypatch.setattr("harness.workers.upload_trial_files", unreachable_store)
     variants = {name: {"train.weight_decay": wd} for name, wd in FAULTS.items()}
     spec = tiny_spec(variants={**variants, "nan": {"train.lr": 1.0e6}})
     runs = tmp_path / "runs"
@@ -179,7 +187,7 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
     trials = {t.params["variant"]: t for t in load_phase_study(spec, storage, EVAL).trials}
     assert {v: t.state for v, t in trials.items()} == {
         "ok": TrialState.COMPLETE, "oom": TrialState.FAIL, "boom": TrialState.FAIL,
-        "disk_full": TrialState.FAIL, "nan": TrialState.FAIL,
+        "disk_full": TrialState.FAIL, "store_down": TrialState.FAIL, "nan": TrialState.FAIL,
     }  # fmt: skip
     reasons = {v: t.user_attrs.get("fail_reason") for v, t in trials.items() if v != "ok"}
     assert reasons["oom"].startswith("OutOfMemoryError: CUDA out of memory.")
@@ -188,6 +196,10 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
     assert reasons["nan"].startswith("TrialFailed: diverged: ")
     # A failed trial keeps what it wrote before failing (the checkpoints), for a post-mortem.
     assert "checkpoints/last.ckpt" in trials["disk_full"].user_attrs["artifacts"]
+    # When storing them fails too, the trial's own error stays the reason.
+    store_down = trials["store_down"].user_attrs
+    assert reasons["store_down"].startswith("OSError: [Errno 28]") and "artifacts" not in store_down
+    assert "artifacts could not be stored either: ConnectionRefusedError" in store_down["traceback"]
 
     out = build_report(spec, storage, runs)
     md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
@@ -196,7 +208,7 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
         assert "| fail |" in row and reason.split("<")[0].strip() in row, row
     assert "boom &lt;in the variant&#39;s own code&gt;" in html
     table = pd.read_csv(out / "results.csv").set_index("variant")
-    assert (table["state"] == "FAIL").sum() == 4 and table.loc["ok", "state"] == "COMPLETE"
+    assert (table["state"] == "FAIL").sum() == 5 and table.loc["ok", "state"] == "COMPLETE"
 
 
 # W&B without network ------------------------------------------------------------------------------------
