@@ -340,11 +340,14 @@ def report(
     ] = None,
 ) -> None:
     """Rebuild a study's report from its storage."""
+    import time
+
+    start = time.perf_counter()
     spec, store = _stored_study("report", study, storage, out)
     from reports.render import build_report
 
     out_dir = build_report(spec, store, out, report_dir)
-    console.print(f"report: {out_dir / 'report.html'}")
+    console.print(f"report built in {time.perf_counter() - start:.1f} s: {out_dir / 'report.html'}")
 
 
 def _is_study_file(study: str) -> bool:

@@ -296,3 +296,32 @@ def test_figures_skip_what_has_no_data():
     )
     assert plots.probe_aer(attention_sample(aligned=True)) == 0.0
 
+
+def test_reports_import_neither_torch_nor_lightning():
+    """Building a report reads arrays and tables only; torch and Lightning would add seconds to every
+    `ablate report`. Every module of reports/, imported in a fresh interpreter."""
+    import pkgutil
+    import subprocess
+    import sys
+
+    import reports
+
+    modules = sorted(f"reports.{m.name}" for m in pkgutil.iter_modules(reports.__path__))
+    assert {"reports.collect", "reports.stats", "reports.plots", "reports.claims", "reports.render"} <= set(
+        modules
+    )
+    check = (f"import sys, {', '.join(modules)}; "
+             "loaded = [m for m in ('torch', 'lightning') if m in sys.modules]; "
+             "assert not loaded, f'reports imported {loaded}'")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_study_spec_reads_without_optuna():
+    """The study file is validated before the storage is touched: the spec module needs no Optuna."""
+    import subprocess
+    import sys
+
+    check = "import sys, harness.study.spec; assert 'optuna' not in sys.modules, 'optuna imported'"
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
