@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from models.config import ModelConfig
-from models.positional import ALiBi, LearnedEncoding, Rotary, SinusoidalEncoding, sinusoidal_table
+from models.positional_layers import ALiBi, LearnedEncoding, Rotary, SinusoidalEncoding, sinusoidal_table
 from models.transformer import Transformer
 
 
@@ -22,7 +22,7 @@ def test_sinusoidal_table_matches_the_lectures():
 
 def test_pos_base_reaches_the_model_table():
     model = Transformer(ModelConfig(d_model=4, heads=2, pos_base=100.0), 8, 8)
-    torch.testing.assert_close(model.pos_encoding.table[:4], sinusoidal_table(4, 4, base=100.0))
+    torch.testing.assert_close(model.positions.embedding.table[:4], sinusoidal_table(4, 4, base=100.0))
 
 
 def test_sinusoidal_odd_dimension_and_growth_past_the_table():
