@@ -7,10 +7,10 @@ Every failure is a ConfigError with one line naming the dotted key, e.g.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from models.config import ModelConfig, preset_keys
 
@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 class TaskConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = "reverse"  # a key of harness/tasks' TASKS
+    name: str = Field("reverse", description="a name in the tasks table above")
     min_len: int = 1
     max_len: int = 10
     test_max_len: int | None = None  # default: 2 * max_len
@@ -147,6 +147,27 @@ class ExperimentConfig(BaseModel):
     def flat(self) -> dict[str, Any]:
         """{'model.heads': 4, ...}: the form W&B configs, reports and `--set` use."""
         return flatten(self.model_dump())
+
+
+def accepted_values(section: type[BaseModel] = ExperimentConfig, prefix: str = "") -> dict[str, str]:
+    """Dotted key -> what it accepts, for `ablate list`: the field's description, else its type
+    ('post | pre | none | rms_pre', 'int | None')."""
+    accepted: dict[str, str] = {}
+    for name, field in section.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            accepted.update(accepted_values(field.annotation, f"{prefix}{name}."))
+        else:
+            accepted[f"{prefix}{name}"] = field.description or type_text(field.annotation)
+    return accepted
+
+
+def type_text(annotation: Any) -> str:
+    """Literal['a', 'b'] -> 'a | b'; int | None -> 'int | None'."""
+    if get_origin(annotation) is Literal:
+        return " | ".join(str(v) for v in get_args(annotation))
+    if get_args(annotation):
+        return " | ".join(type_text(a) for a in get_args(annotation))
+    return "None" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -39,7 +39,8 @@ class ModelConfig(BaseModel):
     d_ff: int = 256
     scale: Scale = "sqrt"
     pos_encoding: str = Field(
-        "sinusoidal", description=f"{' | '.join(POSITIONAL)}, or absolute+relative, e.g. alibi+sinusoidal"
+        "sinusoidal",
+        description=f"{' | '.join(POSITIONAL)}, or kinds with different parts joined by +, e.g. alibi+sinusoidal",
     )
     pos_base: float = 10000.0
     max_positions: int = 512
