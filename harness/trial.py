@@ -177,17 +177,14 @@ def resolve_precision(precision: str) -> str:
 
 
 def check_positions(cfg: ExperimentConfig, data: TaskData) -> None:
-    """Learned positions and location attention stop at model.max_positions: say so before training,
-    not in the test after it."""
+    """A model that places at most model.max_positions positions (ModelConfig.position_limits: learned
+    positions, location attention) is checked against the task before training, not in the test after it."""
     source_limit, target_limit = cfg.model.position_limits
     longest_source = 1 + max(len(ex.src) for examples in data.splits.values() for ex in examples)  # + EOS
     decoded = generation_budget(longest_source, data.train_max_len)
+    decoding = f"decoding may run to {decoded} positions (sources of up to {longest_source} tokens)"
     checks = [
-        (
-            target_limit,
-            decoded,
-            f"decoding may run to {decoded} positions (sources of up to {longest_source} tokens)",
-        ),
+        (target_limit, decoded, decoding),
         (source_limit, longest_source, f"sources reach {longest_source} tokens"),
     ]
     for limit, needed, reach in checks:

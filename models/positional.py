@@ -78,10 +78,11 @@ def positional_kind(name: str) -> PositionalKind:
             "join with '+' (e.g. alibi+sinusoidal)"
         )
     kinds = [POSITIONAL[n] for n in names]
-    if len(kinds) > 1 and sum(len(k.parts()) for k in kinds) != len(set().union(*(k.parts() for k in kinds))):
-        raise ValueError(f"{name!r}: join kinds that each add something different, e.g. alibi+sinusoidal")
-    if len(kinds) > 1 and not all(k.parts() for k in kinds):
-        raise ValueError(f"{name!r}: none adds nothing to join; give the other kind alone")
+    parts = [kind.parts() for kind in kinds]
+    if len(kinds) > 1 and (not all(parts) or len(set().union(*parts)) < sum(map(len, parts))):
+        raise ValueError(
+            f"{name!r}: join kinds that each add a different part ({', '.join(PARTS)}), e.g. alibi+sinusoidal"
+        )
     merged = {part: next((getattr(k, part) for k in kinds if getattr(k, part)), None) for part in PARTS}
     return PositionalKind(**merged, bounded=any(k.bounded for k in kinds))
 
@@ -100,5 +101,5 @@ def build_positions(cfg: ModelConfig) -> nn.Module:
     from models import positional_layers as layers  # torch: kept out of config checks
 
     kind = positional_kind(cfg.pos_encoding)
-    built = {part: getattr(kind, part) for part in PARTS}
-    return layers.Positions(**{part: make(layers, cfg) if make else None for part, make in built.items()})
+    makers = {part: getattr(kind, part) for part in PARTS}
+    return layers.Positions(**{part: make(layers, cfg) if make else None for part, make in makers.items()})

@@ -177,9 +177,12 @@ def test_joined_kinds_take_each_part_from_the_kind_that_has_it():
     "name, message",
     [
         ("wavelet", "unknown kind 'wavelet'; known: none, sinusoidal, learned, rope, alibi;"),
-        ("sinusoidal+learned", "'sinusoidal+learned': join kinds that each add something different"),
-        ("alibi+alibi", "'alibi+alibi': join kinds that each add something different"),
-        ("none+alibi", "'none+alibi': none adds nothing to join"),
+        (
+            "sinusoidal+learned",
+            "'sinusoidal+learned': join kinds that each add a different part (embedding, ",
+        ),
+        ("alibi+alibi", "'alibi+alibi': join kinds that each add a different part"),
+        ("none+alibi", "'none+alibi': join kinds that each add a different part"),
     ],
 )
 def test_pos_encoding_accepts_the_registry_names_and_joins_of_different_parts(name, message):
