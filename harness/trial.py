@@ -61,6 +61,8 @@ class TrialResult:
     peak_mem_mb: float = 0.0  # peak CUDA memory allocated, or the process's peak RSS while training on CPU
     steps: int = 0
     padding_fraction: float = 0.0  # share of padding in one epoch of training batches
+    # How the text metrics were computed: sacreBLEU's signature by metric ("bleu", "chrf"), for text tasks.
+    signatures: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The flat JSON object `ablate train --json` prints."""
@@ -209,15 +211,18 @@ def build_module(cfg: ExperimentConfig, data: TaskData, eval_splits: list[str]) 
 
 def generation_metrics(
     module: Seq2SeqModule, data: TaskData
-) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """BLEU / chrF per test split for text tasks, and exact match by target length for every task."""
-    metrics, per_length = {}, []
+) -> tuple[dict[str, float], dict[str, str], list[dict[str, Any]]]:
+    """BLEU / chrF per test split for text tasks with sacreBLEU's signature of each ("bleu", "chrf": the
+    same on every split), and exact match by target length for every task."""
+    metrics, signatures, per_length = {}, {}, []
     for split, rows in module.predictions.items():
-        metrics.update(text_metrics(split, rows, data))
+        for name, score in text_metrics(split, rows, data).items():
+            metrics[name] = score.value
+            signatures[name.rsplit("/", 1)[-1]] = score.signature
         for row in accuracy_by_length(rows):
             per_length.append({"split": split, "length": row["length_min"], "n": row["n"],
                                "seq_acc": row["seq_acc"], "tok_acc": row["tok_acc"]})  # fmt: skip
-    return metrics, per_length
+    return metrics, signatures, per_length
 
 
 def alignment_metrics(module: Seq2SeqModule, dm: Seq2SeqDataModule, data: TaskData) -> dict[str, float]:
@@ -364,7 +369,7 @@ def run_trial(
         tested = best.best_model_path or str(ckpt_dir / artifacts.LAST_CHECKPOINT)
         test_metrics = trainer.test(module, datamodule=dm, ckpt_path=tested, verbose=False, weights_only=True)
 
-    metrics, per_length = generation_metrics(module, data)
+    metrics, signatures, per_length = generation_metrics(module, data)
     for per_loader in test_metrics:
         metrics.update({k: float(v) for k, v in per_loader.items()})
     metrics.update(best_validation(history.rows))
@@ -372,6 +377,7 @@ def run_trial(
     metrics.update(rank_collapse_metrics(module, dm))
     result = TrialResult(
         metrics=dict(sorted(metrics.items())),
+        signatures=signatures,
         params=module.num_parameters(),
         wall_time=time.perf_counter() - start,
         split_sizes=data.sizes(),

@@ -287,6 +287,8 @@ class Worker:
         trial.set_user_attr("params", result.params)
         trial.set_user_attr("wall_time", result.wall_time)
         trial.set_user_attr("split_sizes", result.split_sizes)
+        if result.signatures:  # how BLEU / chrF were computed, for the report
+            trial.set_user_attr("signatures", result.signatures)
         metric = self.metric_name(claim)
         value = result.metrics.get(metric)
         if value is None or not math.isfinite(value):
