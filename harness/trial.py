@@ -25,7 +25,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 
-from harness import artifacts
+from harness import artifacts, tracking
 from harness.artifacts import AttentionSample
 from harness.config import ConfigError, ExperimentConfig
 from harness.metrics import accuracy_by_length, alignment_error_rate, text_metrics
@@ -63,6 +63,7 @@ class TrialResult:
     padding_fraction: float = 0.0  # share of padding in one epoch of training batches
     # How the text metrics were computed: sacreBLEU's signature by metric ("bleu", "chrf"), for text tasks.
     signatures: dict[str, str] = field(default_factory=dict)
+    best_step: int | None = None  # the step of the validation whose checkpoint was tested
 
     def summary(self) -> dict[str, Any]:
         """The flat JSON object `ablate train --json` prints."""
@@ -279,6 +280,8 @@ def log_final(loggers: list, result: TrialResult, step: int) -> None:
             columns = list(result.per_length[0])
             logger.log_table("per_length", columns, [[row[c] for c in columns] for row in result.per_length],
                              step=step)  # fmt: skip
+        if isinstance(logger, WandbLogger):
+            tracking.record_summary(logger.experiment, result.metrics, result.best_step)
         logger.save()
 
 
@@ -324,12 +327,12 @@ def build_trainer(
 
 
 def best_validation(rows: list[dict[str, float]]) -> dict[str, float]:
-    """val/* of the validation with the lowest val/loss (the best checkpoint's); NaN never wins."""
+    """step and val/* of the validation with the lowest val/loss (the best checkpoint's); NaN never wins."""
     scored = [row for row in rows if MONITOR in row]
     if not scored:
         return {}
     best = min(scored, key=lambda row: (math.isnan(row[MONITOR]), row[MONITOR]))
-    return {k: v for k, v in best.items() if k.startswith("val/")}
+    return {k: v for k, v in best.items() if k.startswith("val/") or k == "step"}
 
 
 def run_trial(
@@ -372,12 +375,14 @@ def run_trial(
     metrics, signatures, per_length = generation_metrics(module, data)
     for per_loader in test_metrics:
         metrics.update({k: float(v) for k, v in per_loader.items()})
-    metrics.update(best_validation(history.rows))
+    best = best_validation(history.rows)
+    metrics.update({k: v for k, v in best.items() if k != "step"})
     metrics.update(alignment_metrics(module, dm, data))
     metrics.update(rank_collapse_metrics(module, dm))
     result = TrialResult(
         metrics=dict(sorted(metrics.items())),
         signatures=signatures,
+        best_step=best.get("step"),
         params=module.num_parameters(),
         wall_time=time.perf_counter() - start,
         split_sizes=data.sizes(),

@@ -264,7 +264,7 @@ class Worker:
         out_dir = trial_dir(
             self.root, claim.phase, trial.number, slugify(variant) if claim.phase == TUNE else None
         )
-        tags = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()]
+        tags = tracking.run_tags(overrides)
         from harness.trial import run_trial
 
         try:
