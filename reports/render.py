@@ -195,8 +195,13 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
         "search": spec.tune.model_dump() if spec.tune else None,
         "best_eval": best_eval,
         "best_tune": best_tune,
-        "signatures": sorted({f"{name} {signature}" for recorded in data.recorded.get("signatures", [])
-                              for name, signature in json.loads(recorded).items()}),  # fmt: skip
+        "signatures": sorted(
+            {
+                f"{name} {signature}"
+                for recorded in data.recorded.get("signatures", [])
+                for name, signature in json.loads(recorded).items()
+            }
+        ),  # fmt: skip
         "best_config": data.configs.get(overall["trial"], {}) if overall else {},
         "best_trial": overall,
         "seeds": spec.seeds,

@@ -84,7 +84,9 @@ def text_task(tokenizer, references: list[str], hypotheses: list[str]) -> tuple[
     of `hypotheses`."""
     examples = [Example(("x",), tuple(tokenizer.tokenize(text))) for text in references]
     predicted = [tokenizer.tokenize(text) for text in hypotheses]
-    vocab = Vocab(sorted({t for ex in examples for t in ex.tgt} | {t for tokens in predicted for t in tokens}))
+    vocab = Vocab(
+        sorted({t for ex in examples for t in ex.tgt} | {t for tokens in predicted for t in tokens})
+    )
     data = TaskData("parallel", {"test": examples}, vocab, vocab, is_text=True, tgt_tokenizer=tokenizer)
     return data, [(vocab.encode(tokens), vocab.encode(ex.tgt)) for tokens, ex in zip(predicted, examples)]
 
@@ -97,7 +99,13 @@ HYPOTHESES = ["The cat sat on a mat.", "Don't stop!"]
     "kind, detokenized",
     [
         # Words and punctuation runs come back joined by spaces; sacreBLEU's 13a splits them again.
-        ("word", (["The cat sat on a mat .", "Don ' t stop !"], ["The cat sat on the mat .", "Don ' t stop now !"])),
+        (
+            "word",
+            (
+                ["The cat sat on a mat .", "Don ' t stop !"],
+                ["The cat sat on the mat .", "Don ' t stop now !"],
+            ),
+        ),
         ("char", (HYPOTHESES, REFERENCES)),  # characters, spaces included, joined as they were
         ("bpe", (HYPOTHESES, REFERENCES)),  # Metaspace BPE decodes to the text it was given
     ],

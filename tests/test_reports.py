@@ -21,7 +21,14 @@ from harness.study.spec import StudySpec
 from harness.study.storage import open_storage
 from harness.workers import run_worker
 from reports import collect, plots, stats
-from reports.render import _md_cell, build_report, importance_frame, log_summary_run, variant_summary
+from reports.render import (
+    _md_cell,
+    build_report,
+    importance_evaluator,
+    importance_frame,
+    log_summary_run,
+    variant_summary,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -241,7 +248,7 @@ def test_importances_are_ped_anova_without_scikit_learn(monkeypatch):
     study = optuna.create_study(direction="maximize")
     study.add_trials(trials)
     expected = optuna.importance.get_param_importances(
-        study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), params=["train.lr", "model.dropout"]
+        study, evaluator=importance_evaluator(), params=["train.lr", "model.dropout"]
     )
     assert dict(zip(frame["param"], frame["importance"])) == pytest.approx(expected)
     assert expected["train.lr"] > expected["model.dropout"]
