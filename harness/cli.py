@@ -314,6 +314,7 @@ def dashboard(
     import subprocess
 
     from harness.artifacts import STUDY_DB, artifact_dir, default_storage_url
+    from harness.extras import require
     from harness.study.spec import slugify
 
     try:
@@ -338,6 +339,10 @@ def dashboard(
     if dry_run:
         print(shlex.join(command))
         return
+    try:
+        require("optuna_dashboard", extra="dashboard", feature="ablate dashboard")
+    except ConfigError as e:
+        raise fail(str(e)) from None
     console.print(f"optuna-dashboard on http://{host}:{port} (Ctrl-C to stop)")
     raise typer.Exit(code=subprocess.call(command))
 
