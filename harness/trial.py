@@ -22,7 +22,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 
 from harness import artifacts, tracking
@@ -286,12 +286,27 @@ def log_final(loggers: list, result: TrialResult, step: int) -> None:
 
 
 class StepBudgetProgressBar(RichProgressBar):
-    """Rich's bar, without the "Epoch 3/-2" it shows when a run is bounded by steps (max_epochs -1)."""
+    """Rich's bar, saying "Epoch 3" where Lightning writes "Epoch 3/-2" (a run bounded by steps has
+    max_epochs -1). Lightning's hooks and Rich's Progress.update only: no private Lightning API."""
 
-    def _get_train_description(self, current_epoch: int) -> str:
-        if self.trainer.max_epochs >= 0:
-            return super()._get_train_description(current_epoch)
-        return f"Epoch {current_epoch}".ljust(len(self.validation_description))  # as wide: no flicker
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self.describe(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        created = self.train_progress_bar_id is None  # Lightning adds the bar here on a mid-epoch resume
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if created:
+            self.describe(trainer)
+
+    def describe(self, trainer: L.Trainer) -> None:
+        if trainer.max_epochs >= 0 or self.progress is None or self.train_progress_bar_id is None:
+            return
+        description = f"Epoch {trainer.current_epoch}".ljust(len(self.validation_description))  # no flicker
+        style = self.theme.description
+        self.progress.update(
+            self.train_progress_bar_id, description=f"[{style}]{description}" if style else description
+        )
 
 
 def build_trainer(
@@ -304,6 +319,8 @@ def build_trainer(
         callbacks = [*callbacks, EarlyStopping(MONITOR, patience=t.patience, check_on_train_epoch_end=False)]
     if progress:
         callbacks = [*callbacks, StepBudgetProgressBar()]
+    if loggers:  # logs train/lr (the scheduler's name) at every logging step
+        callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]
     by_steps = t.max_epochs is None
     return L.Trainer(
         max_steps=t.max_steps,
