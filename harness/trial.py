@@ -22,7 +22,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 
 from harness import artifacts, tracking
@@ -319,8 +319,6 @@ def build_trainer(
         callbacks = [*callbacks, EarlyStopping(MONITOR, patience=t.patience, check_on_train_epoch_end=False)]
     if progress:
         callbacks = [*callbacks, StepBudgetProgressBar()]
-    if loggers:  # logs train/lr (the scheduler's name) at every logging step
-        callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]
     by_steps = t.max_epochs is None
     return L.Trainer(
         max_steps=t.max_steps,

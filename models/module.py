@@ -135,6 +135,9 @@ class Seq2SeqModule(L.LightningModule):
         logits = self.model(batch["src"], batch["tgt_in"])
         loss = token_cross_entropy(logits, batch["tgt_out"], self.hparams.label_smoothing)
         self.log("train/loss", loss, prog_bar=True)
+        # Not LearningRateMonitor: it refuses to run without a logger, and the trial history keeps train/lr
+        # with or without one.
+        self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
         return loss
 
     def _evaluate(self, split: str, batch: dict[str, torch.Tensor], beam_size: int) -> torch.Tensor:
@@ -196,8 +199,4 @@ class Seq2SeqModule(L.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(hp.schedule, hp.warmup_steps, hp.max_steps)
         )
-        # The name is the key Lightning's LearningRateMonitor logs the rate under.
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"},
-        }
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
