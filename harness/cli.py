@@ -76,7 +76,7 @@ def train(
 
         label = preset or (Path(configs[0]).stem if configs else cfg.model.arch)
         with tracking.wandb_logger(
-            mode, out or Path("runs") / "train", group=label, name=f"{label}-seed{cfg.seed}", job_type="train",
+            mode, (out or Path("runs") / "train").resolve(), group=label, name=f"{label}-seed{cfg.seed}", job_type="train",
             tags=tracking.run_tags(dict(parse_override(s) for s in overrides)), config=cfg.flat(),
         ) as logger:  # fmt: skip
             result = run_trial(cfg, out_dir=out, loggers=[logger] if logger else None, progress=not as_json)
