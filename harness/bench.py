@@ -29,7 +29,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -558,7 +558,7 @@ FIGURE_KEYS = ("a_transformer_step", "b_harness_overhead", "c_lstm_parallel", "d
 
 def machine(device: torch.device) -> dict[str, Any]:
     info = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "cpu": cpu_name(),
         "cpu_cores": os.cpu_count(),

@@ -33,22 +33,53 @@ def fail(message: str) -> typer.Exit:
 
 @app.command()
 def train(
-    config: Annotated[Path | None, typer.Argument(help="Experiment YAML (task, model, train, seed).")] = None,
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="[CONFIG.yaml] [key=value ...]: an experiment YAML, then overrides as --set takes "
+            "them (the way a W&B sweep agent passes them).",
+            show_default=False,
+        ),
+    ] = None,
     preset: Annotated[str | None, typer.Option(help="Named model preset, e.g. transformer.")] = None,
     sets: SetOption = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Folder for config, metrics, checkpoints.")
     ] = None,
+    wandb: Annotated[
+        str | None,
+        typer.Option(
+            "--wandb",
+            help="online | offline | disabled (default: disabled, except under a W&B "
+            "sweep agent: then online with credentials)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print final metrics as one JSON line.")] = False,
 ) -> None:
-    """Train and evaluate one configuration."""
-    from harness.config import load_config
+    """Train and evaluate one configuration, logged to W&B as one sweep trial is."""
+    import os
 
+    from harness import tracking
+    from harness.config import load_config, parse_override
+
+    configs = [a for a in args or [] if "=" not in a]
+    overrides = [*(sets or []), *(a for a in args or [] if "=" in a)]
     try:
-        cfg = load_config(config, preset, sets)
+        if len(configs) > 1:
+            raise ConfigError(
+                f"train: one config file at most (got {', '.join(configs)}); overrides are key=value"
+            )
+        cfg = load_config(configs[0] if configs else None, preset, overrides)
+        # A W&B sweep agent (which sets WANDB_SWEEP_ID) runs `ablate train key=value ...` and expects a run.
+        mode = wandb_mode(wandb if wandb or os.environ.get("WANDB_SWEEP_ID") else "disabled")
         from harness.trial import run_trial
 
-        result = run_trial(cfg, out_dir=out, progress=not as_json)
+        label = preset or (Path(configs[0]).stem if configs else cfg.model.arch)
+        with tracking.wandb_logger(
+            mode, (out or Path("runs") / "train").resolve(), group=label, name=f"{label}-seed{cfg.seed}", job_type="train",
+            tags=tracking.run_tags(dict(parse_override(s) for s in overrides)), config=cfg.flat(),
+        ) as logger:  # fmt: skip
+            result = run_trial(cfg, out_dir=out, loggers=[logger] if logger else None, progress=not as_json)
     except ConfigError as e:
         raise fail(str(e)) from None
     summary = result.summary()
@@ -283,6 +314,7 @@ def dashboard(
     import subprocess
 
     from harness.artifacts import STUDY_DB, artifact_dir, default_storage_url
+    from harness.extras import require
     from harness.study.spec import slugify
 
     try:
@@ -307,6 +339,10 @@ def dashboard(
     if dry_run:
         print(shlex.join(command))
         return
+    try:
+        require("optuna_dashboard", extra="dashboard", feature="ablate dashboard")
+    except ConfigError as e:
+        raise fail(str(e)) from None
     console.print(f"optuna-dashboard on http://{host}:{port} (Ctrl-C to stop)")
     raise typer.Exit(code=subprocess.call(command))
 

@@ -1,6 +1,6 @@
 """Scores of decoded outputs: exact match, token accuracy, accuracy by target length, BLEU / chrF
-(sacrebleu) for text tasks, and the alignment error rate of attention against gold alignments; and which
-of them, by name, a configuration's trials report (`produced_metrics`).
+(sacreBLEU, with its signatures) for text tasks, and the alignment error rate of attention against gold
+alignments; and which of them, by name, a configuration's trials report (`produced_metrics`).
 
 Prediction rows are (prediction ids, target ids) as Seq2SeqModule.predictions[split] holds them;
 ids after EOS, padding and BOS are ignored, so raw decoder output works as well as trimmed rows."""
@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -63,18 +64,37 @@ def accuracy_by_length(rows: Iterable[Row], bucket_width: int = 1) -> list[dict[
     ]
 
 
-def bleu(hypotheses: list[str], references: list[str]) -> float:
-    """Corpus BLEU (sacrebleu defaults: 13a tokenization, 0-100)."""
-    return sacrebleu.corpus_bleu(hypotheses, [references]).score
+# BLEU as WMT reports it: sacreBLEU's own 13a tokenization of detokenized text, so a score is comparable
+# with published sacreBLEU scores; chrF needs none (character 6-grams, beta 2, spaces ignored).
+BLEU_TOKENIZE = "13a"
 
 
-def chrf(hypotheses: list[str], references: list[str]) -> float:
-    """Corpus chrF (character 6-grams, beta 2; 0-100)."""
-    return sacrebleu.corpus_chrf(hypotheses, [references]).score
+@dataclass(frozen=True)
+class TextScore:
+    value: float  # 0-100
+    signature: str  # sacreBLEU's, e.g. nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0
 
 
-def text_metrics(split: str, rows: Sequence[Row], data: TaskData) -> dict[str, float]:
-    """{split}/bleu and {split}/chrf for a text task ({} otherwise). Rows must be in the order of
+def _corpus_score(
+    metric: sacrebleu.metrics.base.Metric, hypotheses: list[str], references: list[str]
+) -> TextScore:
+    value = metric.corpus_score(hypotheses, [references]).score
+    return TextScore(value, str(metric.get_signature()))  # known once scored: it counts the references
+
+
+def bleu(hypotheses: list[str], references: list[str]) -> TextScore:
+    """Corpus BLEU of detokenized hypotheses against one detokenized reference each."""
+    return _corpus_score(sacrebleu.BLEU(tokenize=BLEU_TOKENIZE), hypotheses, references)
+
+
+def chrf(hypotheses: list[str], references: list[str]) -> TextScore:
+    """Corpus chrF of detokenized hypotheses against one detokenized reference each."""
+    return _corpus_score(sacrebleu.CHRF(), hypotheses, references)
+
+
+def text_metrics(split: str, rows: Sequence[Row], data: TaskData) -> dict[str, TextScore]:
+    """{split}/bleu and {split}/chrf for a text task ({} otherwise), on text the task's tokenizer
+    detokenized (words joined by spaces, characters joined, BPE decoded). Rows must be in the order of
     data.splits[split], as the DataModule's evaluation loaders give them; references come from the
     examples, so target words outside the vocabulary are scored as written, not as <unk>."""
     examples = data.splits[split]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import netrc
 import os
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,12 +16,21 @@ PROJECT = os.environ.get("WANDB_PROJECT", "attention-ablate")
 
 
 def has_credentials() -> bool:
+    """An API key in WANDB_API_KEY, or one in the .netrc entry of the server runs go to (WANDB_BASE_URL,
+    a self-hosted one included): its machine is the URL's host[:port], as `wandb login` writes it."""
     if os.environ.get("WANDB_API_KEY"):
         return True
+    machine = urllib.parse.urlsplit(base_url()).netloc
     try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
+        entry = netrc.netrc(str(netrc_path())).authenticators(machine)
     except (FileNotFoundError, netrc.NetrcParseError, OSError):
         return False
+    return entry is not None and bool(entry[2])
+
+
+def netrc_path() -> Path:
+    """Where W&B reads and `wandb login` writes API keys: $NETRC, else ~/.netrc."""
+    return Path(os.environ.get("NETRC") or Path.home() / ".netrc").expanduser()
 
 
 def resolve_mode(requested: WandbMode | None) -> WandbMode:
@@ -103,7 +113,7 @@ def wandb_logger(
 
     Path(directory).mkdir(parents=True, exist_ok=True)
     init = dict(
-        project=PROJECT, group=group, name=name, job_type=job_type, tags=[t[:64] for t in tags],
+        project=PROJECT, group=group, name=name, job_type=job_type, tags=tags,
         config=config, dir=str(directory), reinit="finish_previous",
     )  # fmt: skip
     if mode == "online" and _offline_reason is not None:
@@ -115,12 +125,26 @@ def wandb_logger(
             raise
         go_offline(f"cannot start an online run ({type(e).__name__}: {str(e).splitlines()[0]})")
         run = wandb.init(mode="offline", settings=settings(wandb), **init)
+    # Validation values reach the summary only through `record_summary`: the last ones are not the
+    # trial's result (that is the best checkpoint's), and a sweep reads the summary.
+    run.define_metric("val/*", summary="none")
     exit_code = 1
     try:
         yield WandbLogger(experiment=run)
         exit_code = 0
     finally:
         run.finish(exit_code=exit_code)
+
+
+def record_summary(run, metrics: dict[str, float], best_step: int | None) -> None:
+    """The run's summary as the report reads the trial: its metrics (val/* those of the validation with
+    the lowest val/loss, whose checkpoint was tested) and val/best_step, the step of that validation."""
+    run.summary.update({**metrics, **({"val/best_step": best_step} if best_step is not None else {})})
+
+
+def run_tags(overrides: dict[str, Any]) -> list[str]:
+    """W&B tags of a run's overrides: 'heads=4' for model.heads=4 (W&B keeps 64 characters of a tag)."""
+    return [f"{key.rsplit('.', 1)[-1]}={value}"[:64] for key, value in overrides.items()]
 
 
 INIT_TIMEOUT_S = 30

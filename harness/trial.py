@@ -25,7 +25,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 
-from harness import artifacts
+from harness import artifacts, tracking
 from harness.artifacts import AttentionSample
 from harness.config import ConfigError, ExperimentConfig
 from harness.metrics import accuracy_by_length, alignment_error_rate, text_metrics
@@ -61,6 +61,9 @@ class TrialResult:
     peak_mem_mb: float = 0.0  # peak CUDA memory allocated, or the process's peak RSS while training on CPU
     steps: int = 0
     padding_fraction: float = 0.0  # share of padding in one epoch of training batches
+    # How the text metrics were computed: sacreBLEU's signature by metric ("bleu", "chrf"), for text tasks.
+    signatures: dict[str, str] = field(default_factory=dict)
+    best_step: int | None = None  # the step of the validation whose checkpoint was tested
 
     def summary(self) -> dict[str, Any]:
         """The flat JSON object `ablate train --json` prints."""
@@ -208,15 +211,18 @@ def build_module(cfg: ExperimentConfig, data: TaskData, eval_splits: list[str]) 
 
 def generation_metrics(
     module: Seq2SeqModule, data: TaskData
-) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """BLEU / chrF per test split for text tasks, and exact match by target length for every task."""
-    metrics, per_length = {}, []
+) -> tuple[dict[str, float], dict[str, str], list[dict[str, Any]]]:
+    """BLEU / chrF per test split for text tasks with sacreBLEU's signature of each ("bleu", "chrf": the
+    same on every split), and exact match by target length for every task."""
+    metrics, signatures, per_length = {}, {}, []
     for split, rows in module.predictions.items():
-        metrics.update(text_metrics(split, rows, data))
+        for name, score in text_metrics(split, rows, data).items():
+            metrics[name] = score.value
+            signatures[name.rsplit("/", 1)[-1]] = score.signature
         for row in accuracy_by_length(rows):
             per_length.append({"split": split, "length": row["length_min"], "n": row["n"],
                                "seq_acc": row["seq_acc"], "tok_acc": row["tok_acc"]})  # fmt: skip
-    return metrics, per_length
+    return metrics, signatures, per_length
 
 
 def alignment_metrics(module: Seq2SeqModule, dm: Seq2SeqDataModule, data: TaskData) -> dict[str, float]:
@@ -273,16 +279,33 @@ def log_final(loggers: list, result: TrialResult, step: int) -> None:
             columns = list(result.per_length[0])
             logger.log_table("per_length", columns, [[row[c] for c in columns] for row in result.per_length],
                              step=step)  # fmt: skip
+        if isinstance(logger, WandbLogger):
+            tracking.record_summary(logger.experiment, result.metrics, result.best_step)
         logger.save()
 
 
 class StepBudgetProgressBar(RichProgressBar):
-    """Rich's bar, without the "Epoch 3/-2" it shows when a run is bounded by steps (max_epochs -1)."""
+    """Rich's bar, saying "Epoch 3" where Lightning writes "Epoch 3/-2" (a run bounded by steps has
+    max_epochs -1). Lightning's hooks and Rich's Progress.update only: no private Lightning API."""
 
-    def _get_train_description(self, current_epoch: int) -> str:
-        if self.trainer.max_epochs >= 0:
-            return super()._get_train_description(current_epoch)
-        return f"Epoch {current_epoch}".ljust(len(self.validation_description))  # as wide: no flicker
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self.describe(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        created = self.train_progress_bar_id is None  # Lightning adds the bar here on a mid-epoch resume
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if created:
+            self.describe(trainer)
+
+    def describe(self, trainer: L.Trainer) -> None:
+        if trainer.max_epochs >= 0 or self.progress is None or self.train_progress_bar_id is None:
+            return
+        description = f"Epoch {trainer.current_epoch}".ljust(len(self.validation_description))  # no flicker
+        style = self.theme.description
+        self.progress.update(
+            self.train_progress_bar_id, description=f"[{style}]{description}" if style else description
+        )
 
 
 def build_trainer(
@@ -318,12 +341,12 @@ def build_trainer(
 
 
 def best_validation(rows: list[dict[str, float]]) -> dict[str, float]:
-    """val/* of the validation with the lowest val/loss (the best checkpoint's); NaN never wins."""
+    """step and val/* of the validation with the lowest val/loss (the best checkpoint's); NaN never wins."""
     scored = [row for row in rows if MONITOR in row]
     if not scored:
         return {}
     best = min(scored, key=lambda row: (math.isnan(row[MONITOR]), row[MONITOR]))
-    return {k: v for k, v in best.items() if k.startswith("val/")}
+    return {k: v for k, v in best.items() if k.startswith("val/") or k == "step"}
 
 
 def run_trial(
@@ -363,14 +386,17 @@ def run_trial(
         tested = best.best_model_path or str(ckpt_dir / artifacts.LAST_CHECKPOINT)
         test_metrics = trainer.test(module, datamodule=dm, ckpt_path=tested, verbose=False, weights_only=True)
 
-    metrics, per_length = generation_metrics(module, data)
+    metrics, signatures, per_length = generation_metrics(module, data)
     for per_loader in test_metrics:
         metrics.update({k: float(v) for k, v in per_loader.items()})
-    metrics.update(best_validation(history.rows))
+    best = best_validation(history.rows)
+    metrics.update({k: v for k, v in best.items() if k != "step"})
     metrics.update(alignment_metrics(module, dm, data))
     metrics.update(rank_collapse_metrics(module, dm))
     result = TrialResult(
         metrics=dict(sorted(metrics.items())),
+        signatures=signatures,
+        best_step=best.get("step"),
         params=module.num_parameters(),
         wall_time=time.perf_counter() - start,
         split_sizes=data.sizes(),

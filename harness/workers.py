@@ -264,7 +264,7 @@ class Worker:
         out_dir = trial_dir(
             self.root, claim.phase, trial.number, slugify(variant) if claim.phase == TUNE else None
         )
-        tags = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()]
+        tags = tracking.run_tags(overrides)
         from harness.trial import run_trial
 
         try:
@@ -287,6 +287,8 @@ class Worker:
         trial.set_user_attr("params", result.params)
         trial.set_user_attr("wall_time", result.wall_time)
         trial.set_user_attr("split_sizes", result.split_sizes)
+        if result.signatures:  # how BLEU / chrF were computed, for the report
+            trial.set_user_attr("signatures", result.signatures)
         metric = self.metric_name(claim)
         value = result.metrics.get(metric)
         if value is None or not math.isfinite(value):

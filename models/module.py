@@ -135,6 +135,8 @@ class Seq2SeqModule(L.LightningModule):
         logits = self.model(batch["src"], batch["tgt_in"])
         loss = token_cross_entropy(logits, batch["tgt_out"], self.hparams.label_smoothing)
         self.log("train/loss", loss, prog_bar=True)
+        # Not LearningRateMonitor: it refuses to run without a logger, and the trial history keeps train/lr
+        # with or without one.
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
         return loss
 

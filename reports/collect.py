@@ -23,7 +23,7 @@ from harness.study.spec import StudySpec
 
 # Cost figures a trial may store as user attributes next to params and wall_time.
 COST_COLUMNS = ["params", "wall_time", "tokens_per_sec", "peak_mem_mb", "steps"]
-PROVENANCE_ATTRS = ["hardware", "versions", "git_commit"]
+PROVENANCE_ATTRS = ["hardware", "versions", "git_commit", "signatures"]
 
 
 @dataclass
@@ -177,8 +177,8 @@ def tune_trials(spec: StudySpec, storage) -> dict[str, list[optuna.trial.FrozenT
 
 
 def recorded_provenance(trials: list[optuna.trial.FrozenTrial]) -> dict[str, list[str]]:
-    """The distinct values of what trials recorded about where they ran: user attributes 'hardware',
-    'versions' and 'git_commit' (strings or dicts)."""
+    """The distinct values of what trials recorded about where and how they ran: user attributes
+    'hardware', 'versions', 'git_commit' and 'signatures' (sacreBLEU's; strings or dicts)."""
     out: dict[str, set[str]] = {key: set() for key in PROVENANCE_ATTRS}
     for t in trials:
         for key in PROVENANCE_ATTRS:

@@ -176,7 +176,7 @@ def quality_vs_cost(summary: pd.DataFrame, metric: str, maximize: bool) -> plt.F
 
 
 def param_importances(importances: pd.DataFrame) -> plt.Figure | None:
-    """Bars of each tuned parameter's importance (Optuna's fANOVA), per variant."""
+    """Bars of each tuned parameter's importance (normalized to sum to 1), per variant."""
     if importances.empty:
         return None
     n_variants = importances["variant"].nunique()

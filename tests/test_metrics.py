@@ -4,10 +4,12 @@ import math
 
 import numpy as np
 import pytest
+import sacrebleu
 import torch
 
 from harness.config import TaskConfig
 from harness.metrics import (
+    TextScore,
     accuracy_by_length,
     alignment_error_rate,
     bleu,
@@ -18,7 +20,7 @@ from harness.metrics import (
 )
 from harness.tasks import build_task
 from harness.tasks.base import BOS_ID, EOS_ID, PAD_ID, Example, TaskData, Vocab
-from harness.tasks.tokenizers import WordTokenizer
+from harness.tasks.tokenizers import WordTokenizer, build_tokenizer
 
 # (prediction, target) in Seq2SeqModule's trimmed form: ids without EOS or padding.
 ROWS = [
@@ -56,11 +58,69 @@ def test_accuracy_by_target_length_buckets():
 
 def test_bleu_and_chrf_against_hand_computed_values():
     # n-gram precisions 5/6, 4/5, 3/4, 2/3 and no brevity penalty: BLEU = (1/3) ** (1/4).
-    assert bleu(["a b c d e g"], ["a b c d e f"]) == pytest.approx(100 * (1 / 3) ** 0.25)
-    assert bleu(["the cat sat on the mat"], ["the cat sat on the mat"]) == pytest.approx(100)
-    assert bleu(["the cat sat"], ["the cat sat"]) == 0.0  # no 4-grams: corpus BLEU has nothing to count
-    assert chrf(["the cat sat"], ["the cat sat"]) == pytest.approx(100)
-    assert chrf(["xyz"], ["abc"]) == pytest.approx(0)
+    assert bleu(["a b c d e g"], ["a b c d e f"]).value == pytest.approx(100 * (1 / 3) ** 0.25)
+    assert bleu(["the cat sat on the mat"], ["the cat sat on the mat"]).value == pytest.approx(100)
+    assert bleu(["the cat sat"], ["the cat sat"]).value == 0.0  # no 4-grams: corpus BLEU has nothing to count
+    assert chrf(["the cat sat"], ["the cat sat"]).value == pytest.approx(100)
+    assert chrf(["xyz"], ["abc"]).value == pytest.approx(0)
+
+
+def test_bleu_and_chrf_are_sacrebleu_scores_with_their_signatures():
+    hypotheses = ["The cat sat on the mat.", "It isn't raining, is it?"]
+    references = ["The cat sat on a mat.", "It isn't raining, is it?"]
+    version = sacrebleu.__version__
+    assert bleu(hypotheses, references) == TextScore(
+        sacrebleu.corpus_bleu(hypotheses, [references], tokenize="13a").score,
+        f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{version}",
+    )
+    assert chrf(hypotheses, references) == TextScore(
+        sacrebleu.corpus_chrf(hypotheses, [references]).score,
+        f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:{version}",
+    )
+
+
+def text_task(tokenizer, references: list[str], hypotheses: list[str]) -> tuple[TaskData, list]:
+    """A test split of `references` tokenized by `tokenizer`, and prediction rows that decode to the tokens
+    of `hypotheses`."""
+    examples = [Example(("x",), tuple(tokenizer.tokenize(text))) for text in references]
+    predicted = [tokenizer.tokenize(text) for text in hypotheses]
+    vocab = Vocab(
+        sorted({t for ex in examples for t in ex.tgt} | {t for tokens in predicted for t in tokens})
+    )
+    data = TaskData("parallel", {"test": examples}, vocab, vocab, is_text=True, tgt_tokenizer=tokenizer)
+    return data, [(vocab.encode(tokens), vocab.encode(ex.tgt)) for tokens, ex in zip(predicted, examples)]
+
+
+REFERENCES = ["The cat sat on the mat.", "Don't stop now!"]
+HYPOTHESES = ["The cat sat on a mat.", "Don't stop!"]
+
+
+@pytest.mark.parametrize(
+    "kind, detokenized",
+    [
+        # Words and punctuation runs come back joined by spaces; sacreBLEU's 13a splits them again.
+        (
+            "word",
+            (
+                ["The cat sat on a mat .", "Don ' t stop !"],
+                ["The cat sat on the mat .", "Don ' t stop now !"],
+            ),
+        ),
+        ("char", (HYPOTHESES, REFERENCES)),  # characters, spaces included, joined as they were
+        ("bpe", (HYPOTHESES, REFERENCES)),  # Metaspace BPE decodes to the text it was given
+    ],
+)
+def test_text_metrics_score_the_text_the_task_tokenizer_detokenizes(kind, detokenized):
+    tokenizer = build_tokenizer(kind, REFERENCES + HYPOTHESES, bpe_vocab_size=40)
+    data, rows = text_task(tokenizer, REFERENCES, HYPOTHESES)
+    hypotheses, references = detokenized
+    version = sacrebleu.__version__
+    assert text_metrics("test", rows, data) == {
+        "test/bleu": TextScore(sacrebleu.corpus_bleu(hypotheses, [references], tokenize="13a").score,
+                               f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{version}"),
+        "test/chrf": TextScore(sacrebleu.corpus_chrf(hypotheses, [references]).score,
+                               f"nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:{version}"),
+    }  # fmt: skip
 
 
 def test_text_metrics_score_detokenized_output_against_the_written_references():
@@ -76,7 +136,7 @@ def test_text_metrics_score_detokenized_output_against_the_written_references():
     hypotheses = ["le chat est sur le tapis", "salut mon ami <unk>"]
     references = ["le chat est sur le tapis", "salut mon ami toi"]
     assert scores == {"test/bleu": bleu(hypotheses, references), "test/chrf": chrf(hypotheses, references)}
-    assert 50 < scores["test/bleu"] < 100
+    assert 50 < scores["test/bleu"].value < 100
     assert text_metrics("test", rows, build_task(TaskConfig(name="copy", n_train=5), 0)) == {}
     with pytest.raises(ValueError, match="1 prediction rows for 2 examples"):
         text_metrics("test", rows[:1], data)

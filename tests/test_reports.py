@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import optuna
@@ -19,7 +21,14 @@ from harness.study.spec import StudySpec
 from harness.study.storage import open_storage
 from harness.workers import run_worker
 from reports import collect, plots, stats
-from reports.render import _md_cell, build_report, log_summary_run, variant_summary
+from reports.render import (
+    _md_cell,
+    build_report,
+    importance_evaluator,
+    importance_frame,
+    log_summary_run,
+    variant_summary,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -28,6 +37,8 @@ EVIL = "<script>alert(1)</script>"
 STUDY_NAME = f"{EVIL} & co"
 CLAIM = {"text": "Without positions <b>reversal</b> fails.", "compare": {"model.pos_encoding": "none"},
          "to": {"model.pos_encoding": "sinusoidal"}, "metric": "test/seq_acc", "expect": "lower", "margin": 0.3}  # fmt: skip
+SIGNATURES = {"bleu": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+              "chrf": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0"}  # fmt: skip
 SRC, TGT = ["a", "b", "c", "</s>"], ["c", "b", "a", "</s>"]
 ALIGNMENT = np.array([[2, 0], [1, 1], [0, 2]])  # reversal: target t comes from source 2 - t
 
@@ -122,6 +133,7 @@ def synthetic_study(tmp_path: Path, name: str = STUDY_NAME, variants: dict | Non
             trial.set_user_attr("metrics", {"test/seq_acc": value, "test/tok_acc": min(1.0, value + 0.05)})
             trial.set_user_attr("params", 20_000 if overrides.get("model.norm") == "pre" else 18_000)
             trial.set_user_attr("wall_time", 10.0 + seed)
+            trial.set_user_attr("signatures", SIGNATURES)
             study.tell(trial, value)
     for params in waiting:
         study.enqueue_trial(params)
@@ -208,6 +220,38 @@ def test_user_text_is_escaped(synthetic, tmp_path):
     assert "0 of 6 grid points" in md and "| b\\|c | 4 / 4 | 0 / 3 | 0 | 0 | 0 | 3 |" in md
     assert [p.stem for p in out.glob("*.png")] == ["param_importances"]  # tuning is all there is so far
     assert pd.read_csv(out / "results.csv")["state"].eq("WAITING").sum() == 6
+
+
+def test_report_names_how_text_metrics_and_importances_were_computed(synthetic):
+    md, html = (synthetic[3] / "report.md").read_text(), (synthetic[3] / "report.html").read_text()
+    line = f"Text metrics, sacreBLEU signatures: bleu {SIGNATURES['bleu']}; chrf {SIGNATURES['chrf']}."
+    assert f"- {line}" in md and f"<li>{line}</li>" in html
+    assert "### Parameter importances (tune phase, Optuna's PED-ANOVA)" in md
+    assert "Importance of each tuned parameter in the tune phase (Optuna&#39;s PED-ANOVA)." in html
+    assert "fANOVA" not in md + html
+
+
+def test_importances_are_ped_anova_without_scikit_learn(monkeypatch):
+    """fANOVA, Optuna's default before 5.0, needs scikit-learn; PED-ANOVA, named explicitly, does not."""
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # importing it now fails
+    distributions = {"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True),
+                     "model.dropout": optuna.distributions.FloatDistribution(0.0, 0.5)}  # fmt: skip
+    rng = np.random.default_rng(0)
+    trials = []
+    for _ in range(20):
+        params = {"train.lr": float(10 ** rng.uniform(-4, -2)), "model.dropout": float(rng.uniform(0, 0.5))}
+        value = -abs(math.log10(params["train.lr"]) + 3) + 0.01 * params["model.dropout"]  # lr matters
+        trials.append(optuna.create_trial(params=params, distributions=distributions, value=value))
+    spec = StudySpec.model_validate({"name": "imp", "tune": {"params": {
+        "train.lr": {"log_uniform": [1e-4, 1e-2]}, "model.dropout": {"uniform": [0.0, 0.5]}}, "trials": 20}})  # fmt: skip
+    frame = importance_frame(SimpleNamespace(spec=spec, tune={"v": trials}))
+    study = optuna.create_study(direction="maximize")
+    study.add_trials(trials)
+    expected = optuna.importance.get_param_importances(
+        study, evaluator=importance_evaluator(), params=["train.lr", "model.dropout"]
+    )
+    assert dict(zip(frame["param"], frame["importance"])) == pytest.approx(expected)
+    assert expected["train.lr"] > expected["model.dropout"]
 
 
 def test_artifacts_come_from_the_store_or_the_trial_folder(synthetic):

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 from wandb.proto import wandb_internal_pb2 as pb
 
 from harness import tracking
+from harness.trial import best_validation
 
 
 def offline_records(run_dir: Path) -> list[pb.Record]:
@@ -90,3 +97,90 @@ def test_disabled_mode_starts_no_run(tmp_path):
     with tracking.wandb_logger("disabled", tmp_path, "g", "n", "eval", [], {}) as logger:
         assert logger is None
     assert not (tmp_path / "wandb").exists()
+
+
+def offline_summary(run_dir: Path) -> dict:
+    """An offline run's final summary: its summary records applied in order."""
+    offline_run(run_dir)  # waits until the run's exit record is written
+    summary = {}
+    for record in offline_records(run_dir):
+        if record.WhichOneof("record_type") == "summary":
+            for item in record.summary.update:
+                summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return summary
+
+
+def test_a_self_hosted_server_in_netrc_counts_as_credentials(monkeypatch, tmp_path):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    netrc = tmp_path / "netrc"
+    monkeypatch.setenv("NETRC", str(netrc))
+    # What `wandb login --host https://wandb.example.org:8443` writes: the URL's host and port as machine.
+    netrc.write_text(f"machine wandb.example.org:8443\n  login user\n  password {'k' * 40}\n")
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org:8443/")
+    assert tracking.has_credentials()
+    monkeypatch.setattr(tracking, "server_unreachable", lambda url: None)
+    assert tracking.resolve_mode(None) == "online"
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.other.org")
+    assert not tracking.has_credentials()
+    monkeypatch.delenv("WANDB_BASE_URL")  # api.wandb.ai: no entry for it
+    assert not tracking.has_credentials()
+    netrc.write_text(f"machine api.wandb.ai\n  login user\n  password {'k' * 40}\n")
+    assert tracking.has_credentials()
+
+
+def readme_sweep() -> dict:
+    """The W&B sweep file the README shows (the yaml block after `<!-- wandb-sweep -->`)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("<!-- wandb-sweep -->", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    return yaml.safe_load(block)
+
+
+def test_a_wandb_sweep_agent_runs_ablate_train_as_the_readme_shows(tmp_path):
+    sweep = readme_sweep()
+    # One point of the sweep's space, as the agent picks it, plus the sizes that keep it a few seconds.
+    params = {key: space.get("value", space.get("values", [space.get("min")])[0])
+              for key, space in sweep["parameters"].items()}  # fmt: skip
+    params.update({f"task.{k}": v for k, v in TINY_TASK.items()})
+    params.update({f"model.{k}": v for k, v in TINY_MODEL.items()})
+    params.update({f"train.{k}": v for k, v in TINY_TRAIN.items()})
+    args = [f"{key}={value}" for key, value in params.items()]  # what ${args_no_hyphens} becomes
+    command = []
+    for part in sweep["command"]:
+        command += args if part == "${args_no_hyphens}" else [part.replace("${program}", sweep["program"])]
+    assert command[:2] == ["ablate", "train"]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SWEEP_ID": "sweep01", "WANDB_RUN_ID": "run0001"}
+    env.pop("WANDB_SERVICE", None)  # its own W&B service, as under an agent, not this test process's
+    proc = subprocess.run(
+        [shutil.which("ablate") or str(Path(sys.executable).parent / "ablate"), *command[1:], "--json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    (run_dir,) = (tmp_path / "runs" / "train" / "wandb").glob("offline-run-*-run0001")
+    run = offline_run(run_dir)
+    # Named, grouped, tagged and configured as a sweep trial is.
+    assert (run["name"], run["group"], run["job_type"]) == ("transformer-seed0", "transformer", "train")
+    assert "pos_encoding=sinusoidal" in run["tags"] and "lr=0.0001" in run["tags"]
+    assert run["config"]["model.pos_encoding"] == "sinusoidal" and run["config"]["train.lr"] == 1e-4
+    assert run["config"]["train.max_steps"] == TINY_TRAIN["max_steps"] and run["exit_code"] == 0
+    # Its summary is the trial's result: the best checkpoint's val/* and the test metrics, with the step.
+    summary = offline_summary(run_dir)
+    metrics = {k: v for k, v in result.items() if k.startswith(("val/", "test/", "test_long/"))}
+    assert {k: summary[k] for k in metrics} == pytest.approx(metrics)
+    assert summary["val/best_step"] in (2, 4)
+    # The same media: attention heatmaps, the per-length table, the attention arrays.
+    files = {
+        p.relative_to(run_dir / "files").as_posix() for p in (run_dir / "files").rglob("*") if p.is_file()
+    }
+    assert any(f.startswith("media/images/attention/cross/") for f in files)
+    assert any(f.startswith("media/table/per_length") for f in files)
+    assert "attention/probe0_test.npz" not in files  # those travel with --out, not without it
+
+
+def test_best_step_is_the_validation_whose_checkpoint_was_tested():
+    rows = [{"step": 2, "val/loss": 1.5, "val/seq_acc": 0.2}, {"step": 4, "val/loss": 1.1, "val/seq_acc": 0.1},
+            {"step": 6, "val/loss": float("nan"), "val/seq_acc": 0.9}, {"step": 8, "train/loss": 0.5}]  # fmt: skip
+    assert best_validation(rows) == {"step": 4, "val/loss": 1.1, "val/seq_acc": 0.1}

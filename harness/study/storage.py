@@ -13,6 +13,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError
 
 from harness.config import ConfigError
+from harness.extras import require
 from harness.study.spec import HeartbeatSpec
 
 CONNECT_TIMEOUT_S = 10  # an unreachable database server is reported, not waited on
@@ -23,6 +24,7 @@ MAX_RETRIES = 3  # a grid point whose worker keeps dying (killed, out of host me
 def open_storage(url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = HeartbeatSpec()):
     """An RDBStorage with a heartbeat: the RUNNING trial of a killed worker is failed once its heartbeat is
     `heartbeat.grace` seconds old, and re-queued as a WAITING copy (RetryHeartbeatStaleTrialCallback)."""
+    url = with_driver(url)
     sqlite = url.startswith("sqlite:///")
     if sqlite:
         db = Path(url.removeprefix("sqlite:///"))
@@ -51,6 +53,16 @@ def open_storage(url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = H
     if sqlite:
         serialize_sqlite_transactions(storage.engine)
     return storage
+
+
+def with_driver(url: str) -> str:
+    """PostgreSQL URLs through psycopg2 (the [postgres] extra): SQLAlchemy 2.1 reads a bare postgresql://
+    as psycopg 3, which nothing installs."""
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+    if url.startswith("postgresql+psycopg2://"):
+        require("psycopg2", extra="postgres", feature="PostgreSQL storage")
+    return url
 
 
 def connect_args(url: str) -> dict[str, Any]:

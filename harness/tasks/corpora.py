@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.config import ConfigError, TaskConfig
+from harness.extras import require
 from harness.tasks.base import SPLITS, Example, TaskData, Vocab, longest_target
 from harness.tasks.reading import read_lines, require_file
 from harness.tasks.tokenizers import build_tokenizer
@@ -158,9 +159,8 @@ def read_corpus(cfg: TaskConfig) -> tuple[str, Corpus]:
             (path / name).is_file() for name in ("dataset_dict.json", "dataset_info.json", "state.json")
         ):
             raise ConfigError(f"task.path: {path} is a folder but not one written by datasets' save_to_disk")
-        from datasets import load_from_disk
-
-        return "hf_disk", read_hf(load_from_disk(str(path)), cfg, str(path))
+        datasets = require("datasets", extra="hf", feature="Hugging Face dataset folders")
+        return "hf_disk", read_hf(datasets.load_from_disk(str(path)), cfg, str(path))
     if path.is_file():
         if path.suffix in JSON_SUFFIXES:
             return "jsonl", {"train": read_jsonl(path, cfg)}
@@ -174,10 +174,9 @@ def read_corpus(cfg: TaskConfig) -> tuple[str, Corpus]:
 
 
 def read_hub(cfg: TaskConfig) -> Corpus:
-    from datasets import load_dataset
-
+    datasets = require("datasets", extra="hf", feature="Hugging Face Hub datasets")
     try:
-        dataset = load_dataset(cfg.path, cfg.hf_config)
+        dataset = datasets.load_dataset(cfg.path, cfg.hf_config)
     except Exception as e:  # offline, unknown name, missing configuration: all one bad-input line
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
