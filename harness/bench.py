@@ -259,9 +259,10 @@ def bench_overhead(device: torch.device, quick: bool, repeats: int) -> Figure:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from harness.callbacks import CostMonitor
     from harness.tasks import build_task
     from harness.tasks.datamodule import Seq2SeqDataModule
-    from harness.trial import CostMonitor, build_module, build_trainer
+    from harness.trial import build_module, build_trainer
 
     cfg = overhead_config(quick)
     data = build_task(cfg.task, cfg.seed)

@@ -7,11 +7,9 @@ there, as harness.artifacts names them."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
-import resource
 import shutil
 import tempfile
 import time
@@ -22,14 +20,21 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 
 from harness import artifacts
 from harness.artifacts import AttentionSample
+from harness.callbacks import (
+    AttentionImages,
+    CostMonitor,
+    HistoryCallback,
+    StepBudgetProgressBar,
+    ValidateOnStop,
+)
 from harness.config import ConfigError, ExperimentConfig
 from harness.metrics import accuracy_by_length, alignment_error_rate, text_metrics
-from harness.probes import Probe, capture, log_images, select_probes
+from harness.probes import capture, log_images, select_probes
 from harness.tasks import TaskData, build_task
 from harness.tasks.datamodule import Seq2SeqDataModule
 from models.decoding import generation_budget
@@ -72,104 +77,6 @@ class TrialResult:
     def to_json(self) -> dict[str, Any]:
         """Everything but the attention arrays (those are .npz files)."""
         return {k: v for k, v in asdict(self).items() if k != "attention"}
-
-
-class HistoryCallback(L.Callback):
-    """Keeps every logged scalar by step, so learning curves survive without any external logger."""
-
-    def __init__(self):
-        self.rows: list[dict[str, float]] = []
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.sanity_checking:
-            row = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-            self.rows.append({"step": trainer.global_step, **row})
-
-
-def reset_peak_rss() -> None:
-    """Restarts the kernel's peak-RSS count (Linux), so a long-lived worker reports each trial's own peak
-    rather than the largest of all it ran."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_rss_mb() -> float:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):  # "VmHWM:   123456 kB"
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # never reset; KiB on Linux
-
-
-class CostMonitor(L.Callback):
-    """Training throughput in tokens per second and peak memory.
-
-    Tokens are counted on the device and read back once per logging interval (or validation), so
-    counting adds no per-step sync; validation time is excluded from the throughput."""
-
-    def __init__(self):
-        self.tokens, self.train_seconds, self.peak_mem_mb = 0, 0.0, 0.0
-        self._window_tokens: torch.Tensor | int = 0
-        self._window_start = 0.0
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(pl_module.device)
-        else:
-            reset_peak_rss()
-        self._window_start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        real = (batch["src"] != PAD_ID).sum() + (batch["tgt_out"] != PAD_ID).sum()
-        self._window_tokens = self._window_tokens + real
-        if trainer.loggers and trainer.global_step % trainer.log_every_n_steps == 0:
-            rate = self._close_window()
-            for logger in trainer.loggers:
-                logger.log_metrics({"train/tokens_per_sec": rate}, step=trainer.global_step)
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._close_window()
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._window_start = time.perf_counter()
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._close_window()
-        if pl_module.device.type == "cuda":
-            self.peak_mem_mb = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
-        else:
-            self.peak_mem_mb = peak_rss_mb()
-
-    def _close_window(self) -> float:
-        tokens = int(self._window_tokens)
-        seconds = time.perf_counter() - self._window_start
-        self.tokens, self.train_seconds = self.tokens + tokens, self.train_seconds + seconds
-        self._window_tokens, self._window_start = 0, time.perf_counter()
-        return tokens / max(seconds, 1e-9)
-
-    @property
-    def tokens_per_sec(self) -> float:
-        return self.tokens / max(self.train_seconds, 1e-9)
-
-
-class ValidateOnStop(L.Callback):
-    """Ends training on a validation: Lightning validates when asked to stop, so the weights of the last
-    step (max_steps reached mid-interval) are scored and can become the best checkpoint."""
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
-            trainer.should_stop = True
-
-
-class AttentionImages(L.Callback):
-    """Logs the probes' attention heatmaps to W&B after every validation, to watch alignments form."""
-
-    def __init__(self, probes: list[Probe]):
-        self.probes = probes
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: Seq2SeqModule) -> None:
-        if not trainer.sanity_checking and any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
-            log_images(trainer.loggers, capture(pl_module, self.probes), trainer.global_step)
 
 
 def resolve_precision(precision: str) -> str:
@@ -275,15 +182,6 @@ def log_final(loggers: list, result: TrialResult, step: int) -> None:
             logger.log_table("per_length", columns, [[row[c] for c in columns] for row in result.per_length],
                              step=step)  # fmt: skip
         logger.save()
-
-
-class StepBudgetProgressBar(RichProgressBar):
-    """Rich's bar, without the "Epoch 3/-2" it shows when a run is bounded by steps (max_epochs -1)."""
-
-    def _get_train_description(self, current_epoch: int) -> str:
-        if self.trainer.max_epochs >= 0:
-            return super()._get_train_description(current_epoch)
-        return f"Epoch {current_epoch}".ljust(len(self.validation_description))  # as wide: no flicker
 
 
 def build_trainer(

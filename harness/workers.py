@@ -27,10 +27,10 @@ import lightning as L
 import optuna
 import torch
 from optuna.trial import TrialState
-from optuna_integration import PyTorchLightningPruningCallback
 
 from harness import provenance, tracking
 from harness.artifacts import artifact_store, study_dir, trial_dir, upload_trial_files
+from harness.callbacks import DivergenceGuard, StepPruning, TrialFailed
 from harness.study.queue import (
     EVAL,
     TUNE,
@@ -44,52 +44,6 @@ from harness.study.spec import StudySpec, slugify, tune_metric
 from harness.study.storage import retry_callback
 
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
-
-
-class TrialFailed(RuntimeError):
-    """A trial that ran but produced no usable result (it diverged, or its metric is missing)."""
-
-
-class DivergenceGuard(L.Callback):
-    """Stops a trial whose loss or weights stopped being finite: nothing is learned after that point.
-
-    Each step's loss is checked on the device, without a sync; the flag and the weights are read before
-    each validation and at the end of training, so no NaN model is validated, probed or tested."""
-
-    def __init__(self):
-        self.nonfinite_loss: torch.Tensor | None = None
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        bad = ~torch.isfinite(loss.detach())
-        self.nonfinite_loss = bad if self.nonfinite_loss is None else self.nonfinite_loss | bad
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.check(trainer, pl_module)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.check(trainer, pl_module)
-
-    def check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.nonfinite_loss is not None and bool(self.nonfinite_loss):
-            raise TrialFailed(f"diverged: train/loss is not finite (by step {trainer.global_step})")
-        if not all(bool(torch.isfinite(p).all()) for p in pl_module.parameters()):
-            raise TrialFailed(f"diverged: weights are not finite at step {trainer.global_step}")
-
-
-class StepPruning(PyTorchLightningPruningCallback):
-    """Reports the monitored metric at the global step, not the epoch: training is budgeted in steps and
-    validates several times per epoch, and Hyperband's resource is then the number of training steps."""
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.is_ddp_backend:
-            return super().on_validation_end(trainer, pl_module)
-        score = trainer.callback_metrics.get(self.monitor)
-        if trainer.sanity_checking or score is None:
-            return
-        self._trial.report(float(score), step=trainer.global_step)
-        if self._trial.should_prune():
-            raise optuna.TrialPruned(f"pruned at step {trainer.global_step}")
 
 
 @dataclass
@@ -309,8 +263,6 @@ def quiet_experimental() -> Iterator[None]:
 def free_device_memory() -> None:
     """After a failed trial (CUDA out of memory among others), return its cached blocks to the device."""
     import gc
-
-    import torch
 
     gc.collect()
     if torch.cuda.is_available():
