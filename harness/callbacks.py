@@ -16,7 +16,8 @@ from lightning.pytorch.loggers import WandbLogger
 from optuna_integration import PyTorchLightningPruningCallback
 
 from harness.probes import Probe, capture, log_images
-from models.module import PAD_ID, Seq2SeqModule
+from models.module import Seq2SeqModule
+from models.sequences import PAD_ID
 
 
 class TrialFailed(RuntimeError):

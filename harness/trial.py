@@ -1,7 +1,8 @@
-"""One trial: ExperimentConfig -> data -> Seq2SeqModule -> Trainer.fit -> test metrics + artifacts.
+"""One trial: ExperimentConfig -> data -> Seq2SeqModule -> Trainer.fit -> evaluation -> artifacts.
 
 Training keeps the checkpoint with the best val/loss (and writes the last one); the test splits are
-decoded with that best checkpoint, loaded with weights_only=True. With `out_dir` the trial leaves its
+decoded once with that best checkpoint, loaded with weights_only=True, and every test metric comes from
+that pass (harness/evaluation.py). With `out_dir` the trial leaves its
 config, metrics (metrics, history, per-length accuracy, cost), checkpoints, attention samples and data
 there, as harness.artifacts names them."""
 
@@ -33,13 +34,12 @@ from harness.callbacks import (
     ValidateOnStop,
 )
 from harness.config import ConfigError, ExperimentConfig
-from harness.metrics import accuracy_by_length, alignment_error_rate, text_metrics
-from harness.probes import capture, log_images, select_probes
+from harness.evaluation import Evaluation
+from harness.probes import log_images, select_probes
 from harness.tasks import TaskData, build_task
 from harness.tasks.datamodule import Seq2SeqDataModule
 from models.decoding import generation_budget
-from models.diagnostics import rank_collapse
-from models.module import PAD_ID, Seq2SeqModule
+from models.module import Seq2SeqModule
 
 MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
 
@@ -59,7 +59,7 @@ class TrialResult:
     wall_time: float
     split_sizes: dict[str, int]
     history: list[dict[str, float]] = field(default_factory=list)
-    # Accuracy by target length (tokens without EOS): rows of {split, length, n, seq_acc, tok_acc}.
+    # Accuracy by target length (tokens without EOS): rows of {split, length, n, seq_acc, tok_acc, tokens}.
     per_length: list[dict[str, Any]] = field(default_factory=list)
     attention: list[AttentionSample] = field(default_factory=list)
     tokens_per_sec: float = 0.0  # training throughput, target + source tokens without padding
@@ -112,63 +112,6 @@ def build_module(cfg: ExperimentConfig, data: TaskData, eval_splits: list[str]) 
         beam_size=t.beam_size, length_penalty=t.length_penalty, compile=t.compile,
         eval_splits=tuple(eval_splits), train_max_len=data.train_max_len,
     )  # fmt: skip
-
-
-def generation_metrics(
-    module: Seq2SeqModule, data: TaskData
-) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """BLEU / chrF per test split for text tasks, and exact match by target length for every task."""
-    metrics, per_length = {}, []
-    for split, rows in module.predictions.items():
-        metrics.update(text_metrics(split, rows, data))
-        for row in accuracy_by_length(rows):
-            per_length.append({"split": split, "length": row["length_min"], "n": row["n"],
-                               "seq_acc": row["seq_acc"], "tok_acc": row["tok_acc"]})  # fmt: skip
-    return metrics, per_length
-
-
-def alignment_metrics(module: Seq2SeqModule, dm: Seq2SeqDataModule, data: TaskData) -> dict[str, float]:
-    """AER of the last cross-attention layer (mean over heads) against the gold alignments, for each
-    evaluation split whose examples carry them. Models without attention have no AER."""
-    metrics = {}
-    for split, loader in zip(dm.eval_splits, dm.test_dataloader()):
-        examples = data.splits[split]
-        if any(ex.alignment is None for ex in examples):
-            continue
-        attentions = []
-        for batch in loader:  # evaluation loaders keep the split's order
-            cross = module.attention(batch["src"].to(module.device), batch["tgt_in"].to(module.device)).get(
-                "cross"
-            )
-            if not cross or cross[-1] is None:
-                return metrics
-            attentions.extend(cross[-1].float().mean(1).cpu())  # (B, H, T, S) -> B x (T, S)
-        sizes = [(len(ex.src), len(ex.tgt)) for ex in examples]
-        metrics[f"{split}/aer"] = alignment_error_rate(attentions, [ex.alignment for ex in examples], sizes)
-    return metrics
-
-
-def rank_collapse_metrics(module: Seq2SeqModule, dm: Seq2SeqDataModule) -> dict[str, float]:
-    """Rank collapse (Dong et al. 2021, models/diagnostics.py) of the last encoder and decoder layer's
-    output on each evaluation split, mean over its sequences: 0 when every token became the same vector.
-    Transformers only: the recurrent family has no layer outputs of that kind."""
-    if not hasattr(module.model, "hidden_states"):
-        return {}
-    metrics = {}
-    with module._inference():
-        for split, loader in zip(dm.eval_splits, dm.test_dataloader()):
-            sums: dict[str, float] = {}
-            count = 0
-            for batch in loader:
-                src, tgt_in = batch["src"].to(module.device), batch["tgt_in"].to(module.device)
-                masks = {"encoder": src != PAD_ID, "decoder": tgt_in != PAD_ID}
-                for side, states in module.model.hidden_states(src, tgt_in).items():
-                    if states:  # no encoder layers without cross-attention
-                        value = float(rank_collapse(states[-1].float(), masks[side]).sum())
-                        sums[side] = sums.get(side, 0.0) + value
-                count += src.size(0)
-            metrics.update({f"{split}/rank_collapse_{side}": total / count for side, total in sums.items()})
-    return metrics
 
 
 def log_final(loggers: list, result: TrialResult, step: int) -> None:
@@ -242,6 +185,7 @@ def run_trial(
     probes = select_probes(data)
     loggers = list(loggers or [])
     history, cost = HistoryCallback(), CostMonitor()
+    evaluation = Evaluation(data, dm.eval_splits, probes)
     with tempfile.TemporaryDirectory(prefix="trial-ckpt-") as scratch:
         # Without an out_dir the best checkpoint still selects the tested weights; it lives in scratch.
         ckpt_dir = Path(out_dir) / artifacts.CHECKPOINTS if out_dir is not None else Path(scratch)
@@ -251,7 +195,7 @@ def run_trial(
             monitor=MONITOR,
             enable_version_counter=False,
         )
-        own = [history, cost, best, ValidateOnStop(), AttentionImages(probes)]
+        own = [history, cost, best, ValidateOnStop(), AttentionImages(probes), evaluation]
         root = str(out_dir) if out_dir is not None else scratch
         trainer = build_trainer(
             cfg, [*own, *(callbacks or [])], loggers, progress, len(dm.train_dataloader()), root
@@ -262,20 +206,17 @@ def run_trial(
         tested = best.best_model_path or str(ckpt_dir / artifacts.LAST_CHECKPOINT)
         test_metrics = trainer.test(module, datamodule=dm, ckpt_path=tested, verbose=False, weights_only=True)
 
-    metrics, per_length = generation_metrics(module, data)
-    for per_loader in test_metrics:
-        metrics.update({k: float(v) for k, v in per_loader.items()})
+    metrics = {k: float(v) for per_loader in test_metrics for k, v in per_loader.items()}
+    metrics.update(evaluation.metrics())
     metrics.update(best_validation(history.rows))
-    metrics.update(alignment_metrics(module, dm, data))
-    metrics.update(rank_collapse_metrics(module, dm))
     result = TrialResult(
         metrics=dict(sorted(metrics.items())),
         params=module.num_parameters(),
         wall_time=time.perf_counter() - start,
         split_sizes=data.sizes(),
         history=history.rows,
-        per_length=per_length,
-        attention=capture(module, probes),
+        per_length=evaluation.per_length(),
+        attention=evaluation.attention(),
         tokens_per_sec=cost.tokens_per_sec,
         peak_mem_mb=cost.peak_mem_mb,
         steps=trainer.global_step,
