@@ -30,9 +30,9 @@ from harness.callbacks import (
     AttentionImages,
     CostMonitor,
     HistoryCallback,
-    StepBudgetProgressBar,
     ValidateOnStop,
 )
+from harness.compat import StepBudgetProgressBar
 from harness.config import ConfigError, ExperimentConfig
 from harness.evaluation import Evaluation
 from harness.probes import log_images, select_probes
@@ -105,13 +105,9 @@ def check_positions(cfg: ExperimentConfig, data: TaskData) -> None:
 
 
 def build_module(cfg: ExperimentConfig, data: TaskData, eval_splits: list[str]) -> Seq2SeqModule:
-    t = cfg.train
     return Seq2SeqModule(
-        cfg.model, len(data.src_vocab), len(data.tgt_vocab), lr=t.lr, weight_decay=t.weight_decay, schedule=t.schedule,
-        warmup_steps=t.warmup_steps, max_steps=t.max_steps, label_smoothing=t.label_smoothing,
-        beam_size=t.beam_size, length_penalty=t.length_penalty, compile=t.compile,
-        eval_splits=tuple(eval_splits), train_max_len=data.train_max_len,
-    )  # fmt: skip
+        cfg.model, len(data.src_vocab), len(data.tgt_vocab), cfg.train, tuple(eval_splits), data.train_max_len
+    )
 
 
 def log_final(loggers: list, result: TrialResult, step: int) -> None:

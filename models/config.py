@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, PositiveInt, field_validator, model_validator
 
 Scale = Literal["sqrt", "none"] | float
 
@@ -16,8 +16,8 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     arch: Literal["lstm", "transformer"] = "transformer"
-    d_model: int = 64
-    layers: int = 2
+    d_model: PositiveInt = 64
+    layers: PositiveInt = 2
     dropout: float = 0.1
     tie_embeddings: bool = False
 
@@ -29,28 +29,21 @@ class ModelConfig(BaseModel):
     )
     attention_query: Literal["previous", "current"] = "previous"
     input_feeding: bool = False
-    attention_heads: int = 1
+    attention_heads: PositiveInt = 1
 
     # transformer family
-    heads: int = 4
-    d_ff: int = 256
+    heads: PositiveInt = 4
+    d_ff: PositiveInt = 256
     scale: Scale = "sqrt"
     pos_encoding: Literal["none", "sinusoidal", "learned", "rope", "alibi"] = "sinusoidal"
     pos_base: float = 10000.0
-    max_positions: int = 512
+    max_positions: PositiveInt = 512
     residual: bool = True
     norm: Literal["post", "pre", "none", "rms_pre"] = "post"
     causal_mask: bool = True
     cross_attention: bool = True
     embed_scale: bool = True
     qkv_projections: bool = True
-
-    @field_validator("d_model", "layers", "heads", "d_ff", "attention_heads", "max_positions")
-    @classmethod
-    def _positive(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError("must be a positive integer")
-        return v
 
     @field_validator("dropout")
     @classmethod

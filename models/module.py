@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from models import build_model
 from models.config import ModelConfig
 from models.decoding import beam_search, greedy_decode, max_target_length
+from models.optim import OptimConfig
 from models.sequences import BOS_ID, EOS_ID, PAD_ID, score
 
 
@@ -66,24 +67,20 @@ class Seq2SeqModule(L.LightningModule):
         model: ModelConfig | dict,
         src_vocab: int,
         tgt_vocab: int,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        schedule: str = "constant",
-        warmup_steps: int = 0,
-        max_steps: int = 1000,
-        label_smoothing: float = 0.0,
-        beam_size: int = 1,
-        length_penalty: float = 0.6,
-        compile: bool = False,
+        optim: OptimConfig | dict | None = None,
         eval_splits: tuple[str, ...] = ("test",),
         train_max_len: int = 0,
     ):
+        """optim: OptimConfig, or any config that extends it (harness's TrainConfig); None: its defaults."""
         super().__init__()
         self.model_cfg = model if isinstance(model, ModelConfig) else ModelConfig(**model)
-        self.save_hyperparameters(ignore=["model"])
-        self.hparams["model"] = self.model_cfg.model_dump()  # a plain dict, so checkpoints stay safe to load
+        self.optim = OptimConfig.of(optim or {})
+        self.save_hyperparameters(ignore=["model", "optim"])
+        # Plain dicts, so checkpoints stay safe to load with weights_only=True.
+        self.hparams["model"] = self.model_cfg.model_dump()
+        self.hparams["optim"] = self.optim.model_dump()
         self.model = build_model(self.model_cfg, src_vocab, tgt_vocab, PAD_ID)
-        if compile:
+        if self.optim.compile:
             # Compiles forward in place: parameter names, and so checkpoints, stay those of the plain model.
             self.model.compile()
         self.eval_splits = list(eval_splits)
@@ -110,12 +107,12 @@ class Seq2SeqModule(L.LightningModule):
             if beam_size == 1:
                 return greedy_decode(self.model, src, BOS_ID, EOS_ID, PAD_ID, max_len)
             return beam_search(
-                self.model, src, BOS_ID, EOS_ID, PAD_ID, beam_size, self.hparams.length_penalty, max_len
+                self.model, src, BOS_ID, EOS_ID, PAD_ID, beam_size, self.optim.length_penalty, max_len
             )
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         logits = self.model(batch["src"], batch["tgt_in"])
-        loss = token_cross_entropy(logits, batch["tgt_out"], self.hparams.label_smoothing)
+        loss = token_cross_entropy(logits, batch["tgt_out"], self.optim.label_smoothing)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
         return loss
@@ -131,7 +128,7 @@ class Seq2SeqModule(L.LightningModule):
         else:
             logits = self.model(batch["src"], batch["tgt_in"])
         target = batch["tgt_out"]
-        loss = token_cross_entropy(logits, target, self.hparams.label_smoothing, reduction="sum")
+        loss = token_cross_entropy(logits, target, self.optim.label_smoothing, reduction="sum")
         nll = token_cross_entropy(logits, target, reduction="sum")
         pred = self.generate(batch["src"], beam_size)
         scores = [score(p, t) for p, t in zip(pred.tolist(), target.tolist())]
@@ -169,7 +166,7 @@ class Seq2SeqModule(L.LightningModule):
         """Test splits decode with beam_size; what this returns is the one evaluation pass's record of the
         batch, which harness/evaluation.py turns into every test metric beyond these sums."""
         return self._evaluate(
-            self.eval_splits[dataloader_idx], batch, self.hparams.beam_size, need_weights=True
+            self.eval_splits[dataloader_idx], batch, self.optim.beam_size, need_weights=True
         )
 
     def on_test_epoch_end(self) -> None:
@@ -182,9 +179,9 @@ class Seq2SeqModule(L.LightningModule):
             return self.model(src, tgt_in, need_weights=True)[1]
 
     def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        o = self.optim
+        optimizer = torch.optim.AdamW(self.parameters(), lr=o.lr, weight_decay=o.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(hp.schedule, hp.warmup_steps, hp.max_steps)
+            optimizer, lr_lambda(o.schedule, o.warmup_steps, o.max_steps)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

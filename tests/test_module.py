@@ -12,8 +12,10 @@ from harness.artifacts import AttentionSample
 from harness.callbacks import peak_rss_mb
 from harness.config import load_config
 from harness.probes import heatmap
-from harness.trial import build_trainer, resolve_precision, run_trial
+from harness.tasks import build_task
+from harness.trial import build_module, build_trainer, resolve_precision, run_trial
 from models.module import Seq2SeqModule, lr_lambda, token_cross_entropy
+from models.optim import OptimConfig
 from models.sequences import EOS_ID
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -73,9 +75,27 @@ def test_generation_may_run_past_twice_the_source(beam_size):
     assert Seq2SeqModule(module.model_cfg, 10, 10).hparams.train_max_len == 0  # without it: 2 * 10 + 10
 
 
+def test_training_settings_reach_the_module_whole():
+    cfg = tiny("train.lr=0.003", "train.weight_decay=0.2", "train.schedule=cosine", "train.warmup_steps=4",
+               "train.label_smoothing=0.1", "train.beam_size=3", "train.length_penalty=1.0")  # fmt: skip
+    data = build_task(cfg.task, cfg.seed)
+    module = build_module(cfg, data, ["test"])
+    assert module.optim == OptimConfig.of(cfg.train)
+    assert (module.optim.beam_size, module.optim.length_penalty, module.optim.label_smoothing) == (
+        3,
+        1.0,
+        0.1,
+    )
+    optimizers = module.configure_optimizers()
+    group = optimizers["optimizer"].param_groups[0]
+    assert (group["initial_lr"], group["weight_decay"]) == (0.003, 0.2)
+    assert group["lr"] == pytest.approx(0.003 / 4)  # cosine's linear warmup, first of 4 steps
+    assert module.hparams["optim"] == OptimConfig.of(cfg.train).model_dump()  # what a checkpoint keeps
+
+
 def test_compile_keeps_checkpoint_names():
     plain = Seq2SeqModule({"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}, 10, 10)
-    compiled = Seq2SeqModule({"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}, 10, 10, compile=True)
+    compiled = Seq2SeqModule({"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}, 10, 10, {"compile": True})
     assert compiled.model._compiled_call_impl is not None
     assert list(compiled.state_dict()) == list(plain.state_dict())
 
@@ -142,10 +162,10 @@ def test_checkpoint_round_trip_restores_identical_outputs(logged_trial):
     for name in ("best", "last"):
         module = Seq2SeqModule.load_from_checkpoint(out / "checkpoints" / f"{name}.ckpt", weights_only=True)
         assert module.num_parameters() == result.params
+        assert module.optim == OptimConfig.of(tiny().train)
     # The test metrics and probes come from the best checkpoint, so reloading it reproduces the probes.
     module = Seq2SeqModule.load_from_checkpoint(out / "checkpoints" / "best.ckpt", weights_only=True)
     from harness.probes import capture, select_probes
-    from harness.tasks import build_task
 
     cfg = tiny()
     again = capture(module, select_probes(build_task(cfg.task, cfg.seed)))
