@@ -1,5 +1,5 @@
 """The Lightning callbacks a trial trains with: history of logged scalars, training cost, a validation
-on stop, attention images, the progress bar, divergence and pruning."""
+on stop, attention images, divergence and pruning."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import lightning as L
 import optuna
 import torch
-from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 from optuna_integration import PyTorchLightningPruningCallback
 
+from harness.compat import pruning_trial
 from harness.probes import Probe, capture, log_images
 from models.module import Seq2SeqModule
 from models.sequences import PAD_ID
@@ -61,8 +61,9 @@ class StepPruning(PyTorchLightningPruningCallback):
         score = trainer.callback_metrics.get(self.monitor)
         if trainer.sanity_checking or score is None:
             return
-        self._trial.report(float(score), step=trainer.global_step)
-        if self._trial.should_prune():
+        trial = pruning_trial(self)
+        trial.report(float(score), step=trainer.global_step)
+        if trial.should_prune():
             raise optuna.TrialPruned(f"pruned at step {trainer.global_step}")
 
 
@@ -162,12 +163,3 @@ class AttentionImages(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: Seq2SeqModule) -> None:
         if not trainer.sanity_checking and any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
             log_images(trainer.loggers, capture(pl_module, self.probes), trainer.global_step)
-
-
-class StepBudgetProgressBar(RichProgressBar):
-    """Rich's bar, without the "Epoch 3/-2" it shows when a run is bounded by steps (max_epochs -1)."""
-
-    def _get_train_description(self, current_epoch: int) -> str:
-        if self.trainer.max_epochs >= 0:
-            return super()._get_train_description(current_epoch)
-        return f"Epoch {current_epoch}".ljust(len(self.validation_description))  # as wide: no flicker

@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ import optuna
 import torch
 from optuna.trial import TrialState
 
-from harness import provenance, tracking
+from harness import compat, provenance, tracking
 from harness.artifacts import artifact_store, study_dir, trial_dir, upload_trial_files
 from harness.callbacks import DivergenceGuard, StepPruning, TrialFailed
 from harness.study.queue import (
@@ -40,8 +39,8 @@ from harness.study.queue import (
     suggest,
     trial_variant,
 )
-from harness.study.spec import StudySpec, slugify, tune_metric
-from harness.study.storage import retry_callback
+from harness.study.spec import StudySpec, short_name, slugify, tune_metric
+from harness.study.storage import quiet_experimental, retry_callback
 
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
 
@@ -139,11 +138,11 @@ class Worker:
             # The WAITING -> RUNNING transition succeeds for exactly one process. The list read above may
             # be stale: another worker may have claimed this trial and even finished it since.
             try:
-                claimed = self.storage.set_trial_state_values(frozen._trial_id, TrialState.RUNNING)
+                claimed = self.storage.set_trial_state_values(compat.trial_id(frozen), TrialState.RUNNING)
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
             if claimed:
-                return Claim(study, optuna.Trial(study, frozen._trial_id), phase, variant)
+                return Claim(study, optuna.Trial(study, compat.trial_id(frozen)), phase, variant)
         return None
 
     def run_claimed(self, claim: Claim) -> None:
@@ -156,7 +155,7 @@ class Worker:
                   flush=True)  # fmt: skip
 
         try:
-            with heartbeat(self.storage, trial._trial_id):
+            with heartbeat(self.storage, compat.trial_id(trial)):
                 value = self.objective(claim)
         except optuna.TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
@@ -182,7 +181,7 @@ class Worker:
 
     def requeue(self, study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
         """Fails the trial with `reason` and queues a copy of it (same grid point) as WAITING."""
-        before = self.storage.get_trial(trial._trial_id)  # the copy must not inherit the fail reason
+        before = self.storage.get_trial(compat.trial_id(trial))  # the copy must not inherit the fail reason
         trial.set_user_attr("fail_reason", reason)
         study.tell(trial, state=TrialState.FAIL)
         retry_callback(None)(study, before)
@@ -218,7 +217,7 @@ class Worker:
         out_dir = trial_dir(
             self.root, claim.phase, trial.number, slugify(variant) if claim.phase == TUNE else None
         )
-        tags = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()]
+        tags = [f"{short_name(k)}={v}" for k, v in overrides.items()]
         from harness.trial import run_trial
 
         try:
@@ -250,14 +249,6 @@ class Worker:
     def store_artifacts(self, trial: optuna.Trial, out_dir: Path) -> None:
         if out_dir.is_dir():
             trial.set_user_attr("artifacts", upload_trial_files(trial, out_dir, self.store))
-
-
-@contextmanager
-def quiet_experimental() -> Iterator[None]:
-    """Heartbeat failing and retry copies are stable in practice but still flagged experimental."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        yield
 
 
 def free_device_memory() -> None:
