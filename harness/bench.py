@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -36,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness import provenance
 from models import build_model
 from models.config import ModelConfig
 from models.decoding import beam_search, greedy_decode
@@ -569,7 +567,7 @@ def machine(device: torch.device) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "device": str(device),
-        "commit": git_commit(),
+        "commit": provenance.git_commit(),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
@@ -595,8 +593,9 @@ def guarded(key: str, what: str, measure: Callable[[], Figure | list[Figure]]) -
 
 def run_bench(device: torch.device, quick: bool = False, progress: Callable[[str], None] = lambda _: None):
     """Every figure, in order; returns {'machine': ..., 'quick': ..., 'figures': {key: figure dict}}."""
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module="lightning")
+    from harness.trial import quiet_lightning
+
+    quiet_lightning()
     sizes = bench_sizes(device, quick)
     info = machine(device)
     steps = [
@@ -630,14 +629,6 @@ def resolve_device(requested: str | None) -> torch.device:
     return (
         torch.device(requested, torch.cuda.current_device()) if requested == "cuda" else torch.device("cpu")
     )
-
-
-def git_commit() -> str | None:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)  # fmt: skip
-        return out.stdout.strip() or None
-    return None
 
 
 def format_value(figure: dict[str, Any]) -> str:
