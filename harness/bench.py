@@ -38,7 +38,7 @@ from models import build_model
 from models.config import ModelConfig
 from models.decoding import beam_search, greedy_decode
 from models.module import token_cross_entropy
-from models.positional import sinusoidal_table
+from models.positional_layers import sinusoidal_table
 from models.sequences import BOS_ID, EOS_ID, PAD_ID
 
 # Dense bf16 tensor-core peaks (no sparsity), FLOP/s, from the vendors' data sheets; matched in order.
