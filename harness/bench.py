@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -36,11 +33,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness import provenance
 from models import build_model
 from models.config import ModelConfig
 from models.decoding import beam_search, greedy_decode
-from models.module import BOS_ID, EOS_ID, PAD_ID, token_cross_entropy
+from models.module import token_cross_entropy
 from models.positional_layers import sinusoidal_table
+from models.sequences import BOS_ID, EOS_ID, PAD_ID
 
 # Dense bf16 tensor-core peaks (no sparsity), FLOP/s, from the vendors' data sheets; matched in order.
 PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
@@ -259,9 +258,10 @@ def bench_overhead(device: torch.device, quick: bool, repeats: int) -> Figure:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from harness.callbacks import CostMonitor
     from harness.tasks import build_task
     from harness.tasks.datamodule import Seq2SeqDataModule
-    from harness.trial import CostMonitor, build_module, build_trainer
+    from harness.trial import build_module, build_trainer
 
     cfg = overhead_config(quick)
     data = build_task(cfg.task, cfg.seed)
@@ -567,7 +567,7 @@ def machine(device: torch.device) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "device": str(device),
-        "commit": git_commit(),
+        "commit": provenance.git_commit(),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
@@ -593,8 +593,9 @@ def guarded(key: str, what: str, measure: Callable[[], Figure | list[Figure]]) -
 
 def run_bench(device: torch.device, quick: bool = False, progress: Callable[[str], None] = lambda _: None):
     """Every figure, in order; returns {'machine': ..., 'quick': ..., 'figures': {key: figure dict}}."""
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module="lightning")
+    from harness.trial import quiet_lightning
+
+    quiet_lightning()
     sizes = bench_sizes(device, quick)
     info = machine(device)
     steps = [
@@ -628,14 +629,6 @@ def resolve_device(requested: str | None) -> torch.device:
     return (
         torch.device(requested, torch.cuda.current_device()) if requested == "cuda" else torch.device("cpu")
     )
-
-
-def git_commit() -> str | None:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)  # fmt: skip
-        return out.stdout.strip() or None
-    return None
 
 
 def format_value(figure: dict[str, Any]) -> str:

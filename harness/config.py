@@ -10,9 +10,18 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from models.config import ModelConfig, preset_keys
+from models.optim import OptimConfig
 
 
 class ConfigError(ValueError):
@@ -23,34 +32,26 @@ class TaskConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field("reverse", description="a name in the tasks table above")
-    min_len: int = 1
-    max_len: int = 10
+    min_len: PositiveInt = 1
+    max_len: PositiveInt = 10
     test_max_len: int | None = None  # default: 2 * max_len
-    vocab_size: int = 10
-    n_train: int = 5000
-    n_valid: int = 500
-    n_test: int = 1000
+    vocab_size: PositiveInt = 10
+    n_train: PositiveInt = 5000
+    n_valid: PositiveInt = 500
+    n_test: PositiveInt = 1000
     split: Literal["simple", "length", "addprim_jump", "addprim_turn_left"] = "simple"
     path: str | None = None
     tokenizer: Literal["char", "word", "bpe"] = "word"
-    bpe_vocab_size: int = 1000
+    bpe_vocab_size: PositiveInt = 1000
     # parallel corpora: which side is which (Moses file suffix, JSONL / HF field or translation key)
     src_lang: str | None = None
     tgt_lang: str | None = None
     hf_config: str | None = None  # configuration of a Hugging Face hub dataset, e.g. en-fr
-    min_tokens: int = 1  # pairs with a shorter side are dropped
-    max_tokens: int | None = None  # longer train / valid pairs are dropped; longer test pairs form test_long
-    max_examples: int | None = None  # cap on training pairs (a seeded sample)
-
-    @field_validator(
-        "min_len", "max_len", "vocab_size", "n_train", "n_valid", "n_test", "bpe_vocab_size",
-        "min_tokens", "max_tokens", "max_examples",
-    )  # fmt: skip
-    @classmethod
-    def _positive(cls, v: int | None) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError("must be a positive integer")
-        return v
+    min_tokens: PositiveInt = 1  # pairs with a shorter side are dropped
+    max_tokens: PositiveInt | None = (
+        None  # longer train / valid pairs are dropped; longer test pairs form test_long
+    )
+    max_examples: PositiveInt | None = None  # cap on training pairs (a seeded sample)
 
     @field_validator("name")
     @classmethod
@@ -84,56 +85,22 @@ class TaskConfig(BaseModel):
         return self.test_max_len if self.test_max_len is not None else 2 * self.max_len
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(OptimConfig):
+    """train.*: OptimConfig (what Seq2SeqModule reads: lr, schedule, loss, decoding) and what the Trainer
+    and the data read."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    batch_size: int = 64
-    batch_tokens: int | None = None
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    schedule: Literal["constant", "inverse_sqrt", "cosine"] = "constant"
-    warmup_steps: int = 0
-    max_steps: int = 1000
+    batch_size: PositiveInt = 64
+    batch_tokens: PositiveInt | None = None
     max_epochs: int | None = None
     max_time: float | None = None  # seconds
-    label_smoothing: float = 0.0
     grad_clip: float | None = 1.0
     # auto: bf16-mixed on a CUDA device that supports it, fp32 otherwise.
     precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true"] = "auto"
-    beam_size: int = 1
-    length_penalty: float = 0.6  # GNMT alpha for beam search; 0 ranks by raw log-probability
-    patience: int | None = None  # validations without a better val/loss before stopping; None: never
+    patience: PositiveInt | None = None  # validations without a better val/loss before stopping; None: never
     deterministic: bool = False
-    compile: bool = False
-    val_every: int = 250  # steps between validations
-
-    @field_validator("batch_size", "batch_tokens", "max_steps", "beam_size", "val_every", "patience")
-    @classmethod
-    def _positive(cls, v: int | None) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError("must be a positive integer")
-        return v
-
-    @field_validator("length_penalty")
-    @classmethod
-    def _non_negative(cls, v: float) -> float:
-        if v < 0:
-            raise ValueError("must be non-negative")
-        return v
-
-    @field_validator("lr")
-    @classmethod
-    def _lr(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("must be positive")
-        return v
-
-    @field_validator("label_smoothing")
-    @classmethod
-    def _smoothing(cls, v: float) -> float:
-        if not 0.0 <= v < 1.0:
-            raise ValueError("must be in [0, 1)")
-        return v
+    val_every: PositiveInt = 250  # steps between validations
 
 
 class ExperimentConfig(BaseModel):
@@ -263,7 +230,7 @@ def format_validation_error(e: ValidationError) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown config key"
-    elif err["type"].startswith("literal_error"):
+    elif err["type"].startswith(("literal_error", "greater_than", "less_than")):
         msg = f"{msg} (got {err['input']!r})"
     # Model-level checks name the field themselves: 'heads: must divide ...' under 'model'.
     field, sep, rest = msg.partition(": ")

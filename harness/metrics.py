@@ -2,8 +2,9 @@
 (sacreBLEU, with its signatures) for text tasks, and the alignment error rate of attention against gold
 alignments; and which of them, by name, a configuration's trials report (`produced_metrics`).
 
-Prediction rows are (prediction ids, target ids) as Seq2SeqModule.predictions[split] holds them;
-ids after EOS, padding and BOS are ignored, so raw decoder output works as well as trimmed rows."""
+Prediction rows are (prediction ids, target ids), EOS and padding kept. Exact match and token accuracy
+are models.sequences' `score`, the one definition the module's metrics use too: token accuracy counts the
+reference's positions through its EOS, exact match compares through EOS."""
 
 from __future__ import annotations
 
@@ -18,49 +19,37 @@ import sacrebleu
 
 from harness.config import ExperimentConfig
 from harness.tasks import ALIGNED_TASKS, GENERATED_TASKS, TEXT_TASKS
-from harness.tasks.base import TaskData, Vocab
+from harness.tasks.base import TaskData
+from models.sequences import SequenceScore, score, summarise
 
 Row = tuple[Sequence[int], Sequence[int]]  # (prediction ids, target ids)
 Alignment = Iterable[tuple[int, int]]  # (source index, target index) pairs
 
 
-def _scores(rows: Iterable[Row]) -> list[tuple[int, bool, int]]:
-    """Per row: target length, exact match, target positions the prediction gets right."""
-    out = []
-    for pred, tgt in rows:
-        pred, tgt = Vocab.strip_ids(pred), Vocab.strip_ids(tgt)
-        out.append((len(tgt), pred == tgt, sum(p == t for p, t in zip(pred, tgt))))
-    return out
-
-
-def _summary(scores: list[tuple[int, bool, int]]) -> dict[str, float]:
-    positions = sum(length for length, _, _ in scores)
-    return {
-        "n": len(scores),
-        "seq_acc": sum(exact for _, exact, _ in scores) / len(scores) if scores else math.nan,
-        "tok_acc": sum(correct for _, _, correct in scores) / positions if positions else math.nan,
-    }
-
-
 def exact_match(rows: Iterable[Row]) -> float:
-    return _summary(_scores(rows))["seq_acc"]
+    return summarise([score(*row) for row in rows])["seq_acc"]
 
 
 def token_accuracy(rows: Iterable[Row]) -> float:
-    """Share of target positions where the prediction has the target token (a prediction that is
-    too short misses the rest; one that is too long is not rewarded for it)."""
-    return _summary(_scores(rows))["tok_acc"]
+    """Share of target positions, EOS included, where the prediction has the target token (a prediction
+    that is too short misses the rest; one that is too long is not rewarded for it)."""
+    return summarise([score(*row) for row in rows])["tok_acc"]
 
 
 def accuracy_by_length(rows: Iterable[Row], bucket_width: int = 1) -> list[dict[str, Any]]:
-    """Rows of {length_min, length_max, n, seq_acc, tok_acc} per bucket of target lengths (tokens,
-    without EOS), shortest first; only buckets that hold examples appear."""
-    buckets: dict[int, list] = defaultdict(list)
-    for score in _scores(rows):
-        buckets[score[0] // bucket_width].append(score)
+    return length_table([score(*row) for row in rows], bucket_width)
+
+
+def length_table(scores: Iterable[SequenceScore], bucket_width: int = 1) -> list[dict[str, Any]]:
+    """Rows of {length_min, length_max, n, seq_acc, tok_acc, tokens} per bucket of target lengths (tokens,
+    without EOS), shortest first; only buckets that hold examples appear. `tokens` is the number of target
+    positions tok_acc counts, so the rows weighted by n and by tokens give the totals back."""
+    buckets: dict[int, list[SequenceScore]] = defaultdict(list)
+    for s in scores:
+        buckets[s.length // bucket_width].append(s)
     return [
-        {"length_min": b * bucket_width, "length_max": (b + 1) * bucket_width - 1, **_summary(scores)}
-        for b, scores in sorted(buckets.items())
+        {"length_min": b * bucket_width, "length_max": (b + 1) * bucket_width - 1, **summarise(group)}
+        for b, group in sorted(buckets.items())
     ]
 
 

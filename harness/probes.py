@@ -14,9 +14,10 @@ import torch
 from matplotlib import colormaps
 
 from harness.artifacts import AttentionSample
-from harness.tasks.base import BOS, EOS, TaskData
+from harness.tasks.base import TaskData
 from harness.tasks.datamodule import EncodedSplit, collate
 from models.module import Seq2SeqModule
+from models.sequences import BOS, EOS
 
 PROBES_PER_SPLIT = {"test": 2, "test_long": 1}
 
@@ -24,11 +25,25 @@ PROBES_PER_SPLIT = {"test": 2, "test_long": 1}
 @dataclass
 class Probe:
     split: str
+    index: int  # the example's position in its split
     batch: dict[str, torch.Tensor]  # one example: src (1, S), tgt_in (1, T), tgt_out (1, T)
     src: list[str]
     tgt_in: list[str]
     tgt_out: list[str]
     alignment: np.ndarray
+
+    def sample(self, weights: dict[str, list[torch.Tensor | None]], row: int = 0) -> AttentionSample:
+        """The probe's attention as float32 arrays, from the model's weights for a batch in which the probe
+        is example `row`: its padding rows and columns are cut off."""
+        sample = AttentionSample(self.split, self.src, self.tgt_in, self.tgt_out, {}, self.alignment)
+        for kind, layers in weights.items():
+            layers = [w for w in layers if w is not None]
+            if layers:
+                rows, cols = (len(axis) for axis in sample.axes(kind))
+                # Each layer (B, H, rows, cols), or (B, rows, cols) for single-head attention.
+                per_layer = [(w if w.dim() == 4 else w.unsqueeze(1))[row, :, :rows, :cols] for w in layers]
+                sample.weights[kind] = torch.stack(per_layer).float().cpu().numpy()  # (layers, H, rows, cols)
+        return sample
 
 
 def select_probes(data: TaskData) -> list[Probe]:
@@ -38,26 +53,17 @@ def select_probes(data: TaskData) -> list[Probe]:
         encoded = EncodedSplit(examples, data)
         for i, ex in enumerate(examples):
             alignment = np.array(ex.alignment or [], dtype=np.int64).reshape(-1, 2)
-            probes.append(Probe(split, collate([encoded[i]]), [*ex.src, EOS], [BOS, *ex.tgt], [*ex.tgt, EOS],
+            probes.append(Probe(split, i, collate([encoded[i]]), [*ex.src, EOS], [BOS, *ex.tgt], [*ex.tgt, EOS],
                                 alignment))  # fmt: skip
     return probes
 
 
 def capture(module: Seq2SeqModule, probes: list[Probe]) -> list[AttentionSample]:
-    """Runs each probe through the model alone (no padding) and keeps its attention as float32 arrays."""
+    """Runs each probe through the model alone (no padding) and keeps its attention."""
     samples = []
     for probe in probes:
         batch = {k: v.to(module.device) for k, v in probe.batch.items()}
-        weights = module.attention(batch["src"], batch["tgt_in"])
-        arrays = {}
-        for kind, layers in weights.items():
-            layers = [w for w in layers if w is not None]
-            if layers:
-                # Each layer (1, H, rows, cols), or (1, rows, cols) for single-head attention.
-                per_layer = [(w if w.dim() == 4 else w.unsqueeze(1))[0].float().cpu() for w in layers]
-                arrays[kind] = torch.stack(per_layer).numpy()  # (layers, H, rows, cols)
-        samples.append(AttentionSample(probe.split, probe.src, probe.tgt_in, probe.tgt_out, arrays,
-                                       probe.alignment))  # fmt: skip
+        samples.append(probe.sample(module.attention(batch["src"], batch["tgt_in"])))
     return samples
 
 

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.study.spec import short_name
+
 WandbMode = Literal["online", "offline", "disabled"]
 PROJECT = os.environ.get("WANDB_PROJECT", "attention-ablate")
 
@@ -144,7 +146,7 @@ def record_summary(run, metrics: dict[str, float], best_step: int | None) -> Non
 
 def run_tags(overrides: dict[str, Any]) -> list[str]:
     """W&B tags of a run's overrides: 'heads=4' for model.heads=4 (W&B keeps 64 characters of a tag)."""
-    return [f"{key.rsplit('.', 1)[-1]}={value}"[:64] for key, value in overrides.items()]
+    return [f"{short_name(key)}={value}"[:64] for key, value in overrides.items()]
 
 
 INIT_TIMEOUT_S = 30

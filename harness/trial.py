@@ -1,17 +1,16 @@
-"""One trial: ExperimentConfig -> data -> Seq2SeqModule -> Trainer.fit -> test metrics + artifacts.
+"""One trial: ExperimentConfig -> data -> Seq2SeqModule -> Trainer.fit -> evaluation -> artifacts.
 
 Training keeps the checkpoint with the best val/loss (and writes the last one); the test splits are
-decoded with that best checkpoint, loaded with weights_only=True. With `out_dir` the trial leaves its
+decoded once with that best checkpoint, loaded with weights_only=True, and every test metric comes from
+that pass (harness/evaluation.py). With `out_dir` the trial leaves its
 config, metrics (metrics, history, per-length accuracy, cost), checkpoints, attention samples and data
 there, as harness.artifacts names them."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
-import resource
 import shutil
 import tempfile
 import time
@@ -22,19 +21,25 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 
 from harness import artifacts, tracking
 from harness.artifacts import AttentionSample
+from harness.callbacks import (
+    AttentionImages,
+    CostMonitor,
+    HistoryCallback,
+    StepBudgetProgressBar,
+    ValidateOnStop,
+)
 from harness.config import ConfigError, ExperimentConfig
-from harness.metrics import accuracy_by_length, alignment_error_rate, text_metrics
-from harness.probes import Probe, capture, log_images, select_probes
+from harness.evaluation import Evaluation
+from harness.probes import log_images, select_probes
 from harness.tasks import TaskData, build_task
 from harness.tasks.datamodule import Seq2SeqDataModule
 from models.decoding import generation_budget
-from models.diagnostics import rank_collapse
-from models.module import PAD_ID, Seq2SeqModule
+from models.module import Seq2SeqModule
 
 MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
 
@@ -54,7 +59,7 @@ class TrialResult:
     wall_time: float
     split_sizes: dict[str, int]
     history: list[dict[str, float]] = field(default_factory=list)
-    # Accuracy by target length (tokens without EOS): rows of {split, length, n, seq_acc, tok_acc}.
+    # Accuracy by target length (tokens without EOS): rows of {split, length, n, seq_acc, tok_acc, tokens}.
     per_length: list[dict[str, Any]] = field(default_factory=list)
     attention: list[AttentionSample] = field(default_factory=list)
     tokens_per_sec: float = 0.0  # training throughput, target + source tokens without padding
@@ -75,104 +80,6 @@ class TrialResult:
     def to_json(self) -> dict[str, Any]:
         """Everything but the attention arrays (those are .npz files)."""
         return {k: v for k, v in asdict(self).items() if k != "attention"}
-
-
-class HistoryCallback(L.Callback):
-    """Keeps every logged scalar by step, so learning curves survive without any external logger."""
-
-    def __init__(self):
-        self.rows: list[dict[str, float]] = []
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.sanity_checking:
-            row = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-            self.rows.append({"step": trainer.global_step, **row})
-
-
-def reset_peak_rss() -> None:
-    """Restarts the kernel's peak-RSS count (Linux), so a long-lived worker reports each trial's own peak
-    rather than the largest of all it ran."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_rss_mb() -> float:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):  # "VmHWM:   123456 kB"
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # never reset; KiB on Linux
-
-
-class CostMonitor(L.Callback):
-    """Training throughput in tokens per second and peak memory.
-
-    Tokens are counted on the device and read back once per logging interval (or validation), so
-    counting adds no per-step sync; validation time is excluded from the throughput."""
-
-    def __init__(self):
-        self.tokens, self.train_seconds, self.peak_mem_mb = 0, 0.0, 0.0
-        self._window_tokens: torch.Tensor | int = 0
-        self._window_start = 0.0
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(pl_module.device)
-        else:
-            reset_peak_rss()
-        self._window_start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        real = (batch["src"] != PAD_ID).sum() + (batch["tgt_out"] != PAD_ID).sum()
-        self._window_tokens = self._window_tokens + real
-        if trainer.loggers and trainer.global_step % trainer.log_every_n_steps == 0:
-            rate = self._close_window()
-            for logger in trainer.loggers:
-                logger.log_metrics({"train/tokens_per_sec": rate}, step=trainer.global_step)
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._close_window()
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._window_start = time.perf_counter()
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._close_window()
-        if pl_module.device.type == "cuda":
-            self.peak_mem_mb = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
-        else:
-            self.peak_mem_mb = peak_rss_mb()
-
-    def _close_window(self) -> float:
-        tokens = int(self._window_tokens)
-        seconds = time.perf_counter() - self._window_start
-        self.tokens, self.train_seconds = self.tokens + tokens, self.train_seconds + seconds
-        self._window_tokens, self._window_start = 0, time.perf_counter()
-        return tokens / max(seconds, 1e-9)
-
-    @property
-    def tokens_per_sec(self) -> float:
-        return self.tokens / max(self.train_seconds, 1e-9)
-
-
-class ValidateOnStop(L.Callback):
-    """Ends training on a validation: Lightning validates when asked to stop, so the weights of the last
-    step (max_steps reached mid-interval) are scored and can become the best checkpoint."""
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
-            trainer.should_stop = True
-
-
-class AttentionImages(L.Callback):
-    """Logs the probes' attention heatmaps to W&B after every validation, to watch alignments form."""
-
-    def __init__(self, probes: list[Probe]):
-        self.probes = probes
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: Seq2SeqModule) -> None:
-        if not trainer.sanity_checking and any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
-            log_images(trainer.loggers, capture(pl_module, self.probes), trainer.global_step)
 
 
 def resolve_precision(precision: str) -> str:
@@ -200,73 +107,9 @@ def check_positions(cfg: ExperimentConfig, data: TaskData) -> None:
 
 
 def build_module(cfg: ExperimentConfig, data: TaskData, eval_splits: list[str]) -> Seq2SeqModule:
-    t = cfg.train
     return Seq2SeqModule(
-        cfg.model, len(data.src_vocab), len(data.tgt_vocab), lr=t.lr, weight_decay=t.weight_decay, schedule=t.schedule,
-        warmup_steps=t.warmup_steps, max_steps=t.max_steps, label_smoothing=t.label_smoothing,
-        beam_size=t.beam_size, length_penalty=t.length_penalty, compile=t.compile,
-        eval_splits=tuple(eval_splits), train_max_len=data.train_max_len,
-    )  # fmt: skip
-
-
-def generation_metrics(
-    module: Seq2SeqModule, data: TaskData
-) -> tuple[dict[str, float], dict[str, str], list[dict[str, Any]]]:
-    """BLEU / chrF per test split for text tasks with sacreBLEU's signature of each ("bleu", "chrf": the
-    same on every split), and exact match by target length for every task."""
-    metrics, signatures, per_length = {}, {}, []
-    for split, rows in module.predictions.items():
-        for name, score in text_metrics(split, rows, data).items():
-            metrics[name] = score.value
-            signatures[name.rsplit("/", 1)[-1]] = score.signature
-        for row in accuracy_by_length(rows):
-            per_length.append({"split": split, "length": row["length_min"], "n": row["n"],
-                               "seq_acc": row["seq_acc"], "tok_acc": row["tok_acc"]})  # fmt: skip
-    return metrics, signatures, per_length
-
-
-def alignment_metrics(module: Seq2SeqModule, dm: Seq2SeqDataModule, data: TaskData) -> dict[str, float]:
-    """AER of the last cross-attention layer (mean over heads) against the gold alignments, for each
-    evaluation split whose examples carry them. Models without attention have no AER."""
-    metrics = {}
-    for split, loader in zip(dm.eval_splits, dm.test_dataloader()):
-        examples = data.splits[split]
-        if any(ex.alignment is None for ex in examples):
-            continue
-        attentions = []
-        for batch in loader:  # evaluation loaders keep the split's order
-            cross = module.attention(batch["src"].to(module.device), batch["tgt_in"].to(module.device)).get(
-                "cross"
-            )
-            if not cross or cross[-1] is None:
-                return metrics
-            attentions.extend(cross[-1].float().mean(1).cpu())  # (B, H, T, S) -> B x (T, S)
-        sizes = [(len(ex.src), len(ex.tgt)) for ex in examples]
-        metrics[f"{split}/aer"] = alignment_error_rate(attentions, [ex.alignment for ex in examples], sizes)
-    return metrics
-
-
-def rank_collapse_metrics(module: Seq2SeqModule, dm: Seq2SeqDataModule) -> dict[str, float]:
-    """Rank collapse (Dong et al. 2021, models/diagnostics.py) of the last encoder and decoder layer's
-    output on each evaluation split, mean over its sequences: 0 when every token became the same vector.
-    Transformers only: the recurrent family has no layer outputs of that kind."""
-    if not hasattr(module.model, "hidden_states"):
-        return {}
-    metrics = {}
-    with module._inference():
-        for split, loader in zip(dm.eval_splits, dm.test_dataloader()):
-            sums: dict[str, float] = {}
-            count = 0
-            for batch in loader:
-                src, tgt_in = batch["src"].to(module.device), batch["tgt_in"].to(module.device)
-                masks = {"encoder": src != PAD_ID, "decoder": tgt_in != PAD_ID}
-                for side, states in module.model.hidden_states(src, tgt_in).items():
-                    if states:  # no encoder layers without cross-attention
-                        value = float(rank_collapse(states[-1].float(), masks[side]).sum())
-                        sums[side] = sums.get(side, 0.0) + value
-                count += src.size(0)
-            metrics.update({f"{split}/rank_collapse_{side}": total / count for side, total in sums.items()})
-    return metrics
+        cfg.model, len(data.src_vocab), len(data.tgt_vocab), cfg.train, tuple(eval_splits), data.train_max_len
+    )
 
 
 def log_final(loggers: list, result: TrialResult, step: int) -> None:
@@ -282,30 +125,6 @@ def log_final(loggers: list, result: TrialResult, step: int) -> None:
         if isinstance(logger, WandbLogger):
             tracking.record_summary(logger.experiment, result.metrics, result.best_step)
         logger.save()
-
-
-class StepBudgetProgressBar(RichProgressBar):
-    """Rich's bar, saying "Epoch 3" where Lightning writes "Epoch 3/-2" (a run bounded by steps has
-    max_epochs -1). Lightning's hooks and Rich's Progress.update only: no private Lightning API."""
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_epoch_start(trainer, pl_module)
-        self.describe(trainer)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        created = self.train_progress_bar_id is None  # Lightning adds the bar here on a mid-epoch resume
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if created:
-            self.describe(trainer)
-
-    def describe(self, trainer: L.Trainer) -> None:
-        if trainer.max_epochs >= 0 or self.progress is None or self.train_progress_bar_id is None:
-            return
-        description = f"Epoch {trainer.current_epoch}".ljust(len(self.validation_description))  # no flicker
-        style = self.theme.description
-        self.progress.update(
-            self.train_progress_bar_id, description=f"[{style}]{description}" if style else description
-        )
 
 
 def build_trainer(
@@ -366,6 +185,7 @@ def run_trial(
     probes = select_probes(data)
     loggers = list(loggers or [])
     history, cost = HistoryCallback(), CostMonitor()
+    evaluation = Evaluation(data, dm.eval_splits, probes)
     with tempfile.TemporaryDirectory(prefix="trial-ckpt-") as scratch:
         # Without an out_dir the best checkpoint still selects the tested weights; it lives in scratch.
         ckpt_dir = Path(out_dir) / artifacts.CHECKPOINTS if out_dir is not None else Path(scratch)
@@ -375,7 +195,7 @@ def run_trial(
             monitor=MONITOR,
             enable_version_counter=False,
         )
-        own = [history, cost, best, ValidateOnStop(), AttentionImages(probes)]
+        own = [history, cost, best, ValidateOnStop(), AttentionImages(probes), evaluation]
         root = str(out_dir) if out_dir is not None else scratch
         trainer = build_trainer(
             cfg, [*own, *(callbacks or [])], loggers, progress, len(dm.train_dataloader()), root
@@ -386,23 +206,20 @@ def run_trial(
         tested = best.best_model_path or str(ckpt_dir / artifacts.LAST_CHECKPOINT)
         test_metrics = trainer.test(module, datamodule=dm, ckpt_path=tested, verbose=False, weights_only=True)
 
-    metrics, signatures, per_length = generation_metrics(module, data)
-    for per_loader in test_metrics:
-        metrics.update({k: float(v) for k, v in per_loader.items()})
+    metrics = {k: float(v) for per_loader in test_metrics for k, v in per_loader.items()}
+    metrics.update(evaluation.metrics())
     best = best_validation(history.rows)
     metrics.update({k: v for k, v in best.items() if k != "step"})
-    metrics.update(alignment_metrics(module, dm, data))
-    metrics.update(rank_collapse_metrics(module, dm))
     result = TrialResult(
         metrics=dict(sorted(metrics.items())),
-        signatures=signatures,
+        signatures=evaluation.signatures(),
         best_step=best.get("step"),
         params=module.num_parameters(),
         wall_time=time.perf_counter() - start,
         split_sizes=data.sizes(),
         history=history.rows,
-        per_length=per_length,
-        attention=capture(module, probes),
+        per_length=evaluation.per_length(),
+        attention=evaluation.attention(),
         tokens_per_sec=cost.tokens_per_sec,
         peak_mem_mb=cost.peak_mem_mb,
         steps=trainer.global_step,

@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,10 +26,10 @@ import lightning as L
 import optuna
 import torch
 from optuna.trial import TrialState
-from optuna_integration import PyTorchLightningPruningCallback
 
-from harness import provenance, tracking
+from harness import compat, provenance, tracking
 from harness.artifacts import artifact_store, study_dir, trial_dir, upload_trial_files
+from harness.callbacks import DivergenceGuard, StepPruning, TrialFailed
 from harness.study.queue import (
     EVAL,
     TUNE,
@@ -41,55 +40,9 @@ from harness.study.queue import (
     trial_variant,
 )
 from harness.study.spec import StudySpec, slugify, tune_metric
-from harness.study.storage import retry_callback
+from harness.study.storage import quiet_experimental, retry_callback
 
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
-
-
-class TrialFailed(RuntimeError):
-    """A trial that ran but produced no usable result (it diverged, or its metric is missing)."""
-
-
-class DivergenceGuard(L.Callback):
-    """Stops a trial whose loss or weights stopped being finite: nothing is learned after that point.
-
-    Each step's loss is checked on the device, without a sync; the flag and the weights are read before
-    each validation and at the end of training, so no NaN model is validated, probed or tested."""
-
-    def __init__(self):
-        self.nonfinite_loss: torch.Tensor | None = None
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        bad = ~torch.isfinite(loss.detach())
-        self.nonfinite_loss = bad if self.nonfinite_loss is None else self.nonfinite_loss | bad
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.check(trainer, pl_module)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.check(trainer, pl_module)
-
-    def check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.nonfinite_loss is not None and bool(self.nonfinite_loss):
-            raise TrialFailed(f"diverged: train/loss is not finite (by step {trainer.global_step})")
-        if not all(bool(torch.isfinite(p).all()) for p in pl_module.parameters()):
-            raise TrialFailed(f"diverged: weights are not finite at step {trainer.global_step}")
-
-
-class StepPruning(PyTorchLightningPruningCallback):
-    """Reports the monitored metric at the global step, not the epoch: training is budgeted in steps and
-    validates several times per epoch, and Hyperband's resource is then the number of training steps."""
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.is_ddp_backend:
-            return super().on_validation_end(trainer, pl_module)
-        score = trainer.callback_metrics.get(self.monitor)
-        if trainer.sanity_checking or score is None:
-            return
-        self._trial.report(float(score), step=trainer.global_step)
-        if self._trial.should_prune():
-            raise optuna.TrialPruned(f"pruned at step {trainer.global_step}")
 
 
 @dataclass
@@ -185,11 +138,11 @@ class Worker:
             # The WAITING -> RUNNING transition succeeds for exactly one process. The list read above may
             # be stale: another worker may have claimed this trial and even finished it since.
             try:
-                claimed = self.storage.set_trial_state_values(frozen._trial_id, TrialState.RUNNING)
+                claimed = self.storage.set_trial_state_values(compat.trial_id(frozen), TrialState.RUNNING)
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
             if claimed:
-                return Claim(study, optuna.Trial(study, frozen._trial_id), phase, variant)
+                return Claim(study, optuna.Trial(study, compat.trial_id(frozen)), phase, variant)
         return None
 
     def run_claimed(self, claim: Claim) -> None:
@@ -202,7 +155,7 @@ class Worker:
                   flush=True)  # fmt: skip
 
         try:
-            with heartbeat(self.storage, trial._trial_id):
+            with heartbeat(self.storage, compat.trial_id(trial)):
                 value = self.objective(claim)
         except optuna.TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
@@ -228,7 +181,7 @@ class Worker:
 
     def requeue(self, study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
         """Fails the trial with `reason` and queues a copy of it (same grid point) as WAITING."""
-        before = self.storage.get_trial(trial._trial_id)  # the copy must not inherit the fail reason
+        before = self.storage.get_trial(compat.trial_id(trial))  # the copy must not inherit the fail reason
         trial.set_user_attr("fail_reason", reason)
         study.tell(trial, state=TrialState.FAIL)
         retry_callback(None)(study, before)
@@ -300,19 +253,9 @@ class Worker:
             trial.set_user_attr("artifacts", upload_trial_files(trial, out_dir, self.store))
 
 
-@contextmanager
-def quiet_experimental() -> Iterator[None]:
-    """Heartbeat failing and retry copies are stable in practice but still flagged experimental."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        yield
-
-
 def free_device_memory() -> None:
     """After a failed trial (CUDA out of memory among others), return its cached blocks to the device."""
     import gc
-
-    import torch
 
     gc.collect()
     if torch.cuda.is_available():

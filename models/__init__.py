@@ -11,7 +11,7 @@ if TYPE_CHECKING:  # torch loads in seconds; config checks (and the CLI's errors
 
 
 def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0) -> nn.Module:
-    """The nn.Module for `cfg.arch`; every family shares forward / init_state / step."""
+    """The nn.Module for `cfg.arch`; every family shares forward / record_states / init_state / step."""
     from models.rnn import RNNSeq2Seq
     from models.transformer import Transformer
 

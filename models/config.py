@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from models.positional import POSITIONAL, check_fits, positional_kind
 from models.scores import SCORES
@@ -21,8 +21,8 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     arch: Literal["lstm", "transformer"] = "transformer"
-    d_model: int = 64
-    layers: int = 2
+    d_model: PositiveInt = 64
+    layers: PositiveInt = 2
     dropout: float = 0.1
     tie_embeddings: bool = False
 
@@ -32,18 +32,18 @@ class ModelConfig(BaseModel):
     attention: Literal[("none", *SCORES)] = "none"  # type: ignore[valid-type]
     attention_query: Literal["previous", "current"] = "previous"
     input_feeding: bool = False
-    attention_heads: int = 1
+    attention_heads: PositiveInt = 1
 
     # transformer family
-    heads: int = 4
-    d_ff: int = 256
+    heads: PositiveInt = 4
+    d_ff: PositiveInt = 256
     scale: Scale = "sqrt"
     pos_encoding: str = Field(
         "sinusoidal",
         description=f"{' | '.join(POSITIONAL)}, or kinds with different parts joined by +, e.g. alibi+sinusoidal",
     )
     pos_base: float = 10000.0
-    max_positions: int = 512
+    max_positions: PositiveInt = 512
     residual: bool = True
     ffn: bool = True  # false: no feed-forward sublayers (pure attention when residual is false too)
     norm: Literal["post", "pre", "none", "rms_pre"] = "post"
@@ -51,13 +51,6 @@ class ModelConfig(BaseModel):
     cross_attention: bool = True
     embed_scale: bool = True
     qkv_projections: bool = True
-
-    @field_validator("d_model", "layers", "heads", "d_ff", "attention_heads", "max_positions")
-    @classmethod
-    def _positive(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError("must be a positive integer")
-        return v
 
     @field_validator("dropout")
     @classmethod

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from models import build_model
 from models.config import ModelConfig
 from models.decoding import beam_search, greedy_decode, max_target_length
-
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+from models.optim import OptimConfig
+from models.sequences import BOS_ID, EOS_ID, PAD_ID, score
 
 
 def lr_lambda(schedule: str, warmup_steps: int, max_steps: int):
@@ -57,20 +57,6 @@ def token_cross_entropy(
     )  # fmt: skip
 
 
-def sequence_scores(pred: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """pred (B, L) generated ids, tgt (B, T) reference ids ending in EOS then padding.
-
-    Returns per example: exact match (bool), correct target positions, target positions."""
-    length = max(pred.size(1), tgt.size(1))
-    pred = F.pad(pred, (0, length - pred.size(1)), value=PAD_ID)
-    tgt = F.pad(tgt, (0, length - tgt.size(1)), value=PAD_ID)
-    real = tgt != PAD_ID
-    # Everything the model emitted after its EOS is already padding (the decoders mask it).
-    same = (pred == tgt) | ~real
-    exact = same.all(1) & ((pred != PAD_ID) == real).all(1)
-    return exact, ((pred == tgt) & real).sum(1), real.sum(1)
-
-
 # Running sums per evaluated split, in this order; `_log_sums` turns them into metrics.
 SUMS = ("loss", "nll", "tokens", "exact", "correct", "examples")
 
@@ -81,30 +67,23 @@ class Seq2SeqModule(L.LightningModule):
         model: ModelConfig | dict,
         src_vocab: int,
         tgt_vocab: int,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        schedule: str = "constant",
-        warmup_steps: int = 0,
-        max_steps: int = 1000,
-        label_smoothing: float = 0.0,
-        beam_size: int = 1,
-        length_penalty: float = 0.6,
-        compile: bool = False,
+        optim: OptimConfig | dict | None = None,
         eval_splits: tuple[str, ...] = ("test",),
         train_max_len: int = 0,
     ):
+        """optim: OptimConfig, or any config that extends it (harness's TrainConfig); None: its defaults."""
         super().__init__()
         self.model_cfg = model if isinstance(model, ModelConfig) else ModelConfig(**model)
-        self.save_hyperparameters(ignore=["model"])
-        self.hparams["model"] = self.model_cfg.model_dump()  # a plain dict, so checkpoints stay safe to load
+        self.optim = OptimConfig.of(optim or {})
+        self.save_hyperparameters(ignore=["model", "optim"])
+        # Plain dicts, so checkpoints stay safe to load with weights_only=True.
+        self.hparams["model"] = self.model_cfg.model_dump()
+        self.hparams["optim"] = self.optim.model_dump()
         self.model = build_model(self.model_cfg, src_vocab, tgt_vocab, PAD_ID)
-        if compile:
+        if self.optim.compile:
             # Compiles forward in place: parameter names, and so checkpoints, stay those of the plain model.
             self.model.compile()
         self.eval_splits = list(eval_splits)
-        # Per split: (prediction ids, target ids), EOS and padding kept, one row per example in the
-        # loader's order; filled by test_step.
-        self.predictions: dict[str, list[tuple[list[int], list[int]]]] = {}
         self._sums: dict[str, torch.Tensor] = {}
 
     def num_parameters(self) -> int:
@@ -128,32 +107,42 @@ class Seq2SeqModule(L.LightningModule):
             if beam_size == 1:
                 return greedy_decode(self.model, src, BOS_ID, EOS_ID, PAD_ID, max_len)
             return beam_search(
-                self.model, src, BOS_ID, EOS_ID, PAD_ID, beam_size, self.hparams.length_penalty, max_len
+                self.model, src, BOS_ID, EOS_ID, PAD_ID, beam_size, self.optim.length_penalty, max_len
             )
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         logits = self.model(batch["src"], batch["tgt_in"])
-        loss = token_cross_entropy(logits, batch["tgt_out"], self.hparams.label_smoothing)
+        loss = token_cross_entropy(logits, batch["tgt_out"], self.optim.label_smoothing)
         self.log("train/loss", loss, prog_bar=True)
         # Not LearningRateMonitor: it refuses to run without a logger, and the trial history keeps train/lr
         # with or without one.
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
         return loss
 
-    def _evaluate(self, split: str, batch: dict[str, torch.Tensor], beam_size: int) -> torch.Tensor:
-        """Adds the batch's loss terms and generation scores to the split's sums; returns predictions."""
-        logits = self.model(batch["src"], batch["tgt_in"])
+    def _evaluate(self, split: str, batch: dict[str, torch.Tensor], beam_size: int, need_weights: bool):
+        """Adds the batch's loss terms and generation scores to the split's sums. Returns the predictions
+        (B, L), and with need_weights the teacher-forced attention weights and layer outputs of the same
+        forward pass that gave the loss (see `forward` and `record_states` of the model families)."""
+        weights, states = {}, {}
+        if need_weights:
+            with self.model.record_states() as states:
+                logits, weights = self.model(batch["src"], batch["tgt_in"], need_weights=True)
+        else:
+            logits = self.model(batch["src"], batch["tgt_in"])
         target = batch["tgt_out"]
-        loss = token_cross_entropy(logits, target, self.hparams.label_smoothing, reduction="sum")
+        loss = token_cross_entropy(logits, target, self.optim.label_smoothing, reduction="sum")
         nll = token_cross_entropy(logits, target, reduction="sum")
         pred = self.generate(batch["src"], beam_size)
-        exact, correct, total = sequence_scores(pred, target)
-        examples = torch.tensor(exact.numel(), device=exact.device)
-        sums = torch.stack(
-            [x.double() for x in (loss, nll, total.sum(), exact.sum(), correct.sum(), examples)]
+        scores = [score(p, t) for p, t in zip(pred.tolist(), target.tolist())]
+        counts = (
+            sum(s.counted for s in scores),
+            sum(s.exact for s in scores),
+            sum(s.correct for s in scores),
         )
+        counts = torch.tensor([*counts, len(scores)], dtype=torch.float64, device=loss.device)
+        sums = torch.cat([torch.stack([loss, nll]).double(), counts])  # in the order of SUMS
         self._sums[split] = self._sums.get(split, 0) + sums
-        return pred
+        return {"pred": pred, "scores": scores, "weights": weights, "states": states}
 
     def _log_sums(self) -> None:
         for split, sums in self._sums.items():
@@ -170,19 +159,17 @@ class Seq2SeqModule(L.LightningModule):
         self._sums = {}
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate("val", batch, beam_size=1)
+        self._evaluate("val", batch, beam_size=1, need_weights=False)
 
     def on_validation_epoch_end(self) -> None:
         self._log_sums()
 
-    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
-        split = self.eval_splits[dataloader_idx]
-        pred = self._evaluate(split, batch, self.hparams.beam_size)
-        rows = self.predictions.setdefault(split, [])
-        rows.extend(zip(pred.tolist(), batch["tgt_out"].tolist()))
-
-    def on_test_epoch_start(self) -> None:
-        self.predictions = {}
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> dict:
+        """Test splits decode with beam_size; what this returns is the one evaluation pass's record of the
+        batch, which harness/evaluation.py turns into every test metric beyond these sums."""
+        return self._evaluate(
+            self.eval_splits[dataloader_idx], batch, self.optim.beam_size, need_weights=True
+        )
 
     def on_test_epoch_end(self) -> None:
         self._log_sums()
@@ -194,9 +181,9 @@ class Seq2SeqModule(L.LightningModule):
             return self.model(src, tgt_in, need_weights=True)[1]
 
     def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        o = self.optim
+        optimizer = torch.optim.AdamW(self.parameters(), lr=o.lr, weight_decay=o.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(hp.schedule, hp.warmup_steps, hp.max_steps)
+            optimizer, lr_lambda(o.schedule, o.warmup_steps, o.max_steps)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

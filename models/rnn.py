@@ -12,6 +12,9 @@ Either way the output layer reads the attentional state h~_t = tanh(W_c [c_t; h_
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
@@ -132,6 +135,12 @@ class RNNSeq2Seq(nn.Module):
         if not need_weights:
             return logits
         return logits, {"cross": [] if weights is None else [weights]}
+
+    @contextmanager
+    def record_states(self) -> Iterator[dict[str, list[torch.Tensor]]]:
+        """The Transformer's layer-output recorder, empty: a recurrent layer's outputs are not token
+        vectors mixed by attention, so rank collapse does not apply."""
+        yield {}
 
     # Incremental decoding (models/decoding.py): every state tensor is batch-first so beams can reorder it.
     def init_state(self, src: torch.Tensor) -> dict[str, torch.Tensor]:

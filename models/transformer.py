@@ -12,6 +12,8 @@ target, the control that shows how much a task needs the source (no encoder laye
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import repeat
 
 import torch
@@ -233,10 +235,10 @@ class Transformer(nn.Module):
             return logits
         return logits, {"encoder": enc_w, "decoder": self_w, "cross": cross_w}
 
-    @torch.no_grad()
-    def hidden_states(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[str, list[torch.Tensor]]:
-        """Every encoder and decoder layer's output (B, L, D) in one teacher-forced pass, for diagnostics
-        (models/diagnostics.py); read off forward hooks so forward itself stays plain."""
+    @contextmanager
+    def record_states(self) -> Iterator[dict[str, list[torch.Tensor]]]:
+        """Collects every encoder and decoder layer's output (B, L, D) of the forward passes run inside, for
+        diagnostics (models/diagnostics.py); read off forward hooks so forward itself stays plain."""
         states: dict[str, list[torch.Tensor]] = {"encoder": [], "decoder": []}
         hooks = [
             layer.register_forward_hook(lambda _m, _args, out, side=side: states[side].append(out[0]))
@@ -244,10 +246,16 @@ class Transformer(nn.Module):
             for layer in stack
         ]
         try:
-            self(src, tgt_in)
+            yield states
         finally:
             for hook in hooks:
                 hook.remove()
+
+    @torch.no_grad()
+    def hidden_states(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+        """Every encoder and decoder layer's output (B, L, D) in one teacher-forced pass."""
+        with self.record_states() as states:
+            self(src, tgt_in)
         return states
 
     # Incremental decoding (models/decoding.py): every state tensor is batch-first so beams can reorder it.

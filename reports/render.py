@@ -24,7 +24,7 @@ from jinja2 import Environment, PackageLoader
 from harness import artifacts, tracking
 from harness.provenance import environment
 from harness.study.queue import study_progress
-from harness.study.spec import StudySpec, tune_metric
+from harness.study.spec import StudySpec, short_name, tune_metric
 from reports import claims, plots, stats
 from reports.collect import StudyData, collect
 
@@ -129,7 +129,7 @@ def figures(
     factors = [k for k, v in spec.factors.items() if len(v) > 1]
     for factor in factors:
         others = [k for k in factors if k != factor]
-        made[f"metric_by_{factor.rsplit('.', 1)[-1]}"] = (
+        made[f"metric_by_{short_name(factor)}"] = (
             plots.metric_by_factor(df, metric, factor, others),
             f"{metric} by {factor}" + (f", faceted by {others[0]}" if others else "") + ": mean with 95% CI.",
         )

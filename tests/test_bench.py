@@ -24,7 +24,8 @@ from harness.bench import (
 )
 from harness.cli import app
 from models import build_model
-from models.module import PAD_ID, token_cross_entropy
+from models.module import token_cross_entropy
+from models.sequences import PAD_ID
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

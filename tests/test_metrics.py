@@ -19,41 +19,63 @@ from harness.metrics import (
     token_accuracy,
 )
 from harness.tasks import build_task
-from harness.tasks.base import BOS_ID, EOS_ID, PAD_ID, Example, TaskData, Vocab
+from harness.tasks.base import Example, TaskData, Vocab
 from harness.tasks.tokenizers import WordTokenizer, build_tokenizer
+from models.sequences import BOS_ID, EOS_ID, PAD_ID, score
 
-# (prediction, target) in Seq2SeqModule's trimmed form: ids without EOS or padding.
+E, P = EOS_ID, PAD_ID
+# (prediction, target) as the decoder emits and the data holds them: EOS kept, then padding. The definition
+# under test: a sequence runs through its first EOS; token accuracy counts the reference's positions
+# through EOS, position by position; exact match is equality through EOS.
 ROWS = [
-    ([5, 6, 7], [5, 6, 7]),  # right
-    ([5, 6], [5, 6, 7]),  # one short: 2 of 3 positions
-    ([5, 9, 7, 8], [5, 6, 7]),  # wrong in the middle and too long: 2 of 3
-    ([4], [4]),  # right
-    ([], [4, 4, 4, 4, 4]),  # nothing: 0 of 5
+    ([5, 6, 7, E, P, P], [5, 6, 7, E, P]),  # right, padding on both sides: 4 of 4, exact
+    ([5, 6, E, P], [5, 6, 7, E]),  # stops early: EOS where 7 belongs, the reference's EOS missing: 2 of 4
+    ([5, 6, 7, 8, E], [5, 6, 7, E, P, P]),  # one too long: 8 where EOS belongs: 3 of 4
+    ([4, 4, 4, 4, 4, 4], [4, 4, E]),  # never emits EOS: 4 where EOS belongs: 2 of 3
+    ([4, E, 9, 9], [BOS_ID, 4, E]),  # junk after EOS and a BOS are not tokens: 2 of 2, exact
+    ([E, P, P], [5, 5, 5, 5, 5, E]),  # empty: its EOS against the first 5: 0 of 6
 ]
-
-
-def raw(ids: list[int], width: int) -> list[int]:
-    """The same ids as the decoder emits them: EOS, then padding (and junk after EOS is ignored)."""
-    return (ids + [EOS_ID, 8] + [PAD_ID] * width)[: max(width, len(ids) + 1)]
+CORRECT, COUNTED = 4 + 2 + 3 + 2 + 2 + 0, 4 + 4 + 4 + 3 + 2 + 6
 
 
 def test_exact_match_and_token_accuracy():
-    assert exact_match(ROWS) == pytest.approx(2 / 5)
-    assert token_accuracy(ROWS) == pytest.approx((3 + 2 + 2 + 1 + 0) / (3 + 3 + 3 + 1 + 5))
-    raw_rows = [(raw(p, 7), [BOS_ID, *raw(t, 9)]) for p, t in ROWS]
-    assert exact_match(raw_rows) == exact_match(ROWS) and token_accuracy(raw_rows) == token_accuracy(ROWS)
-    assert math.isnan(exact_match([]))
+    assert exact_match(ROWS) == pytest.approx(2 / 6)
+    assert token_accuracy(ROWS) == pytest.approx(CORRECT / COUNTED)  # 13 / 23
+    assert math.isnan(exact_match([])) and math.isnan(token_accuracy([]))
+
+
+def test_an_early_eos_costs_the_reference_positions_it_skips():
+    assert token_accuracy([([5, E], [5, 6, 7, E])]) == pytest.approx(1 / 4)
+    assert token_accuracy([([5, 6, 7], [5, 6, 7, E])]) == pytest.approx(3 / 4)  # no EOS: one short
+    assert exact_match([([5, 6, 7], [5, 6, 7, E])]) == 0.0
+    assert exact_match([([5, 6, 7, E, 7], [5, 6, 7, E])]) == 1.0
+
+
+def test_each_row_scores_through_the_references_eos():
+    # models.sequences.score is the one definition: the module's sums and these functions both use it.
+    scores = [score(pred, tgt) for pred, tgt in ROWS]
+    assert [s.counted for s in scores] == [4, 4, 4, 3, 2, 6]
+    assert [s.correct for s in scores] == [4, 2, 3, 2, 2, 0]
+    assert [s.length for s in scores] == [3, 3, 3, 2, 1, 5]  # without EOS
+    assert [s.exact for s in scores] == [True, False, False, False, True, False]
 
 
 def test_accuracy_by_target_length_buckets():
+    # Buckets by target length without EOS; tok_acc counts EOS positions as token_accuracy does.
     assert accuracy_by_length(ROWS) == [
-        {"length_min": 1, "length_max": 1, "n": 1, "seq_acc": 1.0, "tok_acc": 1.0},
-        {"length_min": 3, "length_max": 3, "n": 3, "seq_acc": 1 / 3, "tok_acc": 7 / 9},
-        {"length_min": 5, "length_max": 5, "n": 1, "seq_acc": 0.0, "tok_acc": 0.0},
+        {"length_min": 1, "length_max": 1, "n": 1, "seq_acc": 1.0, "tok_acc": 1.0, "tokens": 2},
+        {"length_min": 2, "length_max": 2, "n": 1, "seq_acc": 0.0, "tok_acc": 2 / 3, "tokens": 3},
+        {"length_min": 3, "length_max": 3, "n": 3, "seq_acc": 1 / 3, "tok_acc": 9 / 12, "tokens": 12},
+        {"length_min": 5, "length_max": 5, "n": 1, "seq_acc": 0.0, "tok_acc": 0.0, "tokens": 6},
     ]
     wide = accuracy_by_length(ROWS, bucket_width=4)
-    assert [(b["length_min"], b["length_max"], b["n"]) for b in wide] == [(0, 3, 4), (4, 7, 1)]
-    assert wide[0]["seq_acc"] == pytest.approx(2 / 4)
+    assert [(b["length_min"], b["length_max"], b["n"], b["tokens"]) for b in wide] == [
+        (0, 3, 5, 17),
+        (4, 7, 1, 6),
+    ]
+    assert wide[0]["seq_acc"] == pytest.approx(2 / 5)
+    assert wide[0]["tok_acc"] == pytest.approx(13 / 17)
+    assert sum(b["tokens"] for b in wide) == COUNTED
 
 
 def test_bleu_and_chrf_against_hand_computed_values():
@@ -157,3 +179,28 @@ def test_alignment_error_rate_of_attention_argmax():
     assert alignment_error_rate([with_eos], [gold]) == pytest.approx(1 - 2 * 2 / (4 + 3))
     with pytest.raises(ValueError, match="outside its attention matrix"):
         alignment_error_rate([np.eye(2)], [[(2, 0)]])
+
+
+def test_alignment_error_rate_ignores_target_rows_past_the_target_length():
+    # 3 target rows for 2 real target tokens; the third row (padding) points at a gold source position
+    # but must not count: 2 predicted links, 1 of them gold; gold has 2 links.
+    weights = np.array([[0.7, 0.2, 0.1], [0.6, 0.3, 0.1], [0.0, 1.0, 0.0]])
+    gold = [(0, 0), (1, 1)]
+    assert alignment_error_rate([weights], [gold], sizes=[(3, 2)]) == pytest.approx(1 - 2 * 1 / (2 + 2))
+    assert alignment_error_rate([weights], [gold]) == pytest.approx(1 - 2 * 1 / (3 + 2))  # all 3 rows
+    # Rows are target positions even when the matrix is not square (4 targets over 2 sources).
+    tall = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
+    assert alignment_error_rate([tall], [[(0, 0), (1, 1), (1, 2), (0, 3)]]) == 0.0
+
+
+def test_alignment_error_rate_takes_tensors_that_require_grad_and_checks_its_inputs():
+    weights = torch.eye(3, requires_grad=True)
+    assert alignment_error_rate([weights], [[(0, 0), (1, 1), (2, 2)]]) == 0.0
+    with pytest.raises(ValueError, match="2 attention matrices for 1 gold alignments"):
+        alignment_error_rate([np.eye(2), np.eye(2)], [[(0, 0)]])
+    tall = np.ones((3, 2))
+    assert alignment_error_rate([tall], [[(0, 2)]]) == pytest.approx(1 - 2 * 1 / (3 + 1))  # target 2 < T = 3
+    with pytest.raises(ValueError, match=r"shape \(3, 2\)"):
+        alignment_error_rate([tall], [[(0, 3)]])  # target 3 is past the last row
+    # No gold links and no predicted ones (every row points past the source): undefined, not 1 or 0.
+    assert math.isnan(alignment_error_rate([np.eye(2)], [[]], sizes=[(0, 2)]))

@@ -10,9 +10,9 @@ import torch
 
 from models.config import ModelConfig
 from models.decoding import greedy_decode
-from models.module import BOS_ID, EOS_ID
 from models.positional import POSITIONAL, PositionalKind
 from models.positional_layers import ALiBi, LearnedEncoding, Rotary, SinusoidalEncoding, sinusoidal_table
+from models.sequences import BOS_ID, EOS_ID
 from models.transformer import Transformer
 
 

@@ -158,10 +158,10 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
     real_step, real_write = Seq2SeqModule.training_step, harness.trial.write_artifacts
 
     def faulty_step(self, batch, batch_idx):
-        if self.hparams.weight_decay == FAULTS["oom"] and batch_idx == 1:
+        if self.optim.weight_decay == FAULTS["oom"] and batch_idx == 1:
             # What the CUDA caching allocator raises, raised on the CPU.
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-        if self.hparams.weight_decay == FAULTS["boom"]:
+        if self.optim.weight_decay == FAULTS["boom"]:
             raise RuntimeError("boom <in the variant's own code>")
         return real_step(self, batch, batch_idx)
 

@@ -14,6 +14,7 @@ from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
+from harness import compat
 from harness.cli import app
 from harness.config import ConfigError
 from harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, study_progress
@@ -200,7 +201,7 @@ def test_dead_workers_trial_is_retried_once_its_heartbeat_is_stale(tmp_path, mon
     storage = open_storage(url, heartbeat=HeartbeatSpec(interval=1, grace=2))
     dead = Worker(spec, storage, tmp_path / "runs", "disabled")
     lost = dead.claim()  # claimed, then the worker "dies": no heartbeat, no tell
-    storage.record_heartbeat(lost.trial._trial_id)
+    storage.record_heartbeat(compat.trial_id(lost.trial))
     time.sleep(2.5)
     calls: list = []
     instant_results(monkeypatch, calls)

@@ -12,7 +12,15 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from harness.config import ConfigError, ExperimentConfig, build_config, format_validation_error, read_yaml
 from models.config import PRESETS
@@ -78,7 +86,7 @@ class TuneSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     # {train.lr: {log_uniform: [1e-4, 3e-3]}}, {train.warmup_steps: {int: [0, 500]}}, {x: {choice: [...]}}
     params: dict[str, dict[Literal["log_uniform", "uniform", "int", "choice"], list[Value]]]
-    trials: int = 8
+    trials: PositiveInt = 8
     pruner: Literal["hyperband", "median", "none"] = "hyperband"
     metric: MetricSpec | None = None  # default: the study metric measured on the validation split
 
@@ -183,9 +191,14 @@ def slugify(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", name).strip("._") or "study"
 
 
+def short_name(key: str) -> str:
+    """'model.pos_encoding' -> 'pos_encoding': a config key without its section, for names and labels."""
+    return key.rsplit(".", 1)[-1]
+
+
 def variant_name(overrides: dict[str, Value]) -> str:
     """'model.pos_encoding=none,model.norm=pre' -> 'pos_encoding=none,norm=pre'."""
-    return ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()) or "base"
+    return ",".join(f"{short_name(k)}={v}" for k, v in overrides.items()) or "base"
 
 
 def variant_settings(spec: StudySpec) -> dict[str, dict[str, Value]]:
@@ -303,8 +316,6 @@ def validate_tune(spec: StudySpec, tune: TuneSpec, where: str) -> None:
     varied = {k for overrides in spec.variant_overrides().values() for k in overrides}
     if not tune.params:
         raise ConfigError(f"{where}: tune.params: name at least one config key to tune")
-    if tune.trials < 1:
-        raise ConfigError(f"{where}: tune.trials: must be a positive integer (got {tune.trials})")
     for key, space in tune.params.items():
         at = f"{where}: tune.params.{key}"
         if key not in ExperimentConfig().flat():

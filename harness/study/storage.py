@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +36,7 @@ def open_storage(url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = H
             raise ConfigError(f"storage {url}: no such database")
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
-            with warnings.catch_warnings():  # the heartbeat is flagged experimental
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            with quiet_experimental():
                 storage = optuna.storages.RDBStorage(
                     url, engine_kwargs={"connect_args": connect_args(url)},
                     heartbeat_interval=heartbeat.interval, grace_period=heartbeat.grace,
@@ -78,9 +79,17 @@ def connect_args(url: str) -> dict[str, Any]:
 def retry_callback(max_retry: int | None):
     """Queues a WAITING copy of a failed trial (same params and attrs); the copy's system attr
     'retry_history' lists the trials it replaces."""
+    with quiet_experimental():
+        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+
+
+@contextmanager
+def quiet_experimental() -> Iterator[None]:
+    """Heartbeats, failing stale trials and retry copies are stable in practice but still flagged
+    experimental: one warning per storage or worker would bury what a user needs to see."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+        yield
 
 
 def serialize_sqlite_transactions(engine) -> None:

@@ -8,12 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from models.sequences import EOS_ID, SPECIALS, UNK_ID, through_eos
+
 if TYPE_CHECKING:
     from harness.tasks.tokenizers import Tokenizer
-
-PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
-SPECIALS = (PAD, BOS, EOS, UNK)
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 
 # The split names every task provides; test_long holds lengths beyond training.
 SPLITS = ("train", "valid", "test", "test_long")
@@ -61,13 +59,7 @@ class Vocab:
     @staticmethod
     def strip_ids(ids: Iterable[int]) -> list[int]:
         """The ids that are tokens: up to the first EOS, without padding or BOS."""
-        out = []
-        for i in ids:
-            if i == EOS_ID:
-                break
-            if i not in (PAD_ID, BOS_ID):
-                out.append(int(i))
-        return out
+        return [int(i) for i in through_eos(ids) if i != EOS_ID]
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Batches hold either a fixed number of examples (train.batch_size) or, with train.batch_tokens, as many
 as fit a token budget: examples of similar length are bucketed together so little of a batch is padding.
 Training order is a function of (seed, epoch) alone. Evaluation batches keep the split's order, so
-Seq2SeqModule.predictions[split][i] belongs to data.splits[split][i]."""
+the i-th example of a test batch stream belongs to data.splits[split][i]."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from harness.tasks.base import BOS_ID, EOS_ID, PAD_ID, Example, TaskData
+from harness.tasks.base import Example, TaskData
+from models.sequences import BOS_ID, EOS_ID, PAD_ID
 
 EVAL_SPLITS = ("test", "test_long")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from harness.tasks.base import UNK
+from models.sequences import UNK
 
 
 class RuleTokenizer:

@@ -1,0 +1,190 @@
+"""The Lightning callbacks a trial trains with: history of logged scalars, training cost, a validation
+on stop, attention images, divergence and pruning."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import time
+from pathlib import Path
+
+import lightning as L
+import optuna
+import torch
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.loggers import WandbLogger
+from optuna_integration import PyTorchLightningPruningCallback
+
+from harness.compat import pruning_trial
+from harness.probes import Probe, capture, log_images
+from models.module import Seq2SeqModule
+from models.sequences import PAD_ID
+
+
+class TrialFailed(RuntimeError):
+    """A trial that ran but produced no usable result (it diverged, or its metric is missing)."""
+
+
+class DivergenceGuard(L.Callback):
+    """Stops a trial whose loss or weights stopped being finite: nothing is learned after that point.
+
+    Each step's loss is checked on the device, without a sync; the flag and the weights are read before
+    each validation and at the end of training, so no NaN model is validated, probed or tested."""
+
+    def __init__(self):
+        self.nonfinite_loss: torch.Tensor | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        bad = ~torch.isfinite(loss.detach())
+        self.nonfinite_loss = bad if self.nonfinite_loss is None else self.nonfinite_loss | bad
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(trainer, pl_module)
+
+    def check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.nonfinite_loss is not None and bool(self.nonfinite_loss):
+            raise TrialFailed(f"diverged: train/loss is not finite (by step {trainer.global_step})")
+        if not all(bool(torch.isfinite(p).all()) for p in pl_module.parameters()):
+            raise TrialFailed(f"diverged: weights are not finite at step {trainer.global_step}")
+
+
+class StepPruning(PyTorchLightningPruningCallback):
+    """Reports the monitored metric at the global step, not the epoch: training is budgeted in steps and
+    validates several times per epoch, and Hyperband's resource is then the number of training steps."""
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.is_ddp_backend:
+            return super().on_validation_end(trainer, pl_module)
+        score = trainer.callback_metrics.get(self.monitor)
+        if trainer.sanity_checking or score is None:
+            return
+        trial = pruning_trial(self)
+        trial.report(float(score), step=trainer.global_step)
+        if trial.should_prune():
+            raise optuna.TrialPruned(f"pruned at step {trainer.global_step}")
+
+
+class HistoryCallback(L.Callback):
+    """Keeps every logged scalar by step, so learning curves survive without any external logger."""
+
+    def __init__(self):
+        self.rows: list[dict[str, float]] = []
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            row = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+            self.rows.append({"step": trainer.global_step, **row})
+
+
+def reset_peak_rss() -> None:
+    """Restarts the kernel's peak-RSS count (Linux), so a long-lived worker reports each trial's own peak
+    rather than the largest of all it ran."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_mb() -> float:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):  # "VmHWM:   123456 kB"
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # never reset; KiB on Linux
+
+
+class CostMonitor(L.Callback):
+    """Training throughput in tokens per second and peak memory.
+
+    Tokens are counted on the device and read back once per logging interval (or validation), so
+    counting adds no per-step sync; validation time is excluded from the throughput."""
+
+    def __init__(self):
+        self.tokens, self.train_seconds, self.peak_mem_mb = 0, 0.0, 0.0
+        self._window_tokens: torch.Tensor | int = 0
+        self._window_start = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
+        else:
+            reset_peak_rss()
+        self._window_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        real = (batch["src"] != PAD_ID).sum() + (batch["tgt_out"] != PAD_ID).sum()
+        self._window_tokens = self._window_tokens + real
+        if trainer.loggers and trainer.global_step % trainer.log_every_n_steps == 0:
+            rate = self._close_window()
+            for logger in trainer.loggers:
+                logger.log_metrics({"train/tokens_per_sec": rate}, step=trainer.global_step)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close_window()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._window_start = time.perf_counter()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close_window()
+        if pl_module.device.type == "cuda":
+            self.peak_mem_mb = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
+        else:
+            self.peak_mem_mb = peak_rss_mb()
+
+    def _close_window(self) -> float:
+        tokens = int(self._window_tokens)
+        seconds = time.perf_counter() - self._window_start
+        self.tokens, self.train_seconds = self.tokens + tokens, self.train_seconds + seconds
+        self._window_tokens, self._window_start = 0, time.perf_counter()
+        return tokens / max(seconds, 1e-9)
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return self.tokens / max(self.train_seconds, 1e-9)
+
+
+class ValidateOnStop(L.Callback):
+    """Ends training on a validation: Lightning validates when asked to stop, so the weights of the last
+    step (max_steps reached mid-interval) are scored and can become the best checkpoint."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            trainer.should_stop = True
+
+
+class AttentionImages(L.Callback):
+    """Logs the probes' attention heatmaps to W&B after every validation, to watch alignments form."""
+
+    def __init__(self, probes: list[Probe]):
+        self.probes = probes
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: Seq2SeqModule) -> None:
+        if not trainer.sanity_checking and any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
+            log_images(trainer.loggers, capture(pl_module, self.probes), trainer.global_step)
+
+
+class StepBudgetProgressBar(RichProgressBar):
+    """Rich's bar, saying "Epoch 3" where Lightning writes "Epoch 3/-2" (a run bounded by steps has
+    max_epochs -1). Lightning's hooks and Rich's Progress.update only: no private Lightning API."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self.describe(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        created = self.train_progress_bar_id is None  # Lightning adds the bar here on a mid-epoch resume
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if created:
+            self.describe(trainer)
+
+    def describe(self, trainer: L.Trainer) -> None:
+        if trainer.max_epochs >= 0 or self.progress is None or self.train_progress_bar_id is None:
+            return
+        description = f"Epoch {trainer.current_epoch}".ljust(len(self.validation_description))  # no flicker
+        style = self.theme.description
+        self.progress.update(
+            self.train_progress_bar_id, description=f"[{style}]{description}" if style else description
+        )

@@ -1,0 +1,22 @@
+"""The private Optuna and optuna-integration attributes this project relies on, in one place.
+
+Each has no public equivalent for what we need; tests/test_compat.py pins the behaviour each use assumes,
+so an upgrade that changes it fails there, by name, rather than somewhere inside a study."""
+
+from __future__ import annotations
+
+import optuna
+from optuna_integration import PyTorchLightningPruningCallback
+
+
+def trial_id(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
+    """The storage's id of a trial. Workers claim queued trials themselves (set_trial_state_values) and
+    beat their heartbeat, and both storage calls take this id; Optuna exposes only `number`, which is
+    unique within one study, not within the storage that holds every variant's study."""
+    return trial._trial_id
+
+
+def pruning_trial(callback: PyTorchLightningPruningCallback) -> optuna.Trial:
+    """The trial an optuna-integration pruning callback reports to. StepPruning reports at the global step
+    instead of the epoch, and the callback keeps its trial only as `_trial`."""
+    return callback._trial

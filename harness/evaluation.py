@@ -1,0 +1,116 @@
+"""One evaluation pass: after training, `trainer.test` decodes each test split once, and every test metric
+comes from that pass. Seq2SeqModule.test_step runs one teacher-forced forward (loss, perplexity, attention
+weights, layer outputs) and one decode (exact match, token accuracy) per batch; the Evaluation callback
+reads each batch's record and adds what the module does not log: the per-length table, BLEU / chrF, AER,
+rank collapse and the probes' attention samples."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+
+from harness.artifacts import AttentionSample
+from harness.metrics import alignment_error_rate, length_table, text_metrics
+from harness.probes import Probe
+from harness.tasks import Example, TaskData
+from models.diagnostics import rank_collapse
+from models.sequences import PAD_ID, SequenceScore
+
+
+class SplitPass:
+    """What one test split's batches leave behind, in the split's order (evaluation loaders keep it)."""
+
+    def __init__(self, split: str, examples: list[Example], probes: list[Probe]):
+        self.split, self.examples, self.probes = split, examples, probes
+        self.seen = 0
+        self.scores: list[SequenceScore] = []
+        self.predictions: list[list[int]] = []
+        self.samples: list[AttentionSample] = []
+        # Last cross-attention layer per example, mean over heads (T, S): only where gold alignments exist.
+        self.cross: list[torch.Tensor] | None = (
+            [] if all(ex.alignment is not None for ex in examples) else None
+        )
+        self.collapse: dict[str, float] = {}  # rank collapse summed over sequences, per side
+
+    def add(self, record: dict[str, Any], batch: dict[str, torch.Tensor]) -> None:
+        """One batch's record from Seq2SeqModule.test_step: pred, scores, weights, states."""
+        size = batch["src"].size(0)
+        self.scores += record["scores"]
+        self.predictions += record["pred"].tolist()
+        self._add_cross(record["weights"].get("cross") or [None])
+        self._add_collapse(record["states"], batch)
+        self.samples += [
+            p.sample(record["weights"], p.index - self.seen)
+            for p in self.probes
+            if 0 <= p.index - self.seen < size
+        ]
+        self.seen += size
+
+    def _add_cross(self, layers: list[torch.Tensor | None]) -> None:
+        if self.cross is not None and layers[-1] is not None:
+            self.cross.extend(layers[-1].float().mean(1).cpu())  # (B, H, T, S) -> B x (T, S)
+        else:
+            self.cross = None  # a model without cross-attention has no AER
+
+    def _add_collapse(self, states: dict[str, list[torch.Tensor]], batch: dict[str, torch.Tensor]) -> None:
+        masks = {"encoder": batch["src"] != PAD_ID, "decoder": batch["tgt_in"] != PAD_ID}
+        for side, layers in states.items():
+            if layers:  # no encoder layers without cross-attention
+                value = float(rank_collapse(layers[-1].float(), masks[side]).sum())
+                self.collapse[side] = self.collapse.get(side, 0.0) + value
+
+    def metrics(self, data: TaskData) -> dict[str, float]:
+        """BLEU / chrF (text tasks), AER (gold alignments and cross-attention), rank collapse (Transformers)."""
+        rows = [(pred, None) for pred in self.predictions]
+        self.signatures = {}
+        metrics = {}
+        for name, score in text_metrics(self.split, rows, data).items():
+            metrics[name] = score.value
+            self.signatures[name.rsplit("/", 1)[-1]] = score.signature  # the same on every split
+        if self.cross is not None:
+            sizes = [(len(ex.src), len(ex.tgt)) for ex in self.examples]
+            gold = [ex.alignment for ex in self.examples]
+            metrics[f"{self.split}/aer"] = alignment_error_rate(self.cross, gold, sizes)
+        for side, total in self.collapse.items():
+            metrics[f"{self.split}/rank_collapse_{side}"] = total / self.seen
+        return metrics
+
+
+class Evaluation(L.Callback):
+    """Collects the test pass; after `trainer.test`, `metrics`, `per_length` and `attention` give its
+    results."""
+
+    def __init__(self, data: TaskData, splits: list[str], probes: list[Probe]):
+        self.data, self.splits, self.probes = data, list(splits), probes
+        self.passes: dict[str, SplitPass] = {}
+
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.passes = {
+            split: SplitPass(split, self.data.splits[split], [p for p in self.probes if p.split == split])
+            for split in self.splits
+        }
+
+    def on_test_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx: int = 0
+    ) -> None:
+        self.passes[self.splits[dataloader_idx]].add(outputs, batch)
+
+    def metrics(self) -> dict[str, float]:
+        return {name: value for p in self.passes.values() for name, value in p.metrics(self.data).items()}
+
+    def signatures(self) -> dict[str, str]:
+        """sacreBLEU's signature of each text metric ("bleu", "chrf"), for text tasks."""
+        return {name: sig for p in self.passes.values() for name, sig in p.signatures.items()}
+
+    def per_length(self) -> list[dict[str, Any]]:
+        """Rows of {split, length, n, seq_acc, tok_acc, tokens}: accuracy by target length (without EOS)."""
+        return [
+            {"split": split, "length": row["length_min"], "n": row["n"], "seq_acc": row["seq_acc"],
+             "tok_acc": row["tok_acc"], "tokens": row["tokens"]}
+            for split, p in self.passes.items() for row in length_table(p.scores)
+        ]  # fmt: skip
+
+    def attention(self) -> list[AttentionSample]:
+        return [sample for p in self.passes.values() for sample in p.samples]

@@ -1,0 +1,36 @@
+"""OptimConfig: the training settings Seq2SeqModule uses (optimiser, lr schedule, loss, decoding,
+compilation), typed and validated, with the one set of defaults. harness/config.py's TrainConfig extends
+it with what only the Trainer reads (batches, budgets, precision), so both read as `train.*` keys."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+
+
+class OptimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    schedule: Literal["constant", "inverse_sqrt", "cosine"] = "constant"
+    warmup_steps: int = 0
+    max_steps: PositiveInt = 1000  # the end of the cosine schedule, and the Trainer's step budget
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    beam_size: PositiveInt = 1  # test decoding; validation decodes greedily
+    length_penalty: float = Field(0.6, ge=0.0)  # GNMT alpha for beam search; 0 ranks by raw log-probability
+    compile: bool = False
+
+    @classmethod
+    def of(cls, settings: BaseModel | dict) -> OptimConfig:
+        """The OptimConfig part of a config that extends it (TrainConfig), or of a checkpoint's plain dict."""
+        values = settings.model_dump() if isinstance(settings, BaseModel) else settings
+        return cls.model_validate({k: v for k, v in values.items() if k in cls.model_fields})
+
+    @field_validator("lr")
+    @classmethod
+    def _lr(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be positive")
+        return v

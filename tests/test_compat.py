@@ -1,0 +1,36 @@
+"""The private Optuna / optuna-integration / Lightning behaviour harness/compat.py relies on, pinned: an
+upgrade that changes it fails here, by name."""
+
+
+import optuna
+from optuna.trial import TrialState
+from optuna_integration import PyTorchLightningPruningCallback
+
+from harness import compat
+
+
+def test_trial_id_is_the_storage_id_that_claims_and_heartbeats_use():
+    storage = optuna.storages.InMemoryStorage()
+    first = optuna.create_study(storage=storage, study_name="a")
+    second = optuna.create_study(storage=storage, study_name="b")
+    first.enqueue_trial({"x": 1})
+    second.enqueue_trial({"x": 2})
+    frozen = second.get_trials(deepcopy=False)[0]
+    assert frozen.number == 0  # numbers restart in each study; the storage id does not
+    assert compat.trial_id(frozen) != compat.trial_id(first.get_trials(deepcopy=False)[0])
+    # What Worker.claim does: flip the queued trial to RUNNING by id, then wrap it in a live Trial.
+    assert storage.set_trial_state_values(compat.trial_id(frozen), TrialState.RUNNING)
+    live = optuna.Trial(second, compat.trial_id(frozen))
+    assert compat.trial_id(live) == compat.trial_id(frozen)
+    assert live.params == {} and storage.get_trial(compat.trial_id(live)).system_attrs["fixed_params"] == {
+        "x": 2
+    }
+
+
+def test_pruning_trial_is_the_trial_the_callback_was_given():
+    study = optuna.create_study()
+    trial = study.ask()
+    callback = PyTorchLightningPruningCallback(trial, monitor="val/loss")
+    assert compat.pruning_trial(callback) is trial
+    compat.pruning_trial(callback).report(1.5, step=7)
+    assert study.trials[0].intermediate_values == {7: 1.5}
