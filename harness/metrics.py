@@ -1,8 +1,12 @@
 """Scores of decoded outputs: exact match, token accuracy, accuracy by target length, BLEU / chrF
 (sacrebleu) for text tasks, and the alignment error rate of attention against gold alignments.
 
-Prediction rows are (prediction ids, target ids) as Seq2SeqModule.predictions[split] holds them;
-ids after EOS, padding and BOS are ignored, so raw decoder output works as well as trimmed rows."""
+Prediction rows are (prediction ids, target ids) as Seq2SeqModule.predictions[split] holds them.
+A sequence is its ids up to and including its first EOS, without padding or BOS; one that never emits
+EOS is all its tokens. Token accuracy counts the reference's positions through its EOS (the positions
+the training loss averages over), compared position by position with the prediction: a prediction
+that stops early gets the missing positions wrong, tokens past the reference's EOS are not counted.
+Exact match: the prediction equals the reference through EOS."""
 
 from __future__ import annotations
 
@@ -14,27 +18,36 @@ from typing import Any
 import numpy as np
 import sacrebleu
 
-from harness.tasks.base import TaskData, Vocab
+from harness.tasks.base import EOS_ID, TaskData, Vocab
 
 Row = tuple[Sequence[int], Sequence[int]]  # (prediction ids, target ids)
 Alignment = Iterable[tuple[int, int]]  # (source index, target index) pairs
 
 
-def _scores(rows: Iterable[Row]) -> list[tuple[int, bool, int]]:
-    """Per row: target length, exact match, target positions the prediction gets right."""
+def _through_eos(ids: Sequence[int]) -> list[int]:
+    """The ids up to and including the first EOS, without padding or BOS."""
+    ids = list(ids)
+    return Vocab.strip_ids(ids) + ([EOS_ID] if EOS_ID in ids else [])
+
+
+def _scores(rows: Iterable[Row]) -> list[tuple[int, bool, int, int]]:
+    """Per row: target length without EOS, exact match, target positions the prediction gets right,
+    target positions counted (through EOS)."""
     out = []
     for pred, tgt in rows:
-        pred, tgt = Vocab.strip_ids(pred), Vocab.strip_ids(tgt)
-        out.append((len(tgt), pred == tgt, sum(p == t for p, t in zip(pred, tgt))))
+        pred, tgt = _through_eos(pred), _through_eos(tgt)
+        length = len(tgt) - (tgt[-1:] == [EOS_ID])
+        out.append((length, pred == tgt, sum(p == t for p, t in zip(pred, tgt)), len(tgt)))
     return out
 
 
-def _summary(scores: list[tuple[int, bool, int]]) -> dict[str, float]:
-    positions = sum(length for length, _, _ in scores)
+def _summary(scores: list[tuple[int, bool, int, int]]) -> dict[str, float]:
+    positions = sum(counted for *_, counted in scores)
     return {
         "n": len(scores),
-        "seq_acc": sum(exact for _, exact, _ in scores) / len(scores) if scores else math.nan,
-        "tok_acc": sum(correct for _, _, correct in scores) / positions if positions else math.nan,
+        "seq_acc": sum(exact for _, exact, _, _ in scores) / len(scores) if scores else math.nan,
+        "tok_acc": sum(correct for _, _, correct, _ in scores) / positions if positions else math.nan,
+        "tokens": positions,
     }
 
 
@@ -43,14 +56,15 @@ def exact_match(rows: Iterable[Row]) -> float:
 
 
 def token_accuracy(rows: Iterable[Row]) -> float:
-    """Share of target positions where the prediction has the target token (a prediction that is
-    too short misses the rest; one that is too long is not rewarded for it)."""
+    """Share of target positions, EOS included, where the prediction has the target token (a prediction
+    that is too short misses the rest; one that is too long is not rewarded for it)."""
     return _summary(_scores(rows))["tok_acc"]
 
 
 def accuracy_by_length(rows: Iterable[Row], bucket_width: int = 1) -> list[dict[str, Any]]:
-    """Rows of {length_min, length_max, n, seq_acc, tok_acc} per bucket of target lengths (tokens,
-    without EOS), shortest first; only buckets that hold examples appear."""
+    """Rows of {length_min, length_max, n, seq_acc, tok_acc, tokens} per bucket of target lengths
+    (tokens, without EOS), shortest first; only buckets that hold examples appear. tok_acc counts the
+    EOS position as token_accuracy does; `tokens` is the number of positions it counted."""
     buckets: dict[int, list] = defaultdict(list)
     for score in _scores(rows):
         buckets[score[0] // bucket_width].append(score)

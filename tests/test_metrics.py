@@ -19,39 +19,61 @@ from harness.metrics import (
 from harness.tasks import build_task
 from harness.tasks.base import BOS_ID, EOS_ID, PAD_ID, Example, TaskData, Vocab
 from harness.tasks.tokenizers import WordTokenizer
+from models.module import sequence_scores
 
-# (prediction, target) in Seq2SeqModule's trimmed form: ids without EOS or padding.
+E, P = EOS_ID, PAD_ID
+# (prediction, target) as Seq2SeqModule.predictions holds them: EOS kept, then padding. The definition
+# under test: a sequence runs through its first EOS; token accuracy counts the reference's positions
+# through EOS, position by position; exact match is equality through EOS.
 ROWS = [
-    ([5, 6, 7], [5, 6, 7]),  # right
-    ([5, 6], [5, 6, 7]),  # one short: 2 of 3 positions
-    ([5, 9, 7, 8], [5, 6, 7]),  # wrong in the middle and too long: 2 of 3
-    ([4], [4]),  # right
-    ([], [4, 4, 4, 4, 4]),  # nothing: 0 of 5
+    ([5, 6, 7, E, P, P], [5, 6, 7, E, P]),  # right, padding on both sides: 4 of 4, exact
+    ([5, 6, E, P], [5, 6, 7, E]),  # stops early: EOS where 7 belongs, the reference's EOS missing: 2 of 4
+    ([5, 6, 7, 8, E], [5, 6, 7, E, P, P]),  # one too long: 8 where EOS belongs: 3 of 4
+    ([4, 4, 4, 4, 4, 4], [4, 4, E]),  # never emits EOS: 4 where EOS belongs: 2 of 3
+    ([4, E, 9, 9], [BOS_ID, 4, E]),  # junk after EOS and a BOS are not tokens: 2 of 2, exact
+    ([E, P, P], [5, 5, 5, 5, 5, E]),  # empty: its EOS against the first 5: 0 of 6
 ]
-
-
-def raw(ids: list[int], width: int) -> list[int]:
-    """The same ids as the decoder emits them: EOS, then padding (and junk after EOS is ignored)."""
-    return (ids + [EOS_ID, 8] + [PAD_ID] * width)[: max(width, len(ids) + 1)]
+CORRECT, COUNTED = 4 + 2 + 3 + 2 + 2 + 0, 4 + 4 + 4 + 3 + 2 + 6
 
 
 def test_exact_match_and_token_accuracy():
-    assert exact_match(ROWS) == pytest.approx(2 / 5)
-    assert token_accuracy(ROWS) == pytest.approx((3 + 2 + 2 + 1 + 0) / (3 + 3 + 3 + 1 + 5))
-    raw_rows = [(raw(p, 7), [BOS_ID, *raw(t, 9)]) for p, t in ROWS]
-    assert exact_match(raw_rows) == exact_match(ROWS) and token_accuracy(raw_rows) == token_accuracy(ROWS)
-    assert math.isnan(exact_match([]))
+    assert exact_match(ROWS) == pytest.approx(2 / 6)
+    assert token_accuracy(ROWS) == pytest.approx(CORRECT / COUNTED)  # 13 / 23
+    assert math.isnan(exact_match([])) and math.isnan(token_accuracy([]))
+
+
+def test_an_early_eos_costs_the_reference_positions_it_skips():
+    assert token_accuracy([([5, E], [5, 6, 7, E])]) == pytest.approx(1 / 4)
+    assert token_accuracy([([5, 6, 7], [5, 6, 7, E])]) == pytest.approx(3 / 4)  # no EOS: one short
+    assert exact_match([([5, 6, 7], [5, 6, 7, E])]) == 0.0
+    assert exact_match([([5, 6, 7, E, 7], [5, 6, 7, E])]) == 1.0
+
+
+def test_metrics_agree_with_the_training_module_token_counts():
+    # One definition across the project: the module's running sums give the same numbers.
+    rows = [(pred, tgt) for pred, tgt in ROWS if pred != [4, E, 9, 9]]  # decoders pad after EOS
+    width = max(len(p) for p, _ in rows), max(len(t) for _, t in rows)
+    pred = torch.tensor([p + [P] * (width[0] - len(p)) for p, _ in rows])
+    tgt = torch.tensor([[i for i in t if i != BOS_ID] + [P] * (width[1] - len(t)) for _, t in rows])
+    exact, correct, total = sequence_scores(pred, tgt)
+    assert exact.float().mean().item() == pytest.approx(exact_match(rows))
+    assert correct.sum().item() / total.sum().item() == pytest.approx(token_accuracy(rows))
+    assert total.tolist() == [4, 4, 4, 3, 6]
 
 
 def test_accuracy_by_target_length_buckets():
+    # Buckets by target length without EOS; tok_acc counts EOS positions as token_accuracy does.
     assert accuracy_by_length(ROWS) == [
-        {"length_min": 1, "length_max": 1, "n": 1, "seq_acc": 1.0, "tok_acc": 1.0},
-        {"length_min": 3, "length_max": 3, "n": 3, "seq_acc": 1 / 3, "tok_acc": 7 / 9},
-        {"length_min": 5, "length_max": 5, "n": 1, "seq_acc": 0.0, "tok_acc": 0.0},
+        {"length_min": 1, "length_max": 1, "n": 1, "seq_acc": 1.0, "tok_acc": 1.0, "tokens": 2},
+        {"length_min": 2, "length_max": 2, "n": 1, "seq_acc": 0.0, "tok_acc": 2 / 3, "tokens": 3},
+        {"length_min": 3, "length_max": 3, "n": 3, "seq_acc": 1 / 3, "tok_acc": 9 / 12, "tokens": 12},
+        {"length_min": 5, "length_max": 5, "n": 1, "seq_acc": 0.0, "tok_acc": 0.0, "tokens": 6},
     ]
     wide = accuracy_by_length(ROWS, bucket_width=4)
-    assert [(b["length_min"], b["length_max"], b["n"]) for b in wide] == [(0, 3, 4), (4, 7, 1)]
-    assert wide[0]["seq_acc"] == pytest.approx(2 / 4)
+    assert [(b["length_min"], b["length_max"], b["n"], b["tokens"]) for b in wide] == [(0, 3, 5, 17), (4, 7, 1, 6)]
+    assert wide[0]["seq_acc"] == pytest.approx(2 / 5)
+    assert wide[0]["tok_acc"] == pytest.approx(13 / 17)
+    assert sum(b["tokens"] for b in wide) == COUNTED
 
 
 def test_bleu_and_chrf_against_hand_computed_values():
