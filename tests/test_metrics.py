@@ -119,3 +119,28 @@ def test_alignment_error_rate_of_attention_argmax():
     assert alignment_error_rate([with_eos], [gold]) == pytest.approx(1 - 2 * 2 / (4 + 3))
     with pytest.raises(ValueError, match="outside its attention matrix"):
         alignment_error_rate([np.eye(2)], [[(2, 0)]])
+
+
+def test_alignment_error_rate_ignores_target_rows_past_the_target_length():
+    # 3 target rows for 2 real target tokens; the third row (padding) points at a gold source position
+    # but must not count: 2 predicted links, 1 of them gold; gold has 2 links.
+    weights = np.array([[0.7, 0.2, 0.1], [0.6, 0.3, 0.1], [0.0, 1.0, 0.0]])
+    gold = [(0, 0), (1, 1)]
+    assert alignment_error_rate([weights], [gold], sizes=[(3, 2)]) == pytest.approx(1 - 2 * 1 / (2 + 2))
+    assert alignment_error_rate([weights], [gold]) == pytest.approx(1 - 2 * 1 / (3 + 2))  # all 3 rows
+    # Rows are target positions even when the matrix is not square (4 targets over 2 sources).
+    tall = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
+    assert alignment_error_rate([tall], [[(0, 0), (1, 1), (1, 2), (0, 3)]]) == 0.0
+
+
+def test_alignment_error_rate_takes_tensors_that_require_grad_and_checks_its_inputs():
+    weights = torch.eye(3, requires_grad=True)
+    assert alignment_error_rate([weights], [[(0, 0), (1, 1), (2, 2)]]) == 0.0
+    with pytest.raises(ValueError, match="2 attention matrices for 1 gold alignments"):
+        alignment_error_rate([np.eye(2), np.eye(2)], [[(0, 0)]])
+    tall = np.ones((3, 2))
+    assert alignment_error_rate([tall], [[(0, 2)]]) == pytest.approx(1 - 2 * 1 / (3 + 1))  # target 2 < T = 3
+    with pytest.raises(ValueError, match=r"shape \(3, 2\)"):
+        alignment_error_rate([tall], [[(0, 3)]])  # target 3 is past the last row
+    # No gold links and no predicted ones (every row points past the source): undefined, not 1 or 0.
+    assert math.isnan(alignment_error_rate([np.eye(2)], [[]], sizes=[(0, 2)]))
