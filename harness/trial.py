@@ -52,7 +52,7 @@ class TrialResult:
     wall_time: float
     split_sizes: dict[str, int]
     history: list[dict[str, float]] = field(default_factory=list)
-    # Accuracy by target length (tokens without EOS): rows of {split, length, n, seq_acc, tok_acc}.
+    # Accuracy by target length (tokens without EOS): rows of {split, length, n, seq_acc, tok_acc, tokens}.
     per_length: list[dict[str, Any]] = field(default_factory=list)
     attention: list[AttentionSample] = field(default_factory=list)
     tokens_per_sec: float = 0.0  # training throughput, target + source tokens without padding
@@ -214,7 +214,8 @@ def generation_metrics(
         metrics.update(text_metrics(split, rows, data))
         for row in accuracy_by_length(rows):
             per_length.append({"split": split, "length": row["length_min"], "n": row["n"],
-                               "seq_acc": row["seq_acc"], "tok_acc": row["tok_acc"]})  # fmt: skip
+                               "seq_acc": row["seq_acc"], "tok_acc": row["tok_acc"],
+                               "tokens": row["tokens"]})  # fmt: skip
     return metrics, per_length
 
 
