@@ -235,3 +235,64 @@ def test_claim_pools_named_variants_and_keeps_compare_out_of_to():
     assert found.verdict == INCONCLUSIVE and "1 completed seed" in found.reason  # one seed: no CI
     assert found.diff == pytest.approx(0.1 - 0.96)
     assert missing.verdict == INCONCLUSIVE and "no variant matches compare" in missing.reason
+
+
+# Boundaries and branches that mutation testing found unchecked (docs/TESTING.md).
+
+
+def test_failed_trials_never_count_even_with_a_finite_value():
+    df = pd.DataFrame({"variant": ["a", "a", "a"], "seed": [0, 1, 2], "trial": [0, 1, 2],
+                       "state": ["COMPLETE", "FAIL", "COMPLETE"], "m": [0.5, 0.9, 0.7]})  # fmt: skip
+    assert stats.variant_values(df, "m")["a"].tolist() == [0.5, 0.7]
+
+
+def test_two_values_a_side_are_enough_for_every_test():
+    a, b = np.array([0.0, 1.0]), np.array([10.0, 11.0])
+    assert stats.welch_p(a, b) == pytest.approx(sps.ttest_ind(a, b, equal_var=False).pvalue)
+    # 6 relabellings of 4 values into 2 + 2; the observed split and its mirror are the most extreme.
+    assert stats.permutation_p(a, b) == pytest.approx(2 / 6)
+    # Pooled variance 0.5, correction 1 - 3 / (4 * 4 - 9) = 4/7: g = -10 / sqrt(0.5) * 4/7.
+    assert stats.hedges_g(a, b) == pytest.approx(-10 / math.sqrt(0.5) * 4 / 7)
+    est, lo, hi = stats.diff_ci([(np.array([1.0, 2.0, 3.0]), np.array([2.0]))])  # a one-value group
+    assert est == pytest.approx(0.0) and lo < 0 < hi
+
+
+def test_welch_p_needs_variance_on_one_side_only():
+    a, b = np.array([1.0, 1.0, 1.0]), np.array([2.0, 3.0, 4.0])
+    assert stats.welch_p(a, b) == pytest.approx(sps.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def test_hedges_g_with_a_pooled_variance_of_one():
+    # Variances 1 and 1: g = (1 - 6) / 1 * (1 - 3 / 15) = -4.
+    assert stats.hedges_g(np.array([0.0, 1.0, 2.0]), np.array([5.0, 6.0, 7.0])) == pytest.approx(-4.0)
+
+
+def test_holm_caps_adjusted_p_values_at_one():
+    assert stats.holm([0.6, 0.7, math.nan]) == [1.0, 1.0, pytest.approx(math.nan, nan_ok=True)]
+
+
+def frame(values: dict[str, list[float]]) -> pd.DataFrame:
+    rows = [(v, seed, x) for v, xs in values.items() for seed, x in enumerate(xs)]
+    return pd.DataFrame({"variant": [r[0] for r in rows], "seed": [r[1] for r in rows],
+                         "trial": range(len(rows)), "state": "COMPLETE", "m": [r[2] for r in rows]})  # fmt: skip
+
+
+def test_summarize_fills_std_g_and_shared_ranks():
+    out = stats.summarize(frame({"base": [0.0, 1.0, 2.0], "same": [5.0, 6.0, 7.0], "tie": [7.0, 5.0]}),
+                          "m", ["base", "same", "tie"], "base")  # fmt: skip
+    assert out["std"].tolist() == pytest.approx([1.0, 1.0, math.sqrt(2.0)])  # two values have a std
+    assert out["g"].tolist()[1] == pytest.approx(4.0)
+    assert out["rank"].tolist() == [3, 1, 1] and str(out["rank"].dtype) == "Int64"  # ties share the best
+
+
+def test_summarize_without_baseline_values_or_variants():
+    out = stats.summarize(frame({"a": [1.0, 2.0]}), "m", ["a"], "missing")
+    assert out["diff"].isna().all() and out["mean"].tolist() == [1.5]
+    empty = stats.summarize(frame({"a": [1.0]}), "m", [], None)
+    assert empty.empty and list(empty.columns) == ["variant"]
+
+
+def test_pareto_front_ties_on_one_axis():
+    # Equal cost, better quality dominates; equal quality, lower cost dominates.
+    front = stats.pareto_front(np.array([1.0, 1.0, 2.0]), np.array([0.5, 0.9, 0.9]))
+    assert front.dtype == bool and front.tolist() == [False, True, False]
