@@ -137,7 +137,10 @@ def check_label_smoothing(base, changed):
 
 def check_search(monkeypatch):
     def check(base, changed):
-        assert search_calls(changed, monkeypatch) == [(changed.cfg.train.beam_size, changed.cfg.train.length_penalty)]
+        assert search_calls(changed, monkeypatch) == [
+            (changed.cfg.train.beam_size, changed.cfg.train.length_penalty)
+        ]
+
     return check
 
 
@@ -145,6 +148,7 @@ def trainer_attribute(name: str, expected_changed: Any, expected_base: Any):
     def check(base, changed):
         assert getattr(base.trainer, name) == expected_base
         assert getattr(changed.trainer, name) == expected_changed
+
     return check
 
 
@@ -318,7 +322,9 @@ def cases(monkeypatch) -> dict[str, Case]:
         "model.tie_embeddings": Case(True, check_tie_embeddings),
         "model.cell": Case("gru", model_has(lambda m: isinstance(m.decoder, nn.GRU)), LSTM),
         "model.bidirectional": Case(False, model_has(lambda m: not m.encoder.rnn.bidirectional), LSTM),
-        "model.attention": Case("dot", model_has(lambda m: type(m.attention.score).__name__ == "DotScore"), LSTM),
+        "model.attention": Case(
+            "dot", model_has(lambda m: type(m.attention.score).__name__ == "DotScore"), LSTM
+        ),
         # previous: the context joins the decoder's input; current: it does not.
         "model.attention_query": Case("current", model_has(lambda m: m.decoder.input_size == 16), LSTM),
         "model.input_feeding": Case(True, model_has(lambda m: m.decoder.input_size == 48), LSTM),

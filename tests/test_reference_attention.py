@@ -58,7 +58,9 @@ def rope_scores(q: torch.Tensor, k: torch.Tensor, base: float = 10000.0, offset:
     d = q.size(-1)
     theta = base ** (-2 * torch.arange(d // 2, dtype=torch.float64) / d)
     positions = torch.arange(offset, offset + q.size(1), dtype=torch.float64)
-    rotation = torch.polar(torch.ones(len(positions), d // 2, dtype=torch.float64), positions[:, None] * theta)
+    rotation = torch.polar(
+        torch.ones(len(positions), d // 2, dtype=torch.float64), positions[:, None] * theta
+    )
     as_complex = lambda x: torch.complex(x[..., : d // 2], x[..., d // 2 :]) * rotation  # noqa: E731
     return (as_complex(q) @ as_complex(k).conj().transpose(-2, -1)).real / d**0.5
 
@@ -71,7 +73,9 @@ def test_rope_scores_inside_attention_equal_the_rotation_formula(side):
     if side == "decoder":
         allowed = allowed.tril()
     assert torch.all(weights[..., ~allowed] == 0)
-    expected = score_differences(torch.softmax(rope_scores(q, k).masked_fill(~allowed, -torch.inf), -1), allowed)
+    expected = score_differences(
+        torch.softmax(rope_scores(q, k).masked_fill(~allowed, -torch.inf), -1), allowed
+    )
     torch.testing.assert_close(score_differences(weights, allowed), expected, atol=1e-5, rtol=0)
     # Not the unrotated scores: positions matter.
     plain = score_differences(torch.softmax(q @ k.transpose(-2, -1) / 8**0.5, -1), allowed)

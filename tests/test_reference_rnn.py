@@ -58,10 +58,12 @@ def encode(net, tokens: list[int]):
     """One unpadded source through the encoder by hand: states (S, D) and per layer the final (h, c),
     each [forward; backward]."""
     rnn, x = net.encoder.rnn, net.encoder.embed.weight[tokens]
-    bidirectional, finals = rnn.bidirectional, []
+    forward = list(range(len(tokens)))
+    directions = [("", forward), ("_reverse", forward[::-1])] if rnn.bidirectional else [("", forward)]
+    finals = []
     for layer in range(rnn.num_layers):
         outputs = []
-        for suffix, order in [("", range(len(tokens)))] + ([("_reverse", reversed(range(len(tokens))))] if bidirectional else []):
+        for suffix, order in directions:
             h = c = x.new_zeros(rnn.hidden_size)
             out = [None] * len(tokens)
             for j in order:
