@@ -296,3 +296,26 @@ def test_pareto_front_ties_on_one_axis():
     # Equal cost, better quality dominates; equal quality, lower cost dominates.
     front = stats.pareto_front(np.array([1.0, 1.0, 2.0]), np.array([0.5, 0.9, 0.9]))
     assert front.dtype == bool and front.tolist() == [False, True, False]
+
+
+@pytest.mark.parametrize(
+    "lo, hi, expect, verdict",
+    [
+        # The margin's edge belongs to the inconclusive side for lower / higher: the CI must clear it.
+        (-0.5, -0.2, "lower", INCONCLUSIVE),  # hi == -margin
+        (-0.2, 0.1, "lower", INCONCLUSIVE),  # lo == -margin: not contradicted either
+        (0.2, 0.5, "higher", INCONCLUSIVE),  # lo == margin
+        (-0.1, 0.2, "higher", INCONCLUSIVE),  # hi == margin
+        # ... and to the reproduced side for similar: a CI on [-margin, margin] is within it.
+        (-0.2, 0.1, "similar", REPRODUCED),
+        (-0.1, 0.2, "similar", REPRODUCED),
+        (0.2, 0.5, "similar", INCONCLUSIVE),  # lo == margin: overlaps the band at one point
+        (-0.5, -0.2, "similar", INCONCLUSIVE),
+        (-0.5, -0.3, "similar", CONTRADICTED),
+        (-0.5, 0.1, "similar", INCONCLUSIVE),  # overlaps the band
+        (-0.1, math.nan, "lower", INCONCLUSIVE),
+        (math.nan, 0.1, "similar", INCONCLUSIVE),
+    ],
+)
+def test_verdict_at_the_margins_edges(lo, hi, expect, verdict):
+    assert claims.verdict(lo, hi, expect, 0.2) == verdict
