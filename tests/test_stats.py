@@ -327,3 +327,30 @@ def test_monte_carlo_permutation_p_is_reproducible():
     a, b = np.arange(10.0), np.arange(10.0) + 2.5
     p = stats.permutation_p(a, b)
     assert stats.permutation_p(a, b) == stats.permutation_p(a, b) == p and 0 < p < 1
+
+
+GRID_TABLE = {
+    "pos_encoding=sinusoidal,norm=post": [0.9, 0.92, 0.94],
+    "pos_encoding=sinusoidal,norm=pre": [0.7, 0.72, 0.74],
+    "pos_encoding=none,norm=post": [0.1, 0.12, 0.14],
+    "pos_encoding=none,norm=pre": [0.3, 0.32, 0.34],
+}
+
+
+@pytest.mark.parametrize(
+    "expect, margin, verdict, says",
+    [
+        ("lower", 0.3, REPRODUCED, "lies below -0.3"),
+        ("lower", 0.9, CONTRADICTED, "rules out an effect below -0.9"),
+        ("higher", 0.3, CONTRADICTED, "rules out an effect above 0.3"),
+        ("similar", 0.3, CONTRADICTED, "rules out an effect within ±0.3"),
+        ("lower", 0.6, INCONCLUSIVE, "straddles the margin (expected below -0.6)"),
+        ("similar", 0.6, INCONCLUSIVE, "straddles the margin (expected within ±0.6)"),
+    ],
+)
+def test_claim_reason_names_the_ci_and_the_bound(expect, margin, verdict, says):
+    spec = grid_spec({"text": "t", "compare": {"model.pos_encoding": "none"},
+                      "to": {"model.pos_encoding": "sinusoidal"}, "expect": expect, "margin": margin})  # fmt: skip
+    (result,) = claims.evaluate_all(spec, table(GRID_TABLE))
+    assert result.verdict == verdict
+    assert result.reason == f"95% CI of compare - to [{result.ci_low:.3g}, {result.ci_high:.3g}] {says}"
