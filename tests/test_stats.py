@@ -354,3 +354,51 @@ def test_claim_reason_names_the_ci_and_the_bound(expect, margin, verdict, says):
     (result,) = claims.evaluate_all(spec, table(GRID_TABLE))
     assert result.verdict == verdict
     assert result.reason == f"95% CI of compare - to [{result.ci_low:.3g}, {result.ci_high:.3g}] {says}"
+
+
+def claim_of(factors: dict, claim: dict, values: dict[str, list[float]]):
+    spec = StudySpec.model_validate({"name": "g", "seeds": [0, 1, 2], "factors": factors, "claims": [claim]})
+    (result,) = claims.evaluate_all(spec, table(values))
+    return result
+
+
+NO_POSITIONS = {"text": "t", "compare": {"model.pos_encoding": "none"},
+                "to": {"model.pos_encoding": "sinusoidal"}, "expect": "lower", "margin": 0.1}  # fmt: skip
+
+
+def test_claim_means_pairing_and_seed_minimum():
+    result = claim_of({"model.pos_encoding": ["sinusoidal", "none"]}, NO_POSITIONS,
+                      {"pos_encoding=sinusoidal": [0.9, 0.8], "pos_encoding=none": [0.1, 0.2]})  # fmt: skip
+    assert result.metric == "test/seq_acc" and not result.paired  # one pair: nothing to pair across
+    assert (result.mean_compare, result.mean_to) == (pytest.approx(0.15), pytest.approx(0.85))
+    assert result.verdict == REPRODUCED  # two seeds a side are enough for a verdict
+
+    norms = {"model.pos_encoding": ["sinusoidal", "none"], "model.norm": ["post", "pre", "none"]}
+    values = {f"pos_encoding={p},norm={n}": [base + shift, base + shift + 0.02]
+              for p, base in (("sinusoidal", 0.8), ("none", 0.2)) for n, shift in (("post", 0), ("pre", 0.05), ("none", 0.1))}  # fmt: skip
+    result = claim_of(norms, NO_POSITIONS, values)
+    assert result.paired and result.to == [
+        f"pos_encoding=sinusoidal,norm={n}" for n in ("post", "pre", "none")
+    ]
+
+
+def test_claim_with_a_variant_that_never_completed():
+    # Paired: the missing variant contributes no values; unpaired (named) the same.
+    missing = {"pos_encoding=sinusoidal,norm=post": [0.9, 0.92], "pos_encoding=sinusoidal,norm=pre": [0.7, 0.72],
+               "pos_encoding=none,norm=post": [0.1, 0.12]}  # fmt: skip
+    result = claims.evaluate_all(grid_spec(NO_POSITIONS), table(missing))[0]
+    assert (result.n_compare, result.n_to) == (2, 4) and result.verdict == INCONCLUSIVE
+    assert result.reason == "a variant has 0 completed seed(s) of test/seq_acc; a verdict needs 2"
+    assert result.mean_compare == pytest.approx(0.11) and result.mean_to == pytest.approx(0.81)
+    spec = StudySpec.model_validate({
+        "name": "named", "seeds": [0, 1], "claims": [{**NO_POSITIONS, "to": {"preset": "transformer"}}],
+        "variants": {"tf": {"preset": "transformer"}, "tf-nopos": {"preset": "transformer", "model.pos_encoding": "none"},
+                     "tf-nopos-pre": {"preset": "transformer", "model.pos_encoding": "none", "model.norm": "pre"}},
+    })  # fmt: skip
+    result = claims.evaluate_all(spec, table({"tf": [0.9, 0.8], "tf-nopos": [0.1, 0.2]}))[0]
+    assert (result.n_compare, result.n_to, result.paired) == (2, 2, False)
+    assert result.mean_compare == pytest.approx(0.15) and result.verdict == REPRODUCED
+    # Nothing matches `to`: the reason names that side.
+    spec = grid_spec({**NO_POSITIONS, "to": {"model.pos_encoding": "rope"}})
+    result = claims.evaluate_all(spec, table(missing))[0]
+    assert result.reason == "no variant matches to: {'model.pos_encoding': 'rope'}"
