@@ -31,7 +31,8 @@ SRC = torch.tensor([[4, 5, 6, 7, 8], [8, 4, 5, PAD, PAD]])
 TGT_IN = torch.tensor([[1, 6, 7], [1, 5, 8]])  # BOS, then two teacher-forced tokens
 
 
-def model(layers: int = 2, **switches) -> torch.nn.Module:
+def model(layers: int = 3, **switches) -> torch.nn.Module:
+    """Three layers by default: s_{t-1} must be the top one, not merely "not the bottom one"."""
     cfg = ModelConfig(arch="lstm", d_model=D, layers=layers, dropout=0.0, max_positions=8, **switches)
     torch.manual_seed(0)
     net = build_model(cfg, VOCAB, VOCAB, PAD).double().eval()

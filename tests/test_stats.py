@@ -390,6 +390,9 @@ def test_claim_with_a_variant_that_never_completed():
     assert (result.n_compare, result.n_to) == (2, 4) and result.verdict == INCONCLUSIVE
     assert result.reason == "a variant has 0 completed seed(s) of test/seq_acc; a verdict needs 2"
     assert result.mean_compare == pytest.approx(0.11) and result.mean_to == pytest.approx(0.81)
+    missing_to = {k: v for k, v in GRID_TABLE.items() if k != "pos_encoding=sinusoidal,norm=pre"}
+    result = claims.evaluate_all(grid_spec(NO_POSITIONS), table(missing_to))[0]
+    assert (result.n_compare, result.n_to) == (6, 3) and result.verdict == INCONCLUSIVE
     spec = StudySpec.model_validate({
         "name": "named", "seeds": [0, 1], "claims": [{**NO_POSITIONS, "to": {"preset": "transformer"}}],
         "variants": {"tf": {"preset": "transformer"}, "tf-nopos": {"preset": "transformer", "model.pos_encoding": "none"},
