@@ -26,9 +26,10 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 SCORES = ["additive", "dot", "general", "concat", "location", "cosine", "scaled_dot"]
 D, VOCAB, PAD, TOL = 6, 9, 0, 1e-10
-# Two sources of different lengths, the second padded: attention must ignore its last two positions.
-SRC = torch.tensor([[4, 5, 6, 7, 8], [8, 4, 5, PAD, PAD]])
-TGT_IN = torch.tensor([[1, 6, 7], [1, 5, 8]])  # BOS, then two teacher-forced tokens
+# Two sources of different lengths, the shorter first (the encoder must not need them sorted), both
+# padded past the longest: attention must ignore every padding position.
+SRC = torch.tensor([[8, 4, 5, PAD, PAD, PAD], [4, 5, 6, 7, 8, PAD]])
+TGT_IN = torch.tensor([[1, 5, 8], [1, 6, 7]])  # BOS, then two teacher-forced tokens
 
 
 def model(layers: int = 3, **switches) -> torch.nn.Module:
@@ -187,8 +188,8 @@ def test_bidirectional_merge_puts_forward_first_and_backward_second():
     net = model(layers=2, attention="dot", attention_query="current")
     rnn, half = net.encoder.rnn, D // 2
     with torch.no_grad():
-        state = net.init_state(SRC[1:])
-        tokens = [int(t) for t in SRC[1] if t != PAD]
+        state = net.init_state(SRC[:1])
+        tokens = [int(t) for t in SRC[0] if t != PAD]
         x = net.encoder.embed.weight[tokens[0]]
         zero = x.new_zeros(half)
         h_first_backward = lstm_cell(
@@ -197,3 +198,12 @@ def test_bidirectional_merge_puts_forward_first_and_backward_second():
             rnn, 0, "_reverse",
         )[0]  # fmt: skip
         torch.testing.assert_close(state["h"][0, 0, half:], h_first_backward, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("layers, between", [(1, 0.0), (2, 0.3)])
+def test_dropout_acts_between_stacked_layers_only(layers, between):
+    # nn.LSTM applies its dropout to the outputs of every layer but the last: one layer has none.
+    cfg = ModelConfig(arch="lstm", d_model=D, layers=layers, dropout=0.3, attention="dot")
+    net = build_model(cfg, VOCAB, VOCAB, PAD)
+    assert (net.encoder.rnn.dropout, net.decoder.dropout) == (between, between)
+    assert net.dropout.p == net.encoder.dropout.p == 0.3
