@@ -331,6 +331,7 @@ def cases(monkeypatch) -> dict[str, Case]:
         "model.attention_heads": Case(2, weight_heads("cross", 2), LSTM),
         "model.heads": Case(4, weight_heads("decoder", 4)),
         "model.d_ff": Case(8, model_has(lambda m: m.decoder[0].ff.fn.net[0].out_features == 8)),
+        "model.ffn": Case(False, model_has(lambda m: not any(isinstance(x, nn.ReLU) for x in m.modules()))),
         "model.scale": Case(0.05, outputs_differ),
         "model.pos_encoding": Case("rope", outputs_differ),
         "model.pos_base": Case(100.0, outputs_differ),
