@@ -129,9 +129,14 @@ def logged_trial(tmp_path_factory):
 
 def test_trial_results_and_artifacts(logged_trial):
     result, out, _ = logged_trial
+    for split in ("test", "test_long"):
+        # The module's running sums and the per-length table (harness/metrics.py) count the same way.
+        rows = [row for row in result.per_length if row["split"] == split]
+        n, tokens = sum(r["n"] for r in rows), sum(r["tokens"] for r in rows)
+        assert result.metrics[f"{split}/seq_acc"] == pytest.approx(sum(r["seq_acc"] * r["n"] for r in rows) / n)
+        assert result.metrics[f"{split}/tok_acc"] == pytest.approx(sum(r["tok_acc"] * r["tokens"] for r in rows) / tokens)
+        assert tokens == sum(r["n"] * (r["length"] + 1) for r in rows)  # every target position and its EOS
     for split in ("val", "test", "test_long"):
-        for name in ("loss", "ppl", "seq_acc", "tok_acc"):
-            assert f"{split}/{name}" in result.metrics
         # Perplexity of the unsmoothed model: with no label smoothing it is exp(loss).
         assert result.metrics[f"{split}/ppl"] == pytest.approx(
             math.exp(result.metrics[f"{split}/loss"]), rel=1e-4
@@ -198,9 +203,13 @@ def test_everything_goes_to_the_logger(logged_trial):
             logged.setdefault(key, []).append(step)
     # Two validations; Lightning numbers logger steps from 0, so they land on steps 3 and 7.
     assert logged["val/loss"] == logged["val/seq_acc"] == [3, 7]
-    for key in ("train/loss", "train/lr", "test/seq_acc", "test_long/ppl", "cost/params", "cost/wall_time",
-                "cost/tokens_per_sec", "cost/peak_mem_mb"):  # fmt: skip
-        assert key in logged, key
+    last = {key: value for _, metrics in logger.metrics for key, value in metrics.items()}
+    assert last["train/lr"] == pytest.approx(1e-3)  # the constant schedule's lr
+    assert math.isfinite(last["train/loss"]) and last["train/loss"] > 0
+    for key in ("test/seq_acc", "test/tok_acc", "test_long/ppl", "val/loss"):
+        assert last[key] == pytest.approx(result.metrics[key]), key
+    assert (last["cost/params"], last["cost/wall_time"]) == (result.params, result.wall_time)
+    assert (last["cost/tokens_per_sec"], last["cost/peak_mem_mb"]) == (result.tokens_per_sec, result.peak_mem_mb)
     # Heatmaps: per probe and kind, one image per layer, logged at each validation and at the end.
     step, images, kwargs = logger.images["attention/cross/probe2"]
     assert step == 8 and len(images) == 1 and len(kwargs["caption"]) == 1
@@ -208,7 +217,7 @@ def test_everything_goes_to_the_logger(logged_trial):
     assert {"attention/encoder/probe0", "attention/decoder/probe1"} <= set(logger.images)
     columns, data = logger.tables["per_length"]
     assert columns == ["split", "length", "n", "seq_acc", "tok_acc", "tokens"]
-    assert len(data) == len(result.per_length)
+    assert data == [list(row.values()) for row in result.per_length]
 
 
 def test_per_length_table_weighted_gives_the_split_totals(logged_trial):

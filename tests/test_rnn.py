@@ -248,7 +248,10 @@ def test_search_runs_over_the_step_interface(preset):
     src = batch([5, 2, 7])
     greedy = greedy_decode(model, src, bos_id=1, eos_id=2, pad_id=0, max_len=6)
     assert torch.equal(beam_search(model, src, 1, 2, 0, beam_size=1, max_len=6), greedy)
-    assert beam_search(model, src, 1, 2, 0, beam_size=3, max_len=6).shape[0] == 3
+    batched = beam_search(model, src, 1, 2, 0, beam_size=3, max_len=6)
+    for i, length in enumerate([5, 2, 7]):  # a beam reordered with another sentence's state would differ
+        alone = beam_search(model, src[i : i + 1, :length], 1, 2, 0, beam_size=3, max_len=6)
+        assert batched[i, : alone.size(1)].tolist() == alone[0].tolist()
 
 
 # Parameter counts: each switch adds exactly the parameters its formula names.

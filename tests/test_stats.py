@@ -235,3 +235,173 @@ def test_claim_pools_named_variants_and_keeps_compare_out_of_to():
     assert found.verdict == INCONCLUSIVE and "1 completed seed" in found.reason  # one seed: no CI
     assert found.diff == pytest.approx(0.1 - 0.96)
     assert missing.verdict == INCONCLUSIVE and "no variant matches compare" in missing.reason
+
+
+# Boundaries and branches that mutation testing found unchecked (docs/TESTING.md).
+
+
+def test_failed_trials_never_count_even_with_a_finite_value():
+    df = pd.DataFrame({"variant": ["a", "a", "a"], "seed": [0, 1, 2], "trial": [0, 1, 2],
+                       "state": ["COMPLETE", "FAIL", "COMPLETE"], "m": [0.5, 0.9, 0.7]})  # fmt: skip
+    assert stats.variant_values(df, "m")["a"].tolist() == [0.5, 0.7]
+
+
+def test_two_values_a_side_are_enough_for_every_test():
+    a, b = np.array([0.0, 1.0]), np.array([10.0, 11.0])
+    assert stats.welch_p(a, b) == pytest.approx(sps.ttest_ind(a, b, equal_var=False).pvalue)
+    # 6 relabellings of 4 values into 2 + 2; the observed split and its mirror are the most extreme.
+    assert stats.permutation_p(a, b) == pytest.approx(2 / 6)
+    # Pooled variance 0.5, correction 1 - 3 / (4 * 4 - 9) = 4/7: g = -10 / sqrt(0.5) * 4/7.
+    assert stats.hedges_g(a, b) == pytest.approx(-10 / math.sqrt(0.5) * 4 / 7)
+    est, lo, hi = stats.diff_ci([(np.array([1.0, 2.0, 3.0]), np.array([2.0]))])  # a one-value group
+    assert est == pytest.approx(0.0) and lo < 0 < hi
+
+
+def test_welch_p_needs_variance_on_one_side_only():
+    a, b = np.array([1.0, 1.0, 1.0]), np.array([2.0, 3.0, 4.0])
+    assert stats.welch_p(a, b) == pytest.approx(sps.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def test_hedges_g_with_a_pooled_variance_of_one():
+    # Variances 1 and 1: g = (1 - 6) / 1 * (1 - 3 / 15) = -4.
+    assert stats.hedges_g(np.array([0.0, 1.0, 2.0]), np.array([5.0, 6.0, 7.0])) == pytest.approx(-4.0)
+
+
+def test_holm_caps_adjusted_p_values_at_one():
+    assert stats.holm([0.6, 0.7, math.nan]) == [1.0, 1.0, pytest.approx(math.nan, nan_ok=True)]
+
+
+def frame(values: dict[str, list[float]]) -> pd.DataFrame:
+    rows = [(v, seed, x) for v, xs in values.items() for seed, x in enumerate(xs)]
+    return pd.DataFrame({"variant": [r[0] for r in rows], "seed": [r[1] for r in rows],
+                         "trial": range(len(rows)), "state": "COMPLETE", "m": [r[2] for r in rows]})  # fmt: skip
+
+
+def test_summarize_fills_std_g_and_shared_ranks():
+    out = stats.summarize(frame({"base": [0.0, 1.0, 2.0], "same": [5.0, 6.0, 7.0], "tie": [7.0, 5.0]}),
+                          "m", ["base", "same", "tie"], "base")  # fmt: skip
+    assert out["std"].tolist() == pytest.approx([1.0, 1.0, math.sqrt(2.0)])  # two values have a std
+    assert out["g"].tolist()[1] == pytest.approx(4.0)
+    assert out["rank"].tolist() == [3, 1, 1] and str(out["rank"].dtype) == "Int64"  # ties share the best
+
+
+def test_summarize_without_baseline_values_or_variants():
+    out = stats.summarize(frame({"a": [1.0, 2.0]}), "m", ["a"], "missing")
+    assert out["diff"].isna().all() and out["mean"].tolist() == [1.5]
+    empty = stats.summarize(frame({"a": [1.0]}), "m", [], None)
+    assert empty.empty and list(empty.columns) == ["variant"]
+
+
+def test_pareto_front_ties_on_one_axis():
+    # Equal cost, better quality dominates; equal quality, lower cost dominates.
+    front = stats.pareto_front(np.array([1.0, 1.0, 2.0]), np.array([0.5, 0.9, 0.9]))
+    assert front.dtype == bool and front.tolist() == [False, True, False]
+
+
+@pytest.mark.parametrize(
+    "lo, hi, expect, verdict",
+    [
+        # The margin's edge belongs to the inconclusive side for lower / higher: the CI must clear it.
+        (-0.5, -0.2, "lower", INCONCLUSIVE),  # hi == -margin
+        (-0.2, 0.1, "lower", INCONCLUSIVE),  # lo == -margin: not contradicted either
+        (0.2, 0.5, "higher", INCONCLUSIVE),  # lo == margin
+        (-0.1, 0.2, "higher", INCONCLUSIVE),  # hi == margin
+        # ... and to the reproduced side for similar: a CI on [-margin, margin] is within it.
+        (-0.2, 0.1, "similar", REPRODUCED),
+        (-0.1, 0.2, "similar", REPRODUCED),
+        (0.2, 0.5, "similar", INCONCLUSIVE),  # lo == margin: overlaps the band at one point
+        (-0.5, -0.2, "similar", INCONCLUSIVE),
+        (-0.5, -0.3, "similar", CONTRADICTED),
+        (-0.5, 0.1, "similar", INCONCLUSIVE),  # overlaps the band
+        (-0.1, math.nan, "lower", INCONCLUSIVE),
+        (math.nan, 0.1, "similar", INCONCLUSIVE),
+    ],
+)
+def test_verdict_at_the_margins_edges(lo, hi, expect, verdict):
+    assert claims.verdict(lo, hi, expect, 0.2) == verdict
+
+
+def test_monte_carlo_permutation_p_is_reproducible():
+    # 10 + 10 values have 184756 relabellings: more than n_resamples, so the test samples; a report
+    # rebuilt from the same storage must still print the same p.
+    a, b = np.arange(10.0), np.arange(10.0) + 2.5
+    p = stats.permutation_p(a, b)
+    assert stats.permutation_p(a, b) == stats.permutation_p(a, b) == p and 0 < p < 1
+
+
+GRID_TABLE = {
+    "pos_encoding=sinusoidal,norm=post": [0.9, 0.92, 0.94],
+    "pos_encoding=sinusoidal,norm=pre": [0.7, 0.72, 0.74],
+    "pos_encoding=none,norm=post": [0.1, 0.12, 0.14],
+    "pos_encoding=none,norm=pre": [0.3, 0.32, 0.34],
+}
+
+
+@pytest.mark.parametrize(
+    "expect, margin, verdict, says",
+    [
+        ("lower", 0.3, REPRODUCED, "lies below -0.3"),
+        ("lower", 0.9, CONTRADICTED, "rules out an effect below -0.9"),
+        ("higher", 0.3, CONTRADICTED, "rules out an effect above 0.3"),
+        ("similar", 0.3, CONTRADICTED, "rules out an effect within ±0.3"),
+        ("lower", 0.6, INCONCLUSIVE, "straddles the margin (expected below -0.6)"),
+        ("similar", 0.6, INCONCLUSIVE, "straddles the margin (expected within ±0.6)"),
+    ],
+)
+def test_claim_reason_names_the_ci_and_the_bound(expect, margin, verdict, says):
+    spec = grid_spec({"text": "t", "compare": {"model.pos_encoding": "none"},
+                      "to": {"model.pos_encoding": "sinusoidal"}, "expect": expect, "margin": margin})  # fmt: skip
+    (result,) = claims.evaluate_all(spec, table(GRID_TABLE))
+    assert result.verdict == verdict
+    assert result.reason == f"95% CI of compare - to [{result.ci_low:.3g}, {result.ci_high:.3g}] {says}"
+
+
+def claim_of(factors: dict, claim: dict, values: dict[str, list[float]]):
+    spec = StudySpec.model_validate({"name": "g", "seeds": [0, 1, 2], "factors": factors, "claims": [claim]})
+    (result,) = claims.evaluate_all(spec, table(values))
+    return result
+
+
+NO_POSITIONS = {"text": "t", "compare": {"model.pos_encoding": "none"},
+                "to": {"model.pos_encoding": "sinusoidal"}, "expect": "lower", "margin": 0.1}  # fmt: skip
+
+
+def test_claim_means_pairing_and_seed_minimum():
+    result = claim_of({"model.pos_encoding": ["sinusoidal", "none"]}, NO_POSITIONS,
+                      {"pos_encoding=sinusoidal": [0.9, 0.8], "pos_encoding=none": [0.1, 0.2]})  # fmt: skip
+    assert result.metric == "test/seq_acc" and not result.paired  # one pair: nothing to pair across
+    assert (result.mean_compare, result.mean_to) == (pytest.approx(0.15), pytest.approx(0.85))
+    assert result.verdict == REPRODUCED  # two seeds a side are enough for a verdict
+
+    norms = {"model.pos_encoding": ["sinusoidal", "none"], "model.norm": ["post", "pre", "none"]}
+    values = {f"pos_encoding={p},norm={n}": [base + shift, base + shift + 0.02]
+              for p, base in (("sinusoidal", 0.8), ("none", 0.2)) for n, shift in (("post", 0), ("pre", 0.05), ("none", 0.1))}  # fmt: skip
+    result = claim_of(norms, NO_POSITIONS, values)
+    assert result.paired and result.to == [
+        f"pos_encoding=sinusoidal,norm={n}" for n in ("post", "pre", "none")
+    ]
+
+
+def test_claim_with_a_variant_that_never_completed():
+    # Paired: the missing variant contributes no values; unpaired (named) the same.
+    missing = {"pos_encoding=sinusoidal,norm=post": [0.9, 0.92], "pos_encoding=sinusoidal,norm=pre": [0.7, 0.72],
+               "pos_encoding=none,norm=post": [0.1, 0.12]}  # fmt: skip
+    result = claims.evaluate_all(grid_spec(NO_POSITIONS), table(missing))[0]
+    assert (result.n_compare, result.n_to) == (2, 4) and result.verdict == INCONCLUSIVE
+    assert result.reason == "a variant has 0 completed seed(s) of test/seq_acc; a verdict needs 2"
+    assert result.mean_compare == pytest.approx(0.11) and result.mean_to == pytest.approx(0.81)
+    missing_to = {k: v for k, v in GRID_TABLE.items() if k != "pos_encoding=sinusoidal,norm=pre"}
+    result = claims.evaluate_all(grid_spec(NO_POSITIONS), table(missing_to))[0]
+    assert (result.n_compare, result.n_to) == (6, 3) and result.verdict == INCONCLUSIVE
+    spec = StudySpec.model_validate({
+        "name": "named", "seeds": [0, 1], "claims": [{**NO_POSITIONS, "to": {"preset": "transformer"}}],
+        "variants": {"tf": {"preset": "transformer"}, "tf-nopos": {"preset": "transformer", "model.pos_encoding": "none"},
+                     "tf-nopos-pre": {"preset": "transformer", "model.pos_encoding": "none", "model.norm": "pre"}},
+    })  # fmt: skip
+    result = claims.evaluate_all(spec, table({"tf": [0.9, 0.8], "tf-nopos": [0.1, 0.2]}))[0]
+    assert (result.n_compare, result.n_to, result.paired) == (2, 2, False)
+    assert result.mean_compare == pytest.approx(0.15) and result.verdict == REPRODUCED
+    # Nothing matches `to`: the reason names that side.
+    spec = grid_spec({**NO_POSITIONS, "to": {"model.pos_encoding": "rope"}})
+    result = claims.evaluate_all(spec, table(missing))[0]
+    assert result.reason == "no variant matches to: {'model.pos_encoding': 'rope'}"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Mutation testing with mutmut 3: each target file is mutated alone and judged by its own fast tests, in a
+# scratch copy of the repository (the working tree is never touched). docs/TESTING.md records the scores.
+#
+#   scripts/mutation.sh                      every target, one after another
+#   scripts/mutation.sh harness/metrics.py   only the named targets
+#
+# Results: $MUTATION_DIR/<target>/summary.json (mutmut's counts) and survivors.txt; MUTATION_DIR defaults
+# to /tmp/mutation. MUTATION_JOBS (default 2) sets mutmut's parallel children.
+set -euo pipefail
+
+# Target file -> the tests that should kill its mutants (fast ones only: every mutant reruns them).
+declare -A TESTS=(
+  [harness/metrics.py]="tests/test_metrics.py"
+  [reports/stats.py]="tests/test_stats.py"
+  [reports/claims.py]="tests/test_stats.py"
+  [models/rnn.py]="tests/test_reference_rnn.py tests/test_rnn.py"
+  [models/positional.py]="tests/test_reference_attention.py tests/test_positional.py"
+  [models/attention.py]="tests/test_reference_attention.py tests/test_reference_rnn.py"
+  [models/transformer.py]="tests/test_reference_attention.py tests/test_transformer.py"
+  [models/decoding.py]="tests/test_decoding.py"
+  [models/module.py]="tests/test_module.py tests/test_plumbing.py"
+  [models/config.py]="tests/test_config.py tests/test_plumbing.py"
+  [models/diagnostics.py]="tests/test_transformer.py"
+)
+ORDER=(harness/metrics.py reports/stats.py reports/claims.py models/rnn.py models/positional.py
+       models/attention.py models/transformer.py models/decoding.py models/module.py models/config.py
+       models/diagnostics.py)
+
+repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+out=${MUTATION_DIR:-/tmp/mutation}
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=("${ORDER[@]}")
+
+for target in "${targets[@]}"; do
+  tests=${TESTS[$target]:-}
+  [ -n "$tests" ] || { echo "mutation.sh: no tests listed for $target (known: ${ORDER[*]})" >&2; exit 2; }
+  work="$out/${target//\//_}"
+  rm -rf "$work" && mkdir -p "$work/repo"
+  # Tracked and new files, as the working tree has them.
+  git -C "$repo" ls-files -co --exclude-standard -z | (cd "$repo" && xargs -0 cp --parents -t "$work/repo")
+  {
+    echo; echo "[tool.mutmut]"
+    echo 'source_paths = ["models", "harness", "reports"]'
+    echo "only_mutate = [\"$target\"]"
+    printf 'pytest_add_cli_args_test_selection = [%s]\n' "$(printf '"%s", ' $tests)"
+    echo 'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]'
+    echo 'process_isolation = "forkserver"'  # torch is not fork-safe once its thread pools exist
+  } >> "$work/repo/pyproject.toml"
+  echo "== $target ($tests)"
+  start=$(date +%s)
+  (cd "$work/repo" && OMP_NUM_THREADS=1 mutmut run --max-children "${MUTATION_JOBS:-2}" > "$work/run.log" 2>&1) || true
+  (cd "$work/repo" && mutmut export-cicd-stats > /dev/null && cp mutants/mutmut-cicd-stats.json "$work/summary.json")
+  (cd "$work/repo" && mutmut results > "$work/survivors.txt")
+  echo "   $(tr -d ' \n' < "$work/summary.json") in $(( $(date +%s) - start ))s; survivors: $work/survivors.txt"
+done

@@ -1,0 +1,363 @@
+"""Every train.* and model.* key reaches the object that uses it.
+
+One case per config key: the key is changed from a base config and its effect is observed on what the
+harness builds from the config (the loss of a training step, the learning rate the scheduler installs,
+the Trainer's settings, the search decoding calls, the model's structure or output). The key list comes
+from the config schema itself, so a key added without a case here fails `test_key_reaches_its_user`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, Timer
+from torch import nn
+
+from harness.config import ExperimentConfig, build_config
+from harness.tasks import build_task
+from harness.tasks.datamodule import Seq2SeqDataModule
+from harness.trial import build_module, build_trainer
+from models.sequences import PAD_ID
+from tests.conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+# A fixed batch for model outputs: two sources, one padded (ids below the tiny task's vocabulary).
+SRC = torch.tensor([[4, 5, 6, 7, 2], [5, 6, 2, 0, 0]])
+TGT_IN = torch.tensor([[1, 7, 6, 5, 4], [1, 6, 5, 0, 0]])
+
+
+@dataclasses.dataclass
+class Built:
+    cfg: ExperimentConfig
+    datamodule: Seq2SeqDataModule
+    module: Any
+    trainer: L.Trainer
+
+
+def build(root, overrides: dict[str, Any]) -> Built:
+    """What a trial builds from a config, through the harness's own entry points (harness/trial.py);
+    the only place that knows how to call them."""
+    tree = {"task": dict(TINY_TASK), "model": dict(TINY_MODEL), "train": dict(TINY_TRAIN)}
+    cfg = build_config(tree, overrides)
+    L.seed_everything(cfg.seed, verbose=False)
+    data = build_task(cfg.task, cfg.seed)
+    dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed, batch_tokens=cfg.train.batch_tokens)
+    torch.manual_seed(0)  # equal seeds: two builds differ only by what the changed key does
+    module = build_module(cfg, data, dm.eval_splits)
+    trainer = build_trainer(cfg, [], [], False, len(dm.train_dataloader()), str(root))
+    return Built(cfg, dm, module, trainer)
+
+
+@dataclasses.dataclass
+class Case:
+    value: Any  # the changed value
+    check: Callable[[Built, Built], None]  # (base, changed) -> asserts the effect
+    base: dict[str, Any] = dataclasses.field(default_factory=dict)  # overrides that make the key matter
+
+
+# Observations.
+
+
+def optimizer_and_lambda(built: Built):
+    opt = built.module.configure_optimizers()
+    return opt["optimizer"], opt["lr_scheduler"]["scheduler"].lr_lambdas[0]
+
+
+def lr_at(built: Built, step: int) -> float:
+    optimizer, factor = optimizer_and_lambda(built)
+    return optimizer.defaults["lr"] * factor(step)
+
+
+def logits(built: Built, train: bool = False) -> torch.Tensor:
+    model = built.module.model.train(train)
+    with torch.no_grad():
+        return model(SRC, TGT_IN)
+
+
+def outputs_differ(base: Built, changed: Built) -> None:
+    a, b = logits(base), logits(changed)
+    assert a.shape != b.shape or not torch.allclose(a, b)
+
+
+def first_step_loss(built: Built) -> tuple[float, float]:
+    """train/loss of one fitted step, and the label-smoothed cross entropy of that step's batch written
+    out by hand: (1 - eps) (-log p_gold) + eps mean_v(-log p_v), averaged over non-padding targets."""
+    eps, seen = built.cfg.train.label_smoothing, {}
+
+    class Expect(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            with torch.no_grad():
+                logp = module.model(batch["src"], batch["tgt_in"]).log_softmax(-1)
+            gold = batch["tgt_out"]
+            per_token = -(1 - eps) * logp.gather(-1, gold[..., None])[..., 0] - eps * logp.mean(-1)
+            seen["loss"] = float(per_token[gold != PAD_ID].mean())
+
+    built.trainer.callbacks.append(Expect())
+    built.trainer.fit(built.module, datamodule=built.datamodule)
+    return float(built.trainer.callback_metrics["train/loss"]), seen["loss"]
+
+
+def search_calls(built: Built, monkeypatch) -> list[tuple[int, float]]:
+    """(beam size, length penalty) of every beam search a test step runs."""
+    import models.module as module_code
+
+    calls = []
+    real = module_code.beam_search
+
+    def spy(model, src, bos, eos, pad, beam_size, alpha, max_len):
+        calls.append((beam_size, alpha))
+        return real(model, src, bos, eos, pad, beam_size, alpha, max_len)
+
+    monkeypatch.setattr(module_code, "beam_search", spy)
+    batch = next(iter(built.datamodule.test_dataloader()[0]))
+    built.module.test_step(batch, 0)
+    return calls
+
+
+def dropout_rates(built: Built) -> set[float]:
+    return {m.p for m in built.module.model.modules() if isinstance(m, nn.Dropout)}
+
+
+# The cases. Each asserts the changed value's own effect, not only "something changed".
+
+
+def check_label_smoothing(base, changed):
+    base_loss, base_expected = first_step_loss(base)
+    loss, expected = first_step_loss(changed)
+    assert base_loss == pytest.approx(base_expected, abs=1e-5)
+    assert loss == pytest.approx(expected, abs=1e-5)
+    assert abs(loss - base_loss) > 1e-3
+
+
+def check_search(monkeypatch):
+    def check(base, changed):
+        assert search_calls(changed, monkeypatch) == [
+            (changed.cfg.train.beam_size, changed.cfg.train.length_penalty)
+        ]
+
+    return check
+
+
+def trainer_attribute(name: str, expected_changed: Any, expected_base: Any):
+    def check(base, changed):
+        assert getattr(base.trainer, name) == expected_base
+        assert getattr(changed.trainer, name) == expected_changed
+
+    return check
+
+
+def check_batch_size(base, changed):
+    assert next(iter(base.datamodule.train_dataloader()))["src"].size(0) == 16
+    assert next(iter(changed.datamodule.train_dataloader()))["src"].size(0) == 8
+
+
+def check_batch_tokens(base, changed):
+    batches = list(changed.datamodule.train_dataloader())
+    assert all(b["src"].numel() <= 24 and b["tgt_in"].numel() <= 24 for b in batches)
+    assert len(batches) > len(base.datamodule.train_dataloader())
+
+
+def check_lr(base, changed):
+    assert lr_at(base, 0) == pytest.approx(1e-3) and lr_at(changed, 0) == pytest.approx(0.02)
+
+
+def check_weight_decay(base, changed):
+    assert optimizer_and_lambda(changed)[0].param_groups[0]["weight_decay"] == 0.25
+    assert optimizer_and_lambda(base)[0].param_groups[0]["weight_decay"] == 0.01
+
+
+def check_schedule(base, changed):
+    # inverse_sqrt without warmup: lr * min(s + 1, 1 / sqrt(s + 1)); at step 3 half the base lr.
+    assert lr_at(base, 3) == pytest.approx(1e-3) and lr_at(changed, 3) == pytest.approx(0.5e-3)
+
+
+def check_warmup(base, changed):
+    assert lr_at(base, 0) == pytest.approx(1e-3) and lr_at(changed, 0) == pytest.approx(1e-3 / 4)
+
+
+def check_max_steps(base, changed):
+    assert base.trainer.max_steps == 4 and changed.trainer.max_steps == 10
+    # The cosine schedule ends at max_steps: zero there, not before.
+    assert lr_at(changed, 10) == pytest.approx(0) and lr_at(base, 4) == pytest.approx(0)
+    assert lr_at(changed, 4) > 1e-4
+
+
+def check_max_epochs(base, changed):
+    assert base.trainer.max_epochs == -1 and changed.trainer.max_epochs == 3
+    assert changed.trainer.check_val_every_n_epoch == 1
+
+
+def check_max_time(base, changed):
+    assert not [c for c in base.trainer.callbacks if isinstance(c, Timer)]
+    (timer,) = [c for c in changed.trainer.callbacks if isinstance(c, Timer)]
+    assert timer._duration == 30
+
+
+def check_patience(base, changed):
+    assert not [c for c in base.trainer.callbacks if isinstance(c, EarlyStopping)]
+    (stop,) = [c for c in changed.trainer.callbacks if isinstance(c, EarlyStopping)]
+    assert stop.patience == 3 and stop.monitor == "val/loss"
+
+
+def check_deterministic(base, changed):
+    # Trainer(deterministic=...) sets torch's global flag; build order decides what it is now.
+    try:
+        build_trainer(changed.cfg, [], [], False, 4, "/tmp")
+        assert torch.are_deterministic_algorithms_enabled()
+        build_trainer(base.cfg, [], [], False, 4, "/tmp")
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def check_compile(base, changed):
+    assert base.module.model._compiled_call_impl is None
+    assert changed.module.model._compiled_call_impl is not None
+
+
+def check_val_every(base, changed):
+    assert base.trainer.val_check_interval == 2 and changed.trainer.val_check_interval == 3
+    assert changed.trainer.log_every_n_steps == 3
+
+
+def check_arch(base, changed):
+    assert type(base.module.model).__name__ == "Transformer"
+    assert type(changed.module.model).__name__ == "RNNSeq2Seq"
+
+
+def check_dropout(base, changed):
+    assert dropout_rates(base) == {0.0} and dropout_rates(changed) == {0.3}
+    assert torch.equal(logits(base, train=True), logits(base, train=True))
+    assert not torch.equal(logits(changed, train=True), logits(changed, train=True))
+
+
+def check_tie_embeddings(base, changed):
+    model, base_model = changed.module.model, base.module.model
+    assert model.generator.weight is model.tgt_embed.weight
+    assert base_model.generator.weight is not base_model.tgt_embed.weight
+
+
+def check_max_positions(base, changed):
+    logits(base)  # 512 learned positions cover the batch
+    with pytest.raises(ValueError, match="model.max_positions"):
+        logits(changed)
+
+
+def weight_heads(kind: str, heads: int):
+    """The changed model attends with `heads` heads (its `kind` weights) and computes something else."""
+
+    def check(base, changed):
+        outputs_differ(base, changed)
+        with torch.no_grad():
+            weights = changed.module.model.eval()(SRC, TGT_IN, need_weights=True)[1][kind][0]
+        assert weights.size(1) == heads
+
+    return check
+
+
+def model_has(part: Callable[[nn.Module], bool]):
+    """The changed model has `part` and the base model has not, and their outputs differ."""
+
+    def check(base, changed):
+        outputs_differ(base, changed)
+        assert part(changed.module.model) and not part(base.module.model)
+
+    return check
+
+
+def check_causal_mask(base, changed):
+    # Only without the mask does the first target position's output depend on later target tokens.
+    later = TGT_IN.clone()
+    later[:, 2] = 8
+    for built, depends in ((base, False), (changed, True)):
+        model = built.module.model.eval()
+        with torch.no_grad():
+            first, first_later = model(SRC, TGT_IN)[:, 0], model(SRC, later)[:, 0]
+        assert (not torch.allclose(first, first_later)) == depends
+
+
+def check_cross_attention(base, changed):
+    # Without cross-attention the source cannot change the output.
+    other = SRC.flip(0)
+    for built, sees in ((base, True), (changed, False)):
+        model = built.module.model.eval()
+        with torch.no_grad():
+            a, b = model(SRC, TGT_IN), model(other, TGT_IN)
+        assert (not torch.allclose(a, b)) == sees
+
+
+LSTM = {"model.arch": "lstm", "model.attention": "additive", "model.attention_query": "previous"}
+
+
+def cases(monkeypatch) -> dict[str, Case]:
+    return {
+        "train.batch_size": Case(8, check_batch_size),
+        "train.batch_tokens": Case(24, check_batch_tokens),
+        "train.lr": Case(0.02, check_lr),
+        "train.weight_decay": Case(0.25, check_weight_decay),
+        "train.schedule": Case("inverse_sqrt", check_schedule),
+        "train.warmup_steps": Case(4, check_warmup),
+        "train.max_steps": Case(10, check_max_steps, {"train.schedule": "cosine"}),
+        "train.max_epochs": Case(3, check_max_epochs),
+        "train.max_time": Case(30.0, check_max_time),
+        "train.label_smoothing": Case(0.2, check_label_smoothing, {"train.max_steps": 1}),
+        "train.grad_clip": Case(0.5, trainer_attribute("gradient_clip_val", 0.5, 1.0)),
+        "train.precision": Case("64-true", trainer_attribute("precision", "64-true", "32-true")),
+        "train.beam_size": Case(3, check_search(monkeypatch)),
+        "train.length_penalty": Case(1.5, check_search(monkeypatch), {"train.beam_size": 2}),
+        "train.patience": Case(3, check_patience),
+        "train.deterministic": Case(True, check_deterministic),
+        "train.compile": Case(True, check_compile),
+        "train.val_every": Case(3, check_val_every),
+        "model.arch": Case("lstm", check_arch),
+        "model.d_model": Case(8, model_has(lambda m: m.tgt_embed.weight.size(1) == 8)),
+        "model.layers": Case(2, model_has(lambda m: len(m.decoder) == 2)),
+        "model.dropout": Case(0.3, check_dropout),
+        "model.tie_embeddings": Case(True, check_tie_embeddings),
+        "model.cell": Case("gru", model_has(lambda m: isinstance(m.decoder, nn.GRU)), LSTM),
+        "model.bidirectional": Case(False, model_has(lambda m: not m.encoder.rnn.bidirectional), LSTM),
+        "model.attention": Case(
+            "dot", model_has(lambda m: type(m.attention.score).__name__ == "DotScore"), LSTM
+        ),
+        # previous: the context joins the decoder's input; current: it does not.
+        "model.attention_query": Case("current", model_has(lambda m: m.decoder.input_size == 16), LSTM),
+        "model.input_feeding": Case(True, model_has(lambda m: m.decoder.input_size == 48), LSTM),
+        "model.attention_heads": Case(2, weight_heads("cross", 2), LSTM),
+        "model.heads": Case(4, weight_heads("decoder", 4)),
+        "model.d_ff": Case(8, model_has(lambda m: m.decoder[0].ff.fn.net[0].out_features == 8)),
+        "model.ffn": Case(False, model_has(lambda m: not any(isinstance(x, nn.ReLU) for x in m.modules()))),
+        "model.scale": Case(0.05, outputs_differ),
+        "model.pos_encoding": Case("rope", outputs_differ),
+        "model.pos_base": Case(100.0, outputs_differ),
+        "model.max_positions": Case(4, check_max_positions, {"model.pos_encoding": "learned"}),
+        "model.residual": Case(False, outputs_differ),
+        "model.norm": Case("pre", outputs_differ),
+        "model.causal_mask": Case(False, check_causal_mask),
+        "model.cross_attention": Case(False, check_cross_attention),
+        "model.embed_scale": Case(False, outputs_differ),
+        "model.qkv_projections": Case(False, outputs_differ),
+    }
+
+
+SCHEMA_KEYS = sorted(k for k in ExperimentConfig().flat() if k.startswith(("train.", "model.")))
+
+
+@pytest.mark.parametrize("key", SCHEMA_KEYS)
+def test_key_reaches_its_user(key, tmp_path, monkeypatch):
+    case = cases(monkeypatch).get(key)
+    if case is None:
+        pytest.fail(f"{key} has no plumbing case: add one to tests/test_plumbing.py")
+    base = build(tmp_path / "base", case.base)
+    changed = build(tmp_path / "changed", {**case.base, key: case.value})
+    assert changed.cfg.flat()[key] == case.value != base.cfg.flat()[key]
+    case.check(base, changed)
+
+
+def test_every_case_names_a_config_key(monkeypatch):
+    assert set(cases(monkeypatch)) <= set(SCHEMA_KEYS)

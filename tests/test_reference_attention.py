@@ -1,0 +1,123 @@
+"""Relative positions checked inside attention, against the papers' formulas written out by hand.
+
+RoPE (Su et al. 2021): q_m and k_n are rotated pair by pair, pair i = (x_i, x_{i+d/2}) read as the complex
+number x_i + j x_{i+d/2}, by the angles m theta_i and n theta_i, theta_i = base^(-2i/d), d the head
+dimension; the score is Re sum_i q~_m,i conj(k~_n,i) / sqrt(d), which depends on m - n only.
+ALiBi (Press et al. 2022): score = q_m . k_n / sqrt(d) - slope_h |m - n| (encoder) or - slope_h (m - n)
+for n <= m (causal decoder), slopes 2^(-8h/H) for h = 1..H.
+
+Softmax fixes scores only up to a constant per query, so the tests compare what the returned weights
+determine exactly: log w_mn - log w_m0 = s_mn - s_m0. Tolerances: ALiBi 1e-10 (float64 throughout);
+RoPE 1e-5, because its angles are computed in float32 on purpose (models/positional.py) and a float32
+angle of position p is off by about p * 6e-8 radians.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models import build_model
+from models.config import ModelConfig
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+PAD, VOCAB, D = 0, 11, 8
+SRC = torch.tensor([[4, 5, 6, 7, 8, 9]])
+TGT_IN = torch.tensor([[1, 10, 4, 5, 6]])
+
+
+def self_attention(pos_encoding: str, heads: int, side: str, src=SRC, tgt_in=TGT_IN, seed: int = 0):
+    """The first layer's self-attention on `side` of a one-layer float64 Transformer, reached through the
+    model's forward: weights (H, L, L) of the first sentence and the layer's unrotated per-head queries
+    and keys q, k (H, L, Dh), computed from its input and projection parameters.
+
+    (The one place that knows how the model is built and where its attention lives.)"""
+    cfg = ModelConfig(d_model=D, heads=heads, layers=1, d_ff=8, dropout=0.0, norm="post",
+                      pos_encoding=pos_encoding)  # fmt: skip
+    torch.manual_seed(seed)
+    net = build_model(cfg, VOCAB, VOCAB, PAD).double().eval()
+    with torch.no_grad():
+        _, weights = net(src, tgt_in, need_weights=True)
+        tokens, embed, layer = (src, net.src_embed, net.encoder[0]) if side == "encoder" else (
+            tgt_in, net.tgt_embed, net.decoder[0])  # fmt: skip
+        x = embed.weight[tokens[0]] * D**0.5  # post-norm: the layer's attention reads the scaled embeddings
+        attn = layer.self_attn.fn.attn
+        per_head = lambda proj: (x @ proj.weight.T + proj.bias).view(len(x), heads, -1).transpose(0, 1)  # noqa: E731
+        return weights[side][0][0], per_head(attn.q_proj), per_head(attn.k_proj)
+
+
+def score_differences(weights: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """log w_mn - log w_m0 where allowed (key 0 is allowed for every query), 0 elsewhere."""
+    logs = weights.clamp_min(1e-300).log()
+    return torch.where(allowed, logs - logs[..., :1], 0.0)
+
+
+def rope_scores(q: torch.Tensor, k: torch.Tensor, base: float = 10000.0, offset: int = 0) -> torch.Tensor:
+    """(H, L, Dh) unrotated q, k at positions offset.. -> (H, L, L) RoPE scores, from the complex form."""
+    d = q.size(-1)
+    theta = base ** (-2 * torch.arange(d // 2, dtype=torch.float64) / d)
+    positions = torch.arange(offset, offset + q.size(1), dtype=torch.float64)
+    rotation = torch.polar(
+        torch.ones(len(positions), d // 2, dtype=torch.float64), positions[:, None] * theta
+    )
+    as_complex = lambda x: torch.complex(x[..., : d // 2], x[..., d // 2 :]) * rotation  # noqa: E731
+    return (as_complex(q) @ as_complex(k).conj().transpose(-2, -1)).real / d**0.5
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_rope_scores_inside_attention_equal_the_rotation_formula(side):
+    weights, q, k = self_attention("rope", heads=1, side=side)  # one head of 8: four frequencies
+    length = weights.size(-1)
+    allowed = torch.ones(length, length, dtype=torch.bool)
+    if side == "decoder":
+        allowed = allowed.tril()
+    assert torch.all(weights[..., ~allowed] == 0)
+    expected = score_differences(
+        torch.softmax(rope_scores(q, k).masked_fill(~allowed, -torch.inf), -1), allowed
+    )
+    torch.testing.assert_close(score_differences(weights, allowed), expected, atol=1e-5, rtol=0)
+    # Not the unrotated scores: positions matter.
+    plain = score_differences(torch.softmax(q @ k.transpose(-2, -1) / 8**0.5, -1), allowed)
+    assert (score_differences(weights, allowed) - plain).abs().max() > 1e-2
+
+
+def test_rope_scores_depend_on_relative_position_for_a_shift_that_turns_every_frequency():
+    # Leading padding moves the same tokens 37 positions on (no absolute positions are added with RoPE):
+    # angles 37 theta_i = 37, 3.7, 0.37, 0.037 rad, so every pair of the head is rotated by the shift.
+    shift = 37
+    plain, _, _ = self_attention("rope", heads=1, side="encoder")
+    shifted_src = torch.cat([torch.full((1, shift), PAD), SRC], dim=1)
+    shifted, _, _ = self_attention("rope", heads=1, side="encoder", src=shifted_src)
+    torch.testing.assert_close(shifted[..., shift:, shift:], plain, atol=1e-5, rtol=0)
+    # Every pair is turned by the shift (by at least 0.03 rad away from a full turn), so a pair rotated
+    # wrongly, or for q only, would change the shifted scores.
+    theta = 10000.0 ** (-2 * torch.arange(4, dtype=torch.float64) / 8)
+    turn = torch.remainder(shift * theta, 2 * torch.pi)
+    assert torch.all(torch.minimum(turn, 2 * torch.pi - turn) > 0.03)
+
+
+def test_rope_uses_pos_base_for_its_frequencies():
+    weights, q, k = self_attention("rope", heads=1, side="encoder")
+    allowed = torch.ones_like(weights, dtype=torch.bool)
+    for base in (10000.0, 100.0):
+        expected = score_differences(torch.softmax(rope_scores(q, k, base=base), -1), allowed)
+        close = torch.allclose(score_differences(weights, allowed), expected, atol=1e-5, rtol=0)
+        assert close == (base == 10000.0)
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_alibi_scores_inside_attention_are_scaled_dot_minus_slope_times_distance(side):
+    heads = 4
+    weights, q, k = self_attention("alibi", heads=heads, side=side)
+    length = weights.size(-1)
+    slopes = torch.tensor([2 ** (-8 * h / heads) for h in range(1, heads + 1)], dtype=torch.float64)
+    m, n = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    if side == "encoder":
+        distance, allowed = (m - n).abs(), torch.ones(length, length, dtype=torch.bool)
+    else:  # the paper's causal form
+        distance, allowed = m - n, n <= m
+    scores = q @ k.transpose(-2, -1) / (D // heads) ** 0.5 - slopes[:, None, None] * distance
+    expected = score_differences(torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1), allowed)
+    torch.testing.assert_close(score_differences(weights, allowed), expected, atol=1e-10, rtol=0)
+    assert torch.all(weights[..., ~allowed] == 0)
