@@ -38,9 +38,10 @@ from harness.study.queue import (
     grid_point,
     load_phase_study,
     suggest,
+    trial_seed,
     trial_variant,
 )
-from harness.study.spec import StudySpec, slugify, tune_metric
+from harness.study.spec import StudySpec, slugify, tune_metric, validation_metric
 from harness.study.storage import retry_callback
 
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
@@ -92,12 +93,26 @@ class StepPruning(PyTorchLightningPruningCallback):
             raise optuna.TrialPruned(f"pruned at step {trainer.global_step}")
 
 
+class ReportValidation(L.Callback):
+    """Reports the monitored metric to the trial at each validation (at the global step), so the dashboard
+    draws an eval trial's learning curve while it runs; nothing is pruned (see StepPruning for tuning)."""
+
+    def __init__(self, trial: optuna.Trial, monitor: str):
+        self.trial, self.monitor = trial, monitor
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        score = trainer.callback_metrics.get(self.monitor)
+        if not trainer.sanity_checking and score is not None:
+            self.trial.report(float(score), step=trainer.global_step)
+
+
 @dataclass
 class Claim:
     study: optuna.Study
     trial: optuna.Trial
     phase: str
     variant: str
+    seed: int | None = None  # eval trials: the queued grid point's
 
 
 @contextmanager
@@ -189,7 +204,7 @@ class Worker:
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
             if claimed:
-                return Claim(study, optuna.Trial(study, frozen._trial_id), phase, variant)
+                return Claim(study, optuna.Trial(study, frozen._trial_id), phase, variant, trial_seed(frozen))
         return None
 
     def run_claimed(self, claim: Claim) -> None:
@@ -244,9 +259,10 @@ class Worker:
             callbacks.append(StepPruning(trial, monitor=self.metric_name(claim)))
             name = f"{variant}-seed{seed}-tune{trial.number}"
         else:
-            # The stored fixed params make these return the queued grid point, recorded as trial params.
+            # The stored fixed param makes this return the queued variant, recorded as a trial param.
             variant = trial.suggest_categorical("variant", list(self.variants))
-            seed = trial.suggest_categorical("seed", spec.seeds)
+            seed = claim.seed
+            callbacks.append(ReportValidation(trial, validation_metric(spec.metric).name))
             extra = {}
             if spec.tune:
                 extra, best_number = best_tuned_params(spec, self.storage, variant)
