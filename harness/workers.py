@@ -152,15 +152,18 @@ class Worker:
         self.store = artifact_store(spec.slug, runs_root)
         self.eval = load_phase_study(spec, storage, EVAL)
         self.tune = {v: load_phase_study(spec, storage, TUNE, v) for v in self.variants} if spec.tune else {}
+        self.finished_last = False
 
     def run(self) -> None:
         """Runs trials until nothing is queued or running; waits while eval trials wait for tuning elsewhere,
         and while other workers' trials run: one whose worker died is queued again once its heartbeat is
-        stale, and somebody must be left to run it."""
+        stale, and somebody must be left to run it. `finished_last` says whether this worker's last trial
+        left nothing pending: then it finished the study."""
         while True:
             claim = self.claim()
             if claim is not None:
                 self.run_claimed(claim)
+                self.finished_last = not self.anything_pending()
             elif self.anything_pending():
                 time.sleep(POLL_S)
             else:
@@ -359,10 +362,12 @@ def worker_slots(workers: int | None, devices: list[str] | None, per_device: int
 def spawn_workers(
     study_name: str, storage_url: str, runs_root: str | Path, wandb_mode: str, slots: list[dict[str, str]]
 ) -> list[subprocess.Popen]:
-    """Starts one `ablate worker` process per slot, each with CPU threads = cores / processes."""
+    """Starts one `ablate worker` process per slot, each with CPU threads = cores / processes; the sweep
+    that starts them writes the report once they have all exited, so they do not."""
     threads = max(1, (os.cpu_count() or 1) // len(slots))
     command = [sys.executable, "-m", "harness.cli", "worker", study_name, "--storage", storage_url,
-               "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads)]  # fmt: skip
+               "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads),
+               "--no-report"]  # fmt: skip
     return [subprocess.Popen(command, env={**os.environ, **slot}) for slot in slots]
 
 
