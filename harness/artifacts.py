@@ -11,6 +11,7 @@ that reads them both go through here.
             metrics.json            metrics, history, per-length accuracy, cost
             checkpoints/{best,last}.ckpt
             attention/probe<i>_<split>.npz    AttentionSample.save / load
+            attention/probe<i>_<split>.png    its heatmap (reports.attention), shown by optuna-dashboard
             data/                   vocabularies and tokenizers
 
 Paths take plain names (a folder name, a phase, a trial number), so nothing here depends on the study spec.
@@ -56,9 +57,9 @@ def report_dir(slug: str, runs_root: str | Path = "runs") -> Path:
     return study_dir(slug, runs_root) / "report"
 
 
-def attention_file(index: int, split: str) -> str:
-    """A probe's sample, relative to the trial folder."""
-    return f"{ATTENTION}/probe{index}_{split}.npz"
+def attention_file(index: int, split: str, suffix: str = ".npz") -> str:
+    """A probe's sample (.npz) or its heatmap (.png), relative to the trial folder."""
+    return f"{ATTENTION}/probe{index}_{split}{suffix}"
 
 
 def artifact_store(slug: str, runs_root: str | Path = "runs") -> FileSystemArtifactStore:

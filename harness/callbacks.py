@@ -166,6 +166,19 @@ class AttentionImages(L.Callback):
             log_images(trainer.loggers, capture(pl_module, self.probes), trainer.global_step)
 
 
+class ReportValidation(L.Callback):
+    """Reports the monitored metric to the trial at each validation (at the global step), so the dashboard
+    draws an eval trial's learning curve while it runs; nothing is pruned (see StepPruning for tuning)."""
+
+    def __init__(self, trial: optuna.Trial, monitor: str):
+        self.trial, self.monitor = trial, monitor
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        score = trainer.callback_metrics.get(self.monitor)
+        if not trainer.sanity_checking and score is not None:
+            self.trial.report(float(score), step=trainer.global_step)
+
+
 class StepBudgetProgressBar(RichProgressBar):
     """Rich's bar, saying "Epoch 3" where Lightning writes "Epoch 3/-2" (a run bounded by steps has
     max_epochs -1). Lightning's hooks and Rich's Progress.update only: no private Lightning API."""

@@ -232,8 +232,12 @@ def worker(
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="CPU threads for torch in this process.")
     ] = None,
+    no_report: Annotated[
+        bool, typer.Option("--no-report", help="No report, even when this worker finishes the study.")
+    ] = False,
 ) -> None:
-    """Join a study: run its queued trials until none is left (any machine that reaches the storage)."""
+    """Join a study: run its queued trials until none is left (any machine that reaches the storage); the
+    worker that finishes the study's last trial writes its report."""
     from harness.artifacts import default_storage_url
     from harness.study.queue import prepare_study
     from harness.study.spec import load_study
@@ -259,7 +263,11 @@ def worker(
         torch.set_num_threads(threads)
     from harness.workers import run_worker
 
-    run_worker(spec, store, out, mode)
+    finished = run_worker(spec, store, out, mode).finished_last
+    if finished and not no_report:
+        from reports.render import build_report
+
+        console.print(f"report: {build_report(spec, store, out, wandb_mode=mode) / 'report.html'}")
 
 
 @app.command()

@@ -5,8 +5,12 @@ so an upgrade that changes it fails there, by name, rather than somewhere inside
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import optuna
-from optuna_integration import PyTorchLightningPruningCallback
+
+if TYPE_CHECKING:  # reports use trial_id too, and must not load Lightning
+    from optuna_integration import PyTorchLightningPruningCallback
 
 
 def trial_id(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:

@@ -40,6 +40,7 @@ from harness.tasks import TaskData, build_task
 from harness.tasks.datamodule import Seq2SeqDataModule
 from models.decoding import generation_budget
 from models.module import Seq2SeqModule
+from reports.attention import save_probe_image
 
 MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
 
@@ -242,6 +243,7 @@ def write_artifacts(out: Path, cfg: ExperimentConfig, result: TrialResult, logge
     attention_dir.mkdir(exist_ok=True)
     for i, sample in enumerate(result.attention):
         sample.save(out / artifacts.attention_file(i, sample.split))
+        save_probe_image(sample, out / artifacts.attention_file(i, sample.split, ".png"))
     for logger in loggers:
         if isinstance(logger, WandbLogger):
             # The arrays travel with the W&B run too, next to the heatmap images: what lies in the run's

@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 
 from harness import compat, provenance, tracking
 from harness.artifacts import artifact_store, study_dir, trial_dir, upload_trial_files
-from harness.callbacks import DivergenceGuard, StepPruning, TrialFailed
+from harness.callbacks import DivergenceGuard, ReportValidation, StepPruning, TrialFailed
 from harness.study.queue import (
     EVAL,
     TUNE,
@@ -37,9 +37,10 @@ from harness.study.queue import (
     grid_point,
     load_phase_study,
     suggest,
+    trial_seed,
     trial_variant,
 )
-from harness.study.spec import StudySpec, slugify, tune_metric
+from harness.study.spec import StudySpec, slugify, tune_metric, validation_metric
 from harness.study.storage import quiet_experimental, retry_callback
 
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
@@ -51,6 +52,7 @@ class Claim:
     trial: optuna.Trial
     phase: str
     variant: str
+    seed: int | None = None  # eval trials: the queued grid point's
 
 
 @contextmanager
@@ -90,15 +92,18 @@ class Worker:
         self.store = artifact_store(spec.slug, runs_root)
         self.eval = load_phase_study(spec, storage, EVAL)
         self.tune = {v: load_phase_study(spec, storage, TUNE, v) for v in self.variants} if spec.tune else {}
+        self.finished_last = False
 
     def run(self) -> None:
         """Runs trials until nothing is queued or running; waits while eval trials wait for tuning elsewhere,
         and while other workers' trials run: one whose worker died is queued again once its heartbeat is
-        stale, and somebody must be left to run it."""
+        stale, and somebody must be left to run it. `finished_last` says whether this worker's last trial
+        left nothing pending: then it finished the study."""
         while True:
             claim = self.claim()
             if claim is not None:
                 self.run_claimed(claim)
+                self.finished_last = not self.anything_pending()
             elif self.anything_pending():
                 time.sleep(POLL_S)
             else:
@@ -142,7 +147,7 @@ class Worker:
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
             if claimed:
-                return Claim(study, optuna.Trial(study, compat.trial_id(frozen)), phase, variant)
+                return Claim(study, optuna.Trial(study, compat.trial_id(frozen)), phase, variant, trial_seed(frozen))
         return None
 
     def run_claimed(self, claim: Claim) -> None:
@@ -197,9 +202,10 @@ class Worker:
             callbacks.append(StepPruning(trial, monitor=self.metric_name(claim)))
             name = f"{variant}-seed{seed}-tune{trial.number}"
         else:
-            # The stored fixed params make these return the queued grid point, recorded as trial params.
+            # The stored fixed param makes this return the queued variant, recorded as a trial param.
             variant = trial.suggest_categorical("variant", list(self.variants))
-            seed = trial.suggest_categorical("seed", spec.seeds)
+            seed = claim.seed
+            callbacks.append(ReportValidation(trial, validation_metric(spec.metric).name))
             extra = {}
             if spec.tune:
                 extra, best_number = best_tuned_params(spec, self.storage, variant)
@@ -288,10 +294,12 @@ def worker_slots(workers: int | None, devices: list[str] | None, per_device: int
 def spawn_workers(
     study_name: str, storage_url: str, runs_root: str | Path, wandb_mode: str, slots: list[dict[str, str]]
 ) -> list[subprocess.Popen]:
-    """Starts one `ablate worker` process per slot, each with CPU threads = cores / processes."""
+    """Starts one `ablate worker` process per slot, each with CPU threads = cores / processes; the sweep
+    that starts them writes the report once they have all exited, so they do not."""
     threads = max(1, (os.cpu_count() or 1) // len(slots))
     command = [sys.executable, "-m", "harness.cli", "worker", study_name, "--storage", storage_url,
-               "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads)]  # fmt: skip
+               "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads),
+               "--no-report"]  # fmt: skip
     return [subprocess.Popen(command, env={**os.environ, **slot}) for slot in slots]
 
 

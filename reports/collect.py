@@ -18,7 +18,7 @@ import pandas as pd
 
 from harness import artifacts
 from harness.artifacts import AttentionSample
-from harness.study.queue import EVAL, TUNE, optuna_study_name, trial_variant
+from harness.study.queue import EVAL, TUNE, optuna_study_name, trial_seed, trial_variant
 from harness.study.spec import StudySpec
 
 # Cost figures a trial may store as user attributes next to params and wall_time.
@@ -53,7 +53,7 @@ def eval_trials(spec: StudySpec, storage) -> list[optuna.trial.FrozenTrial]:
 
 def _grid_point(t: optuna.trial.FrozenTrial) -> tuple[Any, Any]:
     """(variant, seed); a trial still waiting has them as fixed params only."""
-    return trial_variant(t), t.params.get("seed", t.system_attrs.get("fixed_params", {}).get("seed"))
+    return trial_variant(t), trial_seed(t)
 
 
 def trials_frame(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> pd.DataFrame:

@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from harness.artifacts import AttentionSample  # noqa: E402
-from harness.metrics import alignment_error_rate  # noqa: E402
+from reports.attention import cross_attention, draw, probe_aer  # noqa: E402
 from reports.stats import mean_ci, pareto_front  # noqa: E402
 
 # Variant names are user text: never parse them as mathtext.
@@ -78,16 +78,24 @@ def learning_curves(history: pd.DataFrame, columns: list[str], order: list[str])
     return fig
 
 
-def accuracy_by_length(
-    per_length: pd.DataFrame, order: list[str], train_max_len: int | None
-) -> plt.Figure | None:
-    """Exact-match accuracy against target length per variant, the test splits merged (weighted by
-    examples), with the lengths beyond training shaded: the shape of Bahdanau et al. (2015) Fig. 2."""
+def length_accuracy(per_length: pd.DataFrame) -> pd.DataFrame | None:
+    """Exact match per trial and target length, the test splits merged (weighted by examples): columns
+    trial, variant, seed, length, hits, n, seq_acc; None without per-length results."""
     if per_length.empty or "seq_acc" not in per_length:
         return None
     rows = per_length.dropna(subset=["seq_acc"]).assign(hits=lambda d: d["seq_acc"] * d["n"])
     merged = rows.groupby(["trial", "variant", "seed", "length"], as_index=False)[["hits", "n"]].sum()
-    merged["seq_acc"] = merged["hits"] / merged["n"]
+    return merged.assign(seq_acc=merged["hits"] / merged["n"])
+
+
+def accuracy_by_length(
+    per_length: pd.DataFrame, order: list[str], train_max_len: int | None
+) -> plt.Figure | None:
+    """Exact-match accuracy against target length per variant (length_accuracy), with the lengths beyond
+    training shaded: the shape of Bahdanau et al. (2015) Fig. 2."""
+    merged = length_accuracy(per_length)
+    if merged is None:
+        return None
     fig, ax = plt.subplots(figsize=(7, 4))
     hue_order = [v for v in order if v in set(merged["variant"])]
     sns.lineplot(data=merged, x="length", y="seq_acc", hue="variant", hue_order=hue_order, errorbar=mean_ci,
@@ -102,22 +110,6 @@ def accuracy_by_length(
     return fig
 
 
-def cross_attention(sample: AttentionSample) -> np.ndarray | None:
-    """The cross-attention map a probe is judged by: the last layer, heads averaged, (tgt_out, src)."""
-    weights = sample.weights.get("cross")
-    return None if weights is None or weights.size == 0 else weights[-1].mean(0)
-
-
-def probe_aer(sample: AttentionSample) -> float:
-    """AER of the cross-attention argmax against the probe's gold alignment, EOS rows and columns
-    left out; NaN without a gold alignment or cross attention."""
-    matrix = cross_attention(sample)
-    if matrix is None or not len(sample.alignment):
-        return np.nan
-    sizes = [(len(sample.src) - 1, len(sample.tgt_out) - 1)]
-    return alignment_error_rate([matrix], [sample.alignment.tolist()], sizes)
-
-
 def attention_maps(samples: dict[str, list[AttentionSample]]) -> plt.Figure | None:
     """A grid of probe heatmaps: a row per variant, a column per probe; gold links drawn as red squares
     and each panel titled with its AER."""
@@ -129,18 +121,9 @@ def attention_maps(samples: dict[str, list[AttentionSample]]) -> plt.Figure | No
     fig, axes = plt.subplots(len(samples), n_cols, figsize=(3.4 * n_cols, 3.3 * len(samples)), squeeze=False)
     for row, (variant, ss) in zip(axes, samples.items()):
         for ax, sample in zip(row, ss):
-            matrix = cross_attention(sample)
-            ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-            ax.set_xticks(range(len(sample.src)), sample.src, rotation=90, fontsize=7)
-            ax.set_yticks(range(len(sample.tgt_out)), sample.tgt_out, fontsize=7)
-            ax.grid(False)
-            if len(sample.alignment):
-                ax.scatter(sample.alignment[:, 0], sample.alignment[:, 1], marker="s", s=60, facecolors="none",
-                           edgecolors="red", linewidths=1.0)  # fmt: skip
             aer = probe_aer(sample)
-            ax.set_title(
-                f"{variant}\n{sample.split}" + (f", AER {aer:.2f}" if np.isfinite(aer) else ""), fontsize=8
-            )
+            title = f"{variant}\n{sample.split}" + (f", AER {aer:.2f}" if np.isfinite(aer) else "")
+            draw(ax, sample, "cross", title)
         for ax in row[len(ss) :]:
             ax.axis("off")
     fig.supxlabel("source", fontsize=9)

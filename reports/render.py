@@ -24,8 +24,8 @@ from jinja2 import Environment, PackageLoader
 from harness import artifacts, tracking
 from harness.provenance import environment
 from harness.study.queue import study_progress
-from harness.study.spec import StudySpec, short_name, tune_metric
-from reports import claims, plots, stats
+from harness.study.spec import StudySpec, short_name, tune_metric, validation_metric
+from reports import attention, claims, dashboard, plots, stats
 from reports.collect import StudyData, collect
 
 ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
@@ -59,7 +59,7 @@ def variant_summary(data: StudyData) -> pd.DataFrame:
     aer = {}
     for trial, samples in data.attention.items():
         variant = df.loc[df["trial"] == trial, "variant"].iloc[0]
-        aer.setdefault(variant, []).extend(plots.probe_aer(s) for s in samples)
+        aer.setdefault(variant, []).extend(attention.probe_aer(s) for s in samples)
     summary["aer"] = summary["variant"].map(
         {v: float(np.nanmean(a)) for v, a in aer.items() if np.isfinite(a).any()}
     )
@@ -71,7 +71,7 @@ def attention_samples(data: StudyData, summary: pd.DataFrame) -> dict[str, list]
     df = data.trials.set_index("trial")
     first_trial: dict[str, int] = {}  # variant -> its trial with the lowest seed that has cross attention
     for trial in sorted(data.attention, key=lambda t: df.at[t, "seed"]):
-        if any(plots.cross_attention(s) is not None for s in data.attention[trial]):
+        if any(attention.cross_attention(s) is not None for s in data.attention[trial]):
             first_trial.setdefault(df.at[trial, "variant"], trial)
     ranked = summary.sort_values("rank", na_position="last")["variant"].tolist()
     chosen = [v for v in dict.fromkeys([data.spec.baseline_variant(), *ranked]) if v in first_trial]
@@ -115,6 +115,12 @@ def importance_frame(data: StudyData) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["variant", "param", "importance"])
 
 
+def train_max_len(data: StudyData) -> int | None:
+    """The longest training length of any trial: beyond it, accuracy by length is extrapolation."""
+    max_lens = [c["task.max_len"] for c in data.configs.values() if c.get("task.max_len") is not None]
+    return max(max_lens) if max_lens else None
+
+
 def figures(
     data: StudyData, summary: pd.DataFrame, importances: pd.DataFrame
 ) -> dict[str, tuple[bytes, str]]:
@@ -138,9 +144,8 @@ def figures(
         plots.learning_curves(data.history, list(dict.fromkeys([f"val/{split_metric}", "val/loss"])), order),
         "Validation curves by training step: mean over seeds with a 95% CI band.",
     )
-    max_lens = [c["task.max_len"] for c in data.configs.values() if c.get("task.max_len") is not None]
     made["accuracy_by_length"] = (
-        plots.accuracy_by_length(data.per_length, order, max(max_lens) if max_lens else None),
+        plots.accuracy_by_length(data.per_length, order, train_max_len(data)),
         "Exact match against target length (test splits), mean over seeds with 95% CI; "
         "shaded: lengths longer than any training example.",
     )
@@ -258,7 +263,7 @@ def build_report(
     wandb_mode: tracking.WandbMode | None = None,
 ) -> Path:
     """Reads the study from `storage` (and its artifacts under runs_root) and writes the report to `out`
-    (default runs/<study>/report/); returns that folder."""
+    (default runs/<study>/report/), and its summary and figures to the dashboard; returns that folder."""
     out_dir = Path(out) if out else artifacts.report_dir(spec.slug, runs_root)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = collect(spec, storage, runs_root)
@@ -277,6 +282,7 @@ def build_report(
         "importance_method": IMPORTANCE_METHOD,
         "repro": reproducibility(data, summary),
         "figures": {k: (base64.b64encode(png).decode(), caption) for k, (png, caption) in figs.items()},
+        "validation_metric": validation_metric(spec.metric).name,
     }
     for name, (png, _) in figs.items():
         _atomic_write(out_dir / f"{name}.png", png)
@@ -285,6 +291,13 @@ def build_report(
     _atomic_write(
         out_dir / "report.html", _environment(True).get_template("report.html.j2").render(**context)
     )
+    markdown = _environment(False)
+    trial_note = markdown.get_template("trial_note.md.j2")
+    dashboard.publish(
+        data, summary, markdown.get_template("note.md.j2").render(**context),
+        {t["trial"]: trial_note.render(t=t, metric=spec.metric.name) for t in context["trials"]},
+        storage, train_max_len(data),
+    )  # fmt: skip
     if tracking.resolve_mode(wandb_mode) == "online":
         try:
             log_summary_run(

@@ -152,8 +152,9 @@ def test_trial_results_and_artifacts(logged_trial):
     assert {length for split, length in lengths if split == "test_long"} <= {6, 7}
     assert (out / "checkpoints" / "best.ckpt").is_file() and (out / "checkpoints" / "last.ckpt").is_file()
     files = sorted(p.name for p in (out / "attention").iterdir())
-    assert files == ["probe0_test.npz", "probe1_test.npz", "probe2_test_long.npz"]
-    sample = AttentionSample.load(out / "attention" / files[2])
+    stems = ["probe0_test", "probe1_test", "probe2_test_long"]
+    assert files == [f"{stem}{suffix}" for stem in stems for suffix in (".npz", ".png")]  # arrays and heatmap
+    sample = AttentionSample.load(out / "attention" / "probe2_test_long.npz")
     assert sample.split == "test_long" and sample.src[-1] == "</s>" and sample.tgt_in[0] == "<s>"
     cross = sample.weights["cross"]  # (layers, heads, tgt_out, src)
     assert cross.shape == (1, 2, len(sample.tgt_out), len(sample.src))

@@ -97,8 +97,7 @@ def claim_all(url: str, spec: StudySpec, results) -> None:
     worker = Worker(spec, open_storage(url), runs_root=".", wandb_mode="disabled")
     while (claim := worker.claim()) is not None:
         variant = claim.trial.suggest_categorical("variant", list(spec.variant_overrides()))
-        seed = claim.trial.suggest_categorical("seed", spec.seeds)
-        results.put((claim.trial.number, grid_point(variant, seed)))
+        results.put((claim.trial.number, grid_point(variant, claim.seed)))
         claim.study.tell(claim.trial, 1.0)
 
 

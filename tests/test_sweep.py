@@ -75,9 +75,9 @@ def test_sweep_writes_report_and_report_rebuilds_from_storage(tmp_path):
     for run_dir in (runs / "tiny" / "wandb").glob("offline-run-*"):  # the attention arrays travel along
         assert sorted(p.name for p in (run_dir / "files" / "attention").glob("*.npz"))[0] == "probe0_test.npz"
     for t in trials:
-        run = wandb_runs[f"{t.params['variant']}-seed{t.params['seed']}"]
+        run = wandb_runs[f"{t.params['variant']}-seed{t.user_attrs['seed']}"]
         assert (run["group"], run["job_type"], run["exit_code"]) == ("tiny", "eval", 0)
-        assert run["config"] == t.user_attrs["config"] and run["config"]["seed"] == t.params["seed"]
+        assert run["config"] == t.user_attrs["config"] and run["config"]["seed"] == t.user_attrs["seed"]
 
     proc = ablate("status", "tiny", "--out", str(runs))
     assert proc.returncode == 0, proc.stderr[-3000:]

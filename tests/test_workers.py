@@ -3,6 +3,8 @@ artifacts come back from the store, tuning prunes through Lightning."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 from optuna.trial import TrialState
@@ -28,9 +30,11 @@ def test_diverging_variant_fails_with_its_reason_and_the_rest_completes(tmp_path
     spec = tiny_spec(variants={"hot": {"train.lr": 1.0e6}, "ok": {}})
     storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
     prepare_study(spec, storage)
-    run_worker(spec, storage, tmp_path / "runs", "disabled")
+    worker = run_worker(spec, storage, tmp_path / "runs", "disabled")
+    assert worker.finished_last  # it ran the study's last trial: `ablate worker` writes the report
 
     trials = {t.params["variant"]: t for t in load_phase_study(spec, storage, EVAL).trials}
+    assert all("seed" not in t.params and t.user_attrs["seed"] == 0 for t in trials.values())
     assert trials["hot"].state == TrialState.FAIL
     assert trials["hot"].user_attrs["fail_reason"].startswith("TrialFailed: diverged: ")
     assert trials["ok"].state == TrialState.COMPLETE
@@ -47,6 +51,15 @@ def test_diverging_variant_fails_with_its_reason_and_the_rest_completes(tmp_path
     assert any(f.startswith("attention/") and f.endswith(".npz") for f in files)
     original = tmp_path / "runs" / "tiny" / "trials" / "eval" / f"{trials['ok'].number:04d}" / "metrics.json"
     assert (restored / "metrics.json").read_bytes() == original.read_bytes()
+    # Beside each probe's arrays, its heatmap as a PNG, which the dashboard shows inline.
+    assert {f.removesuffix(".png") for f in files if f.endswith(".png")} == {
+        f.removesuffix(".npz") for f in files if f.endswith(".npz")
+    }
+
+    # The eval trial reported val/tok_acc at each validation (steps 2 and 4), as its history logged it.
+    history = json.loads(original.read_text())["history"]
+    assert trials["ok"].intermediate_values == {row["step"]: row["val/tok_acc"] for row in history}
+    assert sorted(trials["ok"].intermediate_values) == [2, 4]
 
 
 @pytest.mark.slow
@@ -65,5 +78,6 @@ def test_tuning_prunes_by_step_and_eval_runs_the_best(tmp_path):
     # The pruning callback reported at training steps 2, 4, ...
     assert all(set(t.intermediate_values) <= set(range(2, 13, 2)) for t in tuned.trials)
     assert len(tuned.trials[0].intermediate_values) == 6
+    assert tuned.metric_names == ["val/tok_acc"]
     (evaluated,) = load_phase_study(spec, storage, EVAL).trials
     assert evaluated.user_attrs["config"]["train.lr"] == tuned.best_params["train.lr"]

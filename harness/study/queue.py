@@ -9,6 +9,7 @@ transition is atomic) and stop when none is left, so each grid point runs exactl
 from __future__ import annotations
 
 import time
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -82,6 +83,7 @@ def prepare_study(spec: StudySpec, storage, wait_s: float = 30.0) -> StudySpec:
     name = optuna_study_name(spec)
     try:
         study = optuna.create_study(study_name=name, storage=storage, direction=spec.metric.direction)
+        name_objective(study, spec.metric.name)
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=name, storage=storage)
         deadline = time.monotonic() + wait_s
@@ -108,6 +110,7 @@ def _queue_trials(spec: StudySpec, storage, eval_study) -> None:
                 study_name=optuna_study_name(spec, TUNE, variant), storage=storage, direction=direction,
                 load_if_exists=True,
             )  # fmt: skip
+            name_objective(tune, tune_metric(spec).name)
             # Empty WAITING trials: each claimed one gets its parameters from TPE when it starts.
             for _ in range(spec.tune.trials - len(tune.get_trials(deepcopy=False))):
                 tune.enqueue_trial({}, user_attrs={"variant": variant, "phase": TUNE})
@@ -116,11 +119,28 @@ def _queue_trials(spec: StudySpec, storage, eval_study) -> None:
         for seed in spec.seeds:
             point = grid_point(variant, seed)
             if point not in queued:
+                # The seed is an attribute, not a parameter: the dashboard ranks parameters by importance.
                 eval_study.enqueue_trial(
-                    {"variant": variant, "seed": seed},
-                    user_attrs={"grid_point": point, "phase": EVAL, "factors": overrides},
+                    {"variant": variant},
+                    user_attrs={"grid_point": point, "phase": EVAL, "factors": overrides, "seed": seed},
                 )
     eval_study.set_user_attr("queued", len(variants) * len(spec.seeds))
+
+
+def name_objective(study: optuna.Study, metric: str) -> None:
+    """The objective's name in the dashboard and in Optuna's data frames (not 'Objective 0')."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([metric])
+
+
+def trial_seed(trial) -> int | None:
+    """An eval trial's seed: its user attribute (a parameter or fixed parameter in studies queued before
+    seeds became attributes)."""
+    for source in (trial.user_attrs, trial.params, trial.system_attrs.get("fixed_params", {})):
+        if "seed" in source:
+            return source["seed"]
+    return None
 
 
 def trial_variant(trial) -> str | None:

@@ -344,13 +344,17 @@ def validate_tune(spec: StudySpec, tune: TuneSpec, where: str) -> None:
 
 def tune_metric(spec: StudySpec) -> MetricSpec:
     """What tuning optimizes: `tune.metric`, else the study metric on the validation split (tuning must not
-    see the test sets); for metrics only computed on test splits (BLEU), the validation loss."""
+    see the test sets)."""
     assert spec.tune is not None
-    if spec.tune.metric is not None:
-        return spec.tune.metric
-    name = spec.metric.name.rsplit("/", 1)[-1]
+    return spec.tune.metric if spec.tune.metric is not None else validation_metric(spec.metric)
+
+
+def validation_metric(metric: MetricSpec) -> MetricSpec:
+    """The metric on the validation split, where every trial reports it as it trains; for metrics only
+    computed on test splits (BLEU), the validation loss."""
+    name = metric.name.rsplit("/", 1)[-1]
     if name in VALIDATION_METRICS:
-        return MetricSpec(name=f"val/{name}", direction=spec.metric.direction)
+        return MetricSpec(name=f"val/{name}", direction=metric.direction)
     return MetricSpec(name="val/loss", direction="minimize")
 
 

@@ -1,0 +1,121 @@
+"""The study as optuna-dashboard shows it: the report's summary as the eval study's note, a note per trial
+(variant, seed, outcome; both rendered by reports.render), and the key figures as plotly graphs on the study page, all from the report's tidy
+table and claim verdicts. Written at every report build; they are derived, never the study's data, and
+`ablate report` writes them again.
+
+optuna-dashboard and plotly are optional here: without optuna-dashboard nothing is written, without
+plotly the notes are written and the figures left out."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import optuna
+import pandas as pd
+
+from harness import compat
+from harness.study.queue import optuna_study_name
+from reports.collect import StudyData
+from reports.plots import length_accuracy
+from reports.stats import mean_ci
+
+FIGURES = ("metric_by_variant", "accuracy_by_length")  # graph ids on the study page
+
+
+def publish(
+    data: StudyData, summary: pd.DataFrame, note: str, trial_notes: dict[int, str], storage,
+    train_max_len: int | None,
+) -> bool:
+    """Writes the study note `note`, each trial's note (by trial number) and the figures into the eval
+    study; False when optuna-dashboard is not installed."""
+    if importlib.util.find_spec("optuna_dashboard") is None:
+        return False
+    import optuna_dashboard
+
+    study = optuna.load_study(study_name=optuna_study_name(data.spec), storage=storage)
+    _save_note(study, note)
+    for trial in study.get_trials(deepcopy=False):
+        if trial.number in trial_notes:
+            _save_note(optuna.Trial(study, compat.trial_id(trial)), trial_notes[trial.number])
+    if importlib.util.find_spec("plotly") is not None:
+        metric, order = data.spec.metric.name, list(data.spec.variant_overrides())
+        made = {"metric_by_variant": metric_by_variant(data.trials, summary, metric, order),
+                "accuracy_by_length": accuracy_by_length(data.per_length, order, train_max_len)}  # fmt: skip
+        for graph_id, figure in made.items():
+            if figure is not None:
+                optuna_dashboard.save_plotly_graph_object(study, figure, graph_object_id=graph_id)
+    return True
+
+
+def _save_note(study_or_trial, body: str) -> None:
+    """Saves only a changed note: each save adds a version, and a rebuilt report mostly changes nothing."""
+    import optuna_dashboard
+
+    if optuna_dashboard.get_note(study_or_trial) != body:
+        optuna_dashboard.save_note(study_or_trial, body)
+
+
+def metric_by_variant(df: pd.DataFrame, summary: pd.DataFrame, metric: str, order: list[str]):
+    """The report's per-variant mean with its 95% CI (from `summary`) and every seed's value as a point."""
+    import plotly.graph_objects as go
+
+    done = df[df["state"] == "COMPLETE"]
+    if metric not in done or pd.to_numeric(done[metric], errors="coerce").isna().all():
+        return None
+    rows = summary.set_index("variant").reindex(order)
+    fig = go.Figure()
+    seeds = done.assign(value=pd.to_numeric(done[metric], errors="coerce")).dropna(subset=["value"])
+    fig.add_trace(go.Scatter(
+        x=seeds["variant"], y=seeds["value"], mode="markers", name="seed", marker={"color": "#6baed6", "size": 8},
+        text=[f"trial {t}, seed {s}" for t, s in zip(seeds["trial"], seeds["seed"])],
+    ))  # fmt: skip
+    fig.add_trace(go.Scatter(
+        x=order, y=rows["mean"], mode="markers", name="mean, 95% CI",
+        marker={"color": "#08306b", "symbol": "diamond", "size": 11},
+        error_y={"type": "data", "array": rows["ci_high"] - rows["mean"], "arrayminus": rows["mean"] - rows["ci_low"]},
+    ))  # fmt: skip
+    fig.update_layout(title=f"{metric} per variant: mean with 95% CI, one point per seed", yaxis_title=metric,
+                      xaxis={"categoryorder": "array", "categoryarray": order})  # fmt: skip
+    return fig
+
+
+def length_curves(per_length: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """Mean exact match by variant and target length over seeds, with its 95% CI: columns variant,
+    length, mean, ci_low, ci_high, seeds."""
+    merged = length_accuracy(per_length)
+    if merged is None:
+        return pd.DataFrame(columns=["variant", "length", "mean", "ci_low", "ci_high", "seeds"])
+    rows: list[dict[str, Any]] = []
+    for (variant, length), group in merged.groupby(["variant", "length"], sort=False):
+        values = group["seq_acc"].to_numpy(dtype=float)
+        lo, hi = mean_ci(values)
+        rows.append({"variant": variant, "length": int(length), "mean": float(values.mean()), "ci_low": lo,
+                     "ci_high": hi, "seeds": len(values)})  # fmt: skip
+    out = pd.DataFrame(rows)
+    rank = {v: i for i, v in enumerate(order)}
+    return out.sort_values(["variant", "length"], key=lambda c: c.map(rank) if c.name == "variant" else c)
+
+
+def accuracy_by_length(per_length: pd.DataFrame, order: list[str], train_max_len: int | None):
+    """Exact match against target length per variant (mean over seeds, 95% CI as error bars); the lengths
+    beyond training shaded."""
+    import plotly.graph_objects as go
+
+    curves = length_curves(per_length, order)
+    if curves.empty:
+        return None
+    fig = go.Figure()
+    for variant, c in curves.groupby("variant", sort=False):
+        fig.add_trace(go.Scatter(
+            x=c["length"], y=c["mean"], mode="lines+markers", name=str(variant),
+            error_y={"type": "data", "array": c["ci_high"] - c["mean"], "arrayminus": c["mean"] - c["ci_low"]},
+        ))  # fmt: skip
+    longest = int(curves["length"].max())
+    if train_max_len is not None and longest > train_max_len:
+        fig.add_vrect(x0=train_max_len + 0.5, x1=longest + 0.5, fillcolor="#999999", opacity=0.15, line_width=0,
+                      annotation_text="beyond training", annotation_position="top left")  # fmt: skip
+    fig.update_layout(title="Exact match by target length (test splits): mean over seeds, 95% CI",
+                      xaxis_title="target length (tokens)", yaxis_title="exact match",
+                      yaxis_range=[-0.02, 1.05])  # fmt: skip
+    return fig
