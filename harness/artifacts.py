@@ -9,7 +9,8 @@ that reads them both go through here.
         trials/eval/<NNNN>/         one folder per trial (trial_dir); tune trials under trials/tune/<variant>/
             config.json             the trial's full config
             metrics.json            metrics, history, per-length accuracy, cost
-            checkpoints/{best,last}.ckpt
+            checkpoints/{best,last}.ckpt   best: weights only; last: full state, to train on
+            checkpoints/resume.ckpt     the periodic full state a retried trial resumes from (while it runs)
             attention/probe<i>_<split>.npz    AttentionSample.save / load
             data/                   vocabularies and tokenizers
 
@@ -30,6 +31,7 @@ METRICS = "metrics.json"
 CHECKPOINTS = "checkpoints"
 BEST_CHECKPOINT = "best"  # ModelCheckpoint's filename, without .ckpt
 LAST_CHECKPOINT = "last.ckpt"
+RESUME_CHECKPOINT = "resume.ckpt"
 ATTENTION = "attention"
 DATA = "data"
 

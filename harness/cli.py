@@ -130,7 +130,10 @@ def sweep(
             )
     except ConfigError as e:
         raise fail(str(e)) from None
+    from harness import signals
     from harness.workers import (  # Lightning: seconds to import, so after the checks
+        NO_SPACE_EXIT,
+        forward_signal,
         spawn_workers,
         worker_slots,
     )
@@ -140,7 +143,16 @@ def sweep(
                   f"{f', {spec.tune.trials} tune trials per variant' if spec.tune else ''}; "
                   f"{len(slots)} worker(s), storage {url}, W&B {mode}")  # fmt: skip
     procs = spawn_workers(spec.name, url, out, mode, slots)
+    signals.install(then=lambda signum: forward_signal(procs, signum))
     watch_workers(spec, store, procs)
+    if signals.received():
+        typer.echo(f"{signals.received().name}: workers checkpointed their trials and stopped; "
+                   "the same command resumes them", err=True)  # fmt: skip
+        raise typer.Exit(code=signals.exit_code(signals.received()))
+    if NO_SPACE_EXIT in [p.returncode for p in procs]:
+        typer.echo(f"error: --out: no space left on device under {out}; free some, then run the same command",
+                   err=True)  # fmt: skip
+        raise typer.Exit(code=1)
     crashed = [p.returncode for p in procs if p.returncode != 0]
     if crashed:
         console.print(f"[red]{len(crashed)} worker(s) exited with an error (codes {crashed})[/]")
@@ -154,11 +166,12 @@ def sweep(
 
 
 def watch_workers(spec, store, procs) -> None:
-    """A progress bar per phase until every worker has exited; Ctrl-C stops the workers cleanly."""
+    """A progress bar per phase until every worker has exited, or for at most 25 s after a stop signal."""
     import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from harness import signals
     from harness.study.queue import study_progress, time_left_s
     from harness.workers import stop_workers
 
@@ -185,11 +198,11 @@ def watch_workers(spec, store, procs) -> None:
                     progress.update(tasks[phase], completed=done, total=total, **fields)
                 if all(p.poll() is not None for p in procs):
                     return
+                if signals.received():
+                    break
                 time.sleep(2)
-    except KeyboardInterrupt:
-        console.print("interrupted: stopping workers (their trials will run again on resume)")
+    finally:
         stop_workers(procs)
-        raise
 
 
 @app.command()
@@ -202,7 +215,10 @@ def worker(
         int | None, typer.Option("--threads", min=1, help="CPU threads for torch in this process.")
     ] = None,
 ) -> None:
-    """Join a study: run its queued trials until none is left (any machine that reaches the storage)."""
+    """Join a study: run its queued trials until none is left (any machine that reaches the storage).
+
+    SIGTERM or Ctrl-C: the running trial checkpoints and waits again; the same command resumes it."""
+    from harness import signals
     from harness.artifacts import default_storage_url
     from harness.study.queue import prepare_study
     from harness.study.spec import load_study
@@ -226,9 +242,13 @@ def worker(
         import torch
 
         torch.set_num_threads(threads)
-    from harness.workers import run_worker
+    from harness.workers import NO_SPACE_EXIT, run_worker
 
-    run_worker(spec, store, out, mode)
+    stopped = run_worker(spec, store, out, mode).stopped
+    if stopped:
+        typer.echo(f"worker: {stopped}", err=True)
+        received = signals.received()
+        raise typer.Exit(code=signals.exit_code(received) if received else NO_SPACE_EXIT)
 
 
 @app.command()

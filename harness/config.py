@@ -97,6 +97,9 @@ class TrainConfig(BaseModel):
     deterministic: bool = False
     compile: bool = False
     val_every: int = 250  # steps between validations
+    # Steps between full-state checkpoints a retried or preempted trial resumes from; 0: none.
+    checkpoint_every: int = 500
+    keep_checkpoints: bool = False  # keep a finished trial's resume checkpoint (else it is removed)
 
     @field_validator("batch_size", "batch_tokens", "max_steps", "beam_size", "val_every", "patience")
     @classmethod
@@ -105,7 +108,7 @@ class TrainConfig(BaseModel):
             raise ValueError("must be a positive integer")
         return v
 
-    @field_validator("length_penalty")
+    @field_validator("length_penalty", "checkpoint_every")
     @classmethod
     def _non_negative(cls, v: float) -> float:
         if v < 0:

@@ -1,7 +1,8 @@
 """One trial: ExperimentConfig -> data -> Seq2SeqModule -> Trainer.fit -> test metrics + artifacts.
 
-Training keeps the checkpoint with the best val/loss (and writes the last one); the test splits are
-decoded with that best checkpoint, loaded with weights_only=True. With `out_dir` the trial leaves its
+Training keeps the checkpoint with the best val/loss (and writes the last one), and every
+train.checkpoint_every steps the full state a retried trial resumes from (harness.checkpoints); the test
+splits are decoded with the best checkpoint, loaded with weights_only=True. With `out_dir` the trial leaves its
 config, metrics (metrics, history, per-length accuracy, cost), checkpoints, attention samples and data
 there, as harness.artifacts names them."""
 
@@ -16,17 +17,19 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import EarlyStopping, RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 
 from harness import artifacts
 from harness.artifacts import AttentionSample
+from harness.checkpoints import BestCheckpoint, Checkpointer
 from harness.config import ConfigError, ExperimentConfig
 from harness.metrics import accuracy_by_length, alignment_error_rate, text_metrics
 from harness.probes import Probe, capture, log_images, select_probes
@@ -45,6 +48,9 @@ def quiet_lightning() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     for category in (DeprecationWarning, FutureWarning):
         warnings.filterwarnings("ignore", category=category, module="lightning")
+    # A resumed trial continues its epoch's batches itself (harness.checkpoints) in its own folder.
+    warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch")
+    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
 
 
 @dataclass
@@ -61,6 +67,7 @@ class TrialResult:
     peak_mem_mb: float = 0.0  # peak CUDA memory allocated, or the process's peak RSS while training on CPU
     steps: int = 0
     padding_fraction: float = 0.0  # share of padding in one epoch of training batches
+    resumed_from_step: int = 0  # the checkpoint's step a retried trial resumed from; 0: a fresh start
 
     def summary(self) -> dict[str, Any]:
         """The flat JSON object `ablate train --json` prints."""
@@ -84,6 +91,12 @@ class HistoryCallback(L.Callback):
         if not trainer.sanity_checking:
             row = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
             self.rows.append({"step": trainer.global_step, **row})
+
+    def state_dict(self) -> dict:
+        return {"rows": self.rows}  # a resumed trial's history starts where the checkpoint's ended
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.rows = list(state_dict["rows"])
 
 
 def reset_peak_rss() -> None:
@@ -333,8 +346,12 @@ def run_trial(
     loggers: list | None = None,
     callbacks: list | None = None,
     progress: bool = False,
+    resume_from: Path | None = None,
+    publish: Callable[[Path, int], None] | None = None,
 ) -> TrialResult:
-    """Trains and tests one configuration; with `out_dir`, leaves its artifacts there."""
+    """Trains and tests one configuration; with `out_dir`, leaves its artifacts there. `resume_from`: a
+    resume checkpoint to continue (its best-so-far copy already in out_dir's checkpoints); `publish` gets
+    each new resume checkpoint's folder and step (a worker stores it for retries elsewhere)."""
     start = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = build_task(cfg.task, cfg.seed)
@@ -347,18 +364,16 @@ def run_trial(
     with tempfile.TemporaryDirectory(prefix="trial-ckpt-") as scratch:
         # Without an out_dir the best checkpoint still selects the tested weights; it lives in scratch.
         ckpt_dir = Path(out_dir) / artifacts.CHECKPOINTS if out_dir is not None else Path(scratch)
-        best = ModelCheckpoint(
-            dirpath=ckpt_dir,
-            filename=artifacts.BEST_CHECKPOINT,
-            monitor=MONITOR,
-            enable_version_counter=False,
-        )
-        own = [history, cost, best, ValidateOnStop(), AttentionImages(probes)]
+        best = BestCheckpoint(ckpt_dir, MONITOR)
+        periodic = Checkpointer(ckpt_dir, cfg.train.checkpoint_every, publish)
+        own = [history, cost, best, periodic, ValidateOnStop(), AttentionImages(probes)]
         root = str(out_dir) if out_dir is not None else scratch
         trainer = build_trainer(
             cfg, [*own, *(callbacks or [])], loggers, progress, len(dm.train_dataloader()), root
         )
-        trainer.fit(module, datamodule=dm)
+        trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=False)
+        if not cfg.train.keep_checkpoints:
+            (ckpt_dir / artifacts.RESUME_CHECKPOINT).unlink(missing_ok=True)
         # The full state (optimizer, schedule, loops), not only the weights: the last checkpoint can resume.
         trainer.save_checkpoint(ckpt_dir / artifacts.LAST_CHECKPOINT, weights_only=False)
         tested = best.best_model_path or str(ckpt_dir / artifacts.LAST_CHECKPOINT)
@@ -382,6 +397,7 @@ def run_trial(
         peak_mem_mb=cost.peak_mem_mb,
         steps=trainer.global_step,
         padding_fraction=dm.padding_fraction("train"),
+        resumed_from_step=periodic.resumed_from_step,
     )
     log_images(loggers, result.attention, trainer.global_step)
     log_final(loggers, result, trainer.global_step)

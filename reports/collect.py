@@ -58,8 +58,8 @@ def _grid_point(t: optuna.trial.FrozenTrial) -> tuple[Any, Any]:
 
 def trials_frame(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> pd.DataFrame:
     """Columns: trial, variant, seed, state, one per factor key and tuned key (dotted), the cost columns,
-    one per metric (named split/metric), fail_reason, retry_of (the failed trial this one retries), start
-    and end times. Cost figures a trial did not store as user attributes are filled from its metrics.json
+    one per metric (named split/metric), fail_reason, retry_of (the failed trial this one retries),
+    resumed_from_step (0: started afresh), start and end times. Cost figures a trial did not store as user attributes are filled from its metrics.json
     artifact by `collect`."""
     overrides = spec.variant_overrides()
     rows = []
@@ -74,9 +74,19 @@ def trials_frame(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> pd.
             **attrs.get("metrics", {}),
             "fail_reason": attrs.get("fail_reason"),
             "retry_of": (t.system_attrs.get("retry_history") or [None])[-1],
+            "resumed_from_step": attrs.get("resumed_from_step", 0),
             "started": t.datetime_start, "completed": t.datetime_complete,
         })  # fmt: skip
-    columns = ["trial", "variant", "seed", "state", *COST_COLUMNS, "fail_reason", "retry_of"]
+    columns = [
+        "trial",
+        "variant",
+        "seed",
+        "state",
+        *COST_COLUMNS,
+        "fail_reason",
+        "retry_of",
+        "resumed_from_step",
+    ]
     return pd.DataFrame(rows, columns=list(dict.fromkeys(columns + [k for r in rows for k in r])))
 
 

@@ -178,6 +178,7 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
         "grid": len(spec.variant_overrides()) * len(spec.seeds),
         "states": df["state"].value_counts().to_dict(),
         "tune_trials": sum(len(t) for t in data.tune.values()),
+        "resumed": int((pd.to_numeric(done["resumed_from_step"], errors="coerce") > 0).sum()),
         "search": spec.tune.model_dump() if spec.tune else None,
         "best_eval": best_eval,
         "best_tune": best_tune,

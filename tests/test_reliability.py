@@ -6,6 +6,7 @@ The crash scenario runs here on the SQLite default and in test_postgres.py on Po
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import multiprocessing
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
@@ -45,8 +47,12 @@ def start_worker(study: Path, runs: Path, *extra: str) -> subprocess.Popen:
     """`ablate worker` in the background, as a user on another shell or machine would start it."""
     command = [ablate_exe(), "worker", str(study), "--out", str(runs), "--wandb", "disabled",
                "--threads", "1"]  # fmt: skip
-    log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads a worker's output until it is done
-    proc = subprocess.Popen([*command, *extra], stdout=log, stderr=subprocess.STDOUT,
+    return background([*command, *extra])
+
+
+def background(command: list[str]) -> subprocess.Popen:
+    log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads a process's output until it is done
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     proc.log = log
     return proc
@@ -61,8 +67,15 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
     return out
 
 
-def write_study(path: Path, **extra) -> Path:
-    train = {**TINY_TRAIN, "max_steps": 60, "val_every": 10}
+def write_study(path: Path, max_steps: int = 60, **extra) -> Path:
+    # Periodic checkpoints at steps 20 and 40; deterministic, so a resumed trial can match a whole one.
+    train = {
+        **TINY_TRAIN,
+        "max_steps": max_steps,
+        "val_every": 10,
+        "checkpoint_every": 20,
+        "deterministic": True,
+    }
     tree = {
         "name": "crash",
         "base": {"preset": "transformer", "task": TINY_TASK, "model": TINY_MODEL, "train": train},
@@ -86,16 +99,34 @@ def wait_for(condition, timeout: float, what: str, poll: float = 0.05):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def resume_record(url: str, study: Path, number: int) -> dict | None:
+    """Trial `number`'s stored resume checkpoint, once the worker has created the study and the trial."""
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        return None
+    with contextlib.suppress(KeyError):  # the study is not created yet
+        trials = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+        return trials[number].user_attrs.get("resume") if len(trials) > number else None
+    return None
+
+
+def uninterrupted_history(study: Path, seed: int) -> list[dict]:
+    """The validation history of the study's trial for `seed`, run here without interruption."""
+    spec = load_study(study)
+    torch.set_num_threads(1)  # as the workers run
+    return harness.trial.run_trial(spec.config_for(spec.variant_overrides()["base"], seed)).history
+
+
 def kill_mid_trial_and_recover(tmp_path: Path, storage_url: str | None) -> None:
-    """Worker A completes trial 0 and is SIGKILLed while trial 1 trains (its first checkpoint written);
-    worker B, started at once, runs trial 2, waits out the grace period, fails trial 1 and runs its retry.
+    """Worker A completes trial 0 and is SIGKILLed while trial 1 trains (its first periodic checkpoint
+    stored); worker B, started at once, runs trial 2, waits out the grace period, fails trial 1 and runs its
+    retry, which resumes at that checkpoint's step and ends exactly where an uninterrupted run does.
     `storage_url` None: the study's default SQLite file."""
     study, runs = write_study(tmp_path / "crash.yaml"), tmp_path / "runs"
     extra = ("--storage", storage_url) if storage_url else ()
     url = storage_url or f"sqlite:///{runs / 'crash' / 'study.db'}"
     a = start_worker(study, runs, *extra)
     try:
-        wait_for(lambda: (runs / "crash/trials/eval/0001/checkpoints/best.ckpt").is_file(), 240, "trial 1")
+        killed_at = wait_for(lambda: resume_record(url, study, 1), 240, "trial 1's checkpoint", poll=0.1)
         a.send_signal(signal.SIGKILL)
         a.wait(timeout=30)
     finally:
@@ -122,10 +153,58 @@ def kill_mid_trial_and_recover(tmp_path: Path, storage_url: str | None) -> None:
     assert retry.user_attrs["grid_point"] == trials[1].user_attrs["grid_point"]
     assert retry.user_attrs["worker"].endswith(f":{b.pid}")
     assert len(trials) == 4
+    resumed = json.loads((runs / f"crash/trials/eval/{retry.number:04d}/metrics.json").read_text())
+    # The last checkpoint A stored: the first (or, if A got that far before the kill landed, the second).
+    assert resumed["resumed_from_step"] == trials[1].user_attrs["resume"]["step"] in (killed_at["step"], 40)
+    assert resumed["steps"] == 60
+    assert resumed["history"] == uninterrupted_history(study, 1)  # val/loss at every step, bit for bit
 
 
 def test_killed_worker_trial_is_retried_on_sqlite(tmp_path):
     kill_mid_trial_and_recover(tmp_path, None)
+
+
+@pytest.mark.slow  # about 1.5 min each on 2 busy cores
+@pytest.mark.parametrize(
+    ("command", "signum"),
+    [("worker", signal.SIGTERM), ("worker", signal.SIGINT), ("sweep", signal.SIGTERM)],
+)
+def test_stop_signal_checkpoints_the_trial_and_the_same_command_resumes_it(tmp_path, command, signum):
+    """A scheduler's SIGTERM (or Ctrl-C) mid-trial: the trial saves its state and waits again (never
+    FAILED), the process says so in one line within 30 s, and the same command finishes from there."""
+    study, runs = write_study(tmp_path / "crash.yaml", max_steps=200, seeds=[0]), tmp_path / "runs"
+    url = f"sqlite:///{runs / 'crash' / 'study.db'}"
+    start = start_worker if command == "worker" else start_sweep
+    proc = start(study, runs)
+    wait_for(lambda: resume_record(url, study, 0), 240, "the first periodic checkpoint", poll=0.1)
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    proc.wait(timeout=30)
+    assert time.monotonic() - sent < 30
+    proc.log.seek(0)
+    lines = proc.log.read().strip().splitlines()
+    assert proc.returncode == 128 + signum, lines[-5:]
+    assert "checkpointed" in lines[-1] and signum.name in lines[-1], lines[-5:]
+    (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    assert trial.state == TrialState.WAITING
+    stopped_at = trial.user_attrs["resume"]["step"]
+    assert 20 <= stopped_at < 200
+
+    again = start(study, runs)
+    finish(again)
+    (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    assert trial.state == TrialState.COMPLETE and trial.user_attrs["resumed_from_step"] == stopped_at
+    metrics = json.loads((runs / "crash/trials/eval/0000/metrics.json").read_text())
+    assert metrics["steps"] == 200 and metrics["resumed_from_step"] == stopped_at
+    # A finished trial's resume checkpoints are gone, locally and from the artifact store.
+    assert not list(runs.rglob("resume.ckpt")) and not list((runs / "crash/artifacts").glob("resume-*"))
+
+
+def start_sweep(study: Path, runs: Path) -> subprocess.Popen:
+    """`ablate sweep` in the background: one worker process, no report."""
+    return background(
+        [ablate_exe(), "sweep", str(study), "--out", str(runs), "--wandb", "disabled", "--no-report"]
+    )
 
 
 def open_at(url: str, start: float) -> None:
