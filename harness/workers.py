@@ -221,21 +221,25 @@ class Worker:
             name = signals.received().name if signals.received() else type(stop).__name__
             self.stopped = f"{name}: {claim.phase} trial {trial.number} checkpointed and queued again {step}"
             say(f"queued again ({name})")
-        except OSError as e:
-            if e.errno != errno.ENOSPC:
-                raise
+        except Exception as e:
+            if not no_space(e):
+                self.fail(claim, e)
+                say(f"FAILED, {type(e).__name__}: {e}"[:300])
+                return
+            # Every later trial would fail the same way: wait, as it was, for space to be freed.
             self.queue_again(trial)
             self.stopped = f"no space left on device under {self.root}; trial {trial.number} queued again"
             say("queued again (disk full)")
-        except Exception as e:
-            trial.set_user_attr("fail_reason", f"{type(e).__name__}: {e}"[:2000])
-            trial.set_user_attr("traceback", traceback.format_exc()[-4000:])
-            study.tell(trial, state=TrialState.FAIL)
-            free_device_memory()
-            say(f"FAILED, {type(e).__name__}: {e}"[:300])
         else:
             study.tell(trial, value)
             say(f"{self.metric_name(claim)} = {value:.4g}")
+
+    def fail(self, claim: Claim, e: Exception) -> None:
+        trial = claim.trial
+        trial.set_user_attr("fail_reason", f"{type(e).__name__}: {e}"[:2000])
+        trial.set_user_attr("traceback", traceback.format_exc()[-4000:])
+        claim.study.tell(trial, state=TrialState.FAIL)
+        free_device_memory()
 
     def metric_name(self, claim: Claim) -> str:
         return tune_metric(self.spec).name if claim.phase == TUNE else self.spec.metric.name
@@ -315,6 +319,16 @@ class Worker:
     def store_artifacts(self, trial: optuna.Trial, out_dir: Path) -> None:
         if out_dir.is_dir():
             trial.set_user_attr("artifacts", upload_trial_files(trial, out_dir, self.store))
+
+
+def no_space(e: BaseException) -> bool:
+    """The disk filled up: an OSError ENOSPC, or torch.save's RuntimeError for a write that failed, anywhere
+    in the exception's chain."""
+    while e is not None:
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "file write failed" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 @contextmanager

@@ -230,7 +230,7 @@ def test_workers_opening_a_new_database_together_all_succeed(tmp_path):
 # Faults ---------------------------------------------------------------------------------------------------
 
 # Which variant meets which fault: the variants differ only in weight decay, which the injected faults read.
-FAULTS = {"ok": 0.01, "oom": 0.011, "boom": 0.012, "disk_full": 0.013, "store_down": 0.014}
+FAULTS = {"ok": 0.01, "oom": 0.011, "boom": 0.012, "unwritable": 0.013, "store_down": 0.014}
 
 
 def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monkeypatch, single_thread):
@@ -244,9 +244,9 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
             raise RuntimeError("boom <in the variant's own code>")
         return real_step(self, batch, batch_idx)
 
-    def full_disk(out, cfg, result, loggers):
-        if cfg.train.weight_decay in (FAULTS["disk_full"], FAULTS["store_down"]):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "metrics.json"))
+    def unwritable(out, cfg, result, loggers):
+        if cfg.train.weight_decay in (FAULTS["unwritable"], FAULTS["store_down"]):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(out / "metrics.json"))
         return real_write(out, cfg, result, loggers)
 
     def unreachable_store(trial, out_dir, store):
@@ -256,7 +256,7 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
 
     real_upload = harness.workers.upload_trial_files
     monkeypatch.setattr(Seq2SeqModule, "training_step", faulty_step)
-    monkeypatch.setattr("harness.trial.write_artifacts", full_disk)
+    monkeypatch.setattr("harness.trial.write_artifacts", unwritable)
     monkeypatch.setattr("harness.workers.upload_trial_files", unreachable_store)
     variants = {name: {"train.weight_decay": wd} for name, wd in FAULTS.items()}
     spec = tiny_spec(variants={**variants, "nan": {"train.lr": 1.0e6}})
@@ -268,18 +268,18 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
     trials = {t.params["variant"]: t for t in load_phase_study(spec, storage, EVAL).trials}
     assert {v: t.state for v, t in trials.items()} == {
         "ok": TrialState.COMPLETE, "oom": TrialState.FAIL, "boom": TrialState.FAIL,
-        "disk_full": TrialState.FAIL, "store_down": TrialState.FAIL, "nan": TrialState.FAIL,
+        "unwritable": TrialState.FAIL, "store_down": TrialState.FAIL, "nan": TrialState.FAIL,
     }  # fmt: skip
     reasons = {v: t.user_attrs.get("fail_reason") for v, t in trials.items() if v != "ok"}
     assert reasons["oom"].startswith("OutOfMemoryError: CUDA out of memory.")
     assert reasons["boom"] == "RuntimeError: boom <in the variant's own code>"
-    assert reasons["disk_full"].startswith("OSError: [Errno 28] No space left on device")
+    assert reasons["unwritable"].startswith("OSError: [Errno 5] Input/output error")
     assert reasons["nan"].startswith("TrialFailed: diverged: ")
     # A failed trial keeps what it wrote before failing (the checkpoints), for a post-mortem.
-    assert "checkpoints/last.ckpt" in trials["disk_full"].user_attrs["artifacts"]
+    assert "checkpoints/last.ckpt" in trials["unwritable"].user_attrs["artifacts"]
     # When storing them fails too, the trial's own error stays the reason.
     store_down = trials["store_down"].user_attrs
-    assert reasons["store_down"].startswith("OSError: [Errno 28]") and "artifacts" not in store_down
+    assert reasons["store_down"].startswith("OSError: [Errno 5]") and "artifacts" not in store_down
     assert "artifacts could not be stored either: ConnectionRefusedError" in store_down["traceback"]
 
     out = build_report(spec, storage, runs)
@@ -290,6 +290,75 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
     assert "boom &lt;in the variant&#39;s own code&gt;" in html
     table = pd.read_csv(out / "results.csv").set_index("variant")
     assert (table["state"] == "FAIL").sum() == 5 and table.loc["ok", "state"] == "COMPLETE"
+
+
+def test_full_disk_queues_the_trial_again_and_stops_until_space_is_freed(
+    tmp_path, monkeypatch, single_thread
+):
+    """The disk under --out fills up while a trial writes: the trial waits again as it was (every later
+    trial would fail the same way), the worker stops saying so, and once space is freed the study completes."""
+    real_write, full = harness.trial.write_artifacts, [True]
+
+    def full_disk(out, cfg, result, loggers):
+        if full[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "metrics.json"))
+        return real_write(out, cfg, result, loggers)
+
+    monkeypatch.setattr("harness.trial.write_artifacts", full_disk)
+    spec, runs = tiny_spec(seeds=[0, 1]), tmp_path / "runs"
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    prepare_study(spec, storage)
+    stopped = harness.workers.Worker(spec, storage, runs, "disabled")
+    stopped.run()
+    assert stopped.stopped == f"no space left on device under {runs / 'tiny'}; trial 0 queued again"
+    study = load_phase_study(spec, storage, EVAL)
+    assert [t.state for t in study.get_trials()] == [TrialState.WAITING, TrialState.WAITING]
+
+    full[0] = False  # space freed
+    again = harness.workers.Worker(spec, storage, runs, "disabled")
+    again.run()
+    assert again.stopped is None
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.COMPLETE]
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 4 MiB tmpfs (root only); skipped where it cannot be mounted."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip() or 'mount failed'}); needs root")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow  # two sweeps, about 2 min on 2 busy cores
+def test_sweep_on_a_full_disk_stops_with_one_line_and_completes_once_space_is_freed(tmp_path, small_tmpfs):
+    study = write_study(tmp_path / "crash.yaml", seeds=[0])
+    url = f"sqlite:///{tmp_path / 'study.db'}"  # the storage elsewhere: only --out fills up
+    filler = small_tmpfs / "filler"
+    free = shutil.disk_usage(small_tmpfs).free
+    filler.write_bytes(b"\0" * (free - 48 * 1024))  # a trial's checkpoints need more than what is left
+    command = ("sweep", str(study), "--out", str(small_tmpfs), "--storage", url, "--wandb", "disabled",
+               "--no-report")  # fmt: skip
+    full = ablate(*command, timeout=300)
+    assert full.returncode == 1, full.stderr[-2000:]
+    assert full.stderr.strip().splitlines()[-1] == (
+        f"error: --out: no space left on device under {small_tmpfs}; free some, then run the same command"
+    )
+    assert "Traceback" not in full.stderr
+    (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    assert trial.state == TrialState.WAITING
+
+    filler.unlink()
+    done = ablate(*command, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    assert trial.state == TrialState.COMPLETE
 
 
 # W&B without network ------------------------------------------------------------------------------------
