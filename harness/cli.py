@@ -23,6 +23,10 @@ RunsOption = Annotated[Path, typer.Option("--out", help="Root folder of study ou
 StorageOption = Annotated[
     str | None, typer.Option("--storage", help="SQLAlchemy URL (default: SQLite in runs/<study>/).")
 ]
+ArtifactsOption = Annotated[
+    str | None,
+    typer.Option("--artifacts", help="s3://bucket/prefix for trial files (default: runs/<study>/artifacts)."),
+]
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: key=value.")]
 
 
@@ -95,6 +99,7 @@ def sweep(
         typer.Option("--profile", help="Study-file profile, e.g. cpu or gpu (default: the first)."),
     ] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip the report at the end.")] = False,
+    artifacts: ArtifactsOption = None,
 ) -> None:
     """Tune (if the study says so) and run every variant x seed of a study, then write its report.
 
@@ -119,6 +124,7 @@ def sweep(
         if devices is not None and not gpus:
             raise ConfigError(f"--devices: expected GPU indices like 0,1 (got {devices!r})")
         mode = wandb_mode(wandb)
+        check_artifacts(artifacts)
         url = storage or default_storage_url(spec.slug, out)
         store = open_storage(url, heartbeat=spec.heartbeat)
         stored = prepare_study(spec, store)
@@ -142,7 +148,7 @@ def sweep(
     console.print(f"[bold]{spec.name}[/]: {len(spec.variant_overrides())} variants x {len(spec.seeds)} seeds"
                   f"{f', {spec.tune.trials} tune trials per variant' if spec.tune else ''}; "
                   f"{len(slots)} worker(s), storage {url}, W&B {mode}")  # fmt: skip
-    procs = spawn_workers(spec.name, url, out, mode, slots)
+    procs = spawn_workers(spec.name, url, out, mode, slots, artifacts)
     signals.install(then=lambda signum: forward_signal(procs, signum))
     watch_workers(spec, store, procs)
     if signals.received():
@@ -159,10 +165,26 @@ def sweep(
     if not no_report:
         from reports.render import build_report
 
-        out_dir = build_report(spec, store, out, wandb_mode=mode)
+        out_dir = build_report(spec, store, out, wandb_mode=mode, artifact_location=artifacts)
         console.print(f"report: {out_dir / 'report.html'}")
     if crashed:
         raise typer.Exit(code=1)
+
+
+def check_artifacts(location: str | None) -> None:
+    """--artifacts: an s3:// URL with a bucket, and boto3 to reach it."""
+    from harness.artifacts import parse_s3_url
+
+    if location is None:
+        return
+    try:
+        parse_s3_url(location)
+    except ValueError as e:
+        raise ConfigError(f"--artifacts: {e}") from None
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        raise ConfigError("--artifacts: S3 needs boto3 (pip install 'ablate[s3]')") from None
 
 
 def watch_workers(spec, store, procs) -> None:
@@ -214,6 +236,7 @@ def worker(
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="CPU threads for torch in this process.")
     ] = None,
+    artifacts: ArtifactsOption = None,
 ) -> None:
     """Join a study: run its queued trials until none is left (any machine that reaches the storage).
 
@@ -235,6 +258,7 @@ def worker(
         spec, store = _stored_study("worker", study, storage, out)
     try:
         mode = wandb_mode(wandb)
+        check_artifacts(artifacts)
         store = open_storage(store.url, create_dir=False, heartbeat=spec.heartbeat)  # the study's periods
     except ConfigError as e:
         raise fail(str(e)) from None
@@ -244,7 +268,7 @@ def worker(
         torch.set_num_threads(threads)
     from harness.workers import NO_SPACE_EXIT, run_worker
 
-    stopped = run_worker(spec, store, out, mode).stopped
+    stopped = run_worker(spec, store, out, mode, artifacts).stopped
     if stopped:
         typer.echo(f"worker: {stopped}", err=True)
         received = signals.received()
@@ -296,6 +320,7 @@ def dashboard(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the optuna-dashboard command instead of running it.")
     ] = False,
+    artifacts: ArtifactsOption = None,
 ) -> None:
     """optuna-dashboard on the study storage, with the trials' artifacts."""
     import shlex
@@ -318,8 +343,26 @@ def dashboard(
             storage = default_storage_url(slugify(_study_name(study)), out)
         if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
             raise ConfigError(f"storage {storage}: no such database")
+        check_artifacts(artifacts)
+        if artifacts and study is None:
+            raise ConfigError("--artifacts: name the study too (its files lie under the prefix by name)")
     except ConfigError as e:
         raise fail(str(e)) from None
+    if artifacts:
+        # optuna-dashboard's command line knows artifact folders only: serve the bucket from here.
+        from optuna_dashboard import run_server
+
+        from harness.artifacts import artifact_store
+
+        if dry_run:
+            print(
+                f"optuna_dashboard.run_server({storage!r}, host={host!r}, port={port}, artifacts={artifacts!r})"
+            )
+            return
+        console.print(f"optuna-dashboard on http://{host}:{port} (Ctrl-C to stop)")
+        run_server(storage, host=host, port=port,
+                   artifact_store=artifact_store(slugify(_study_name(study)), out, artifacts))  # fmt: skip
+        return
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
     command = [exe, storage, "--host", host, "--port", str(port)]
     if study is not None:
@@ -358,15 +401,20 @@ def report(
     report_dir: Annotated[
         Path | None, typer.Option("--report-dir", help="Where to write the report.")
     ] = None,
+    artifacts: ArtifactsOption = None,
 ) -> None:
-    """Rebuild a study's report from its storage."""
+    """Rebuild a study's report from its storage (and its trials' files in the artifact store)."""
     import time
 
     start = time.perf_counter()
     spec, store = _stored_study("report", study, storage, out)
+    try:
+        check_artifacts(artifacts)
+    except ConfigError as e:
+        raise fail(str(e)) from None
     from reports.render import build_report
 
-    out_dir = build_report(spec, store, out, report_dir)
+    out_dir = build_report(spec, store, out, report_dir, artifact_location=artifacts)
     console.print(f"report built in {time.perf_counter() - start:.1f} s: {out_dir / 'report.html'}")
 
 

@@ -132,11 +132,14 @@ def heartbeat(storage, trial_id: int) -> Iterator[None]:
 class Worker:
     """One process's share of a study: claims, runs and records trials until none is left to claim."""
 
-    def __init__(self, spec: StudySpec, storage, runs_root: str | Path = "runs", wandb_mode="offline"):
+    def __init__(
+        self, spec: StudySpec, storage, runs_root: str | Path = "runs", wandb_mode="offline",
+        artifacts: str | None = None,
+    ):  # fmt: skip
         self.spec, self.storage, self.wandb_mode = spec, storage, wandb_mode
         self.variants = spec.variant_overrides()
         self.root = study_dir(spec.slug, runs_root)
-        self.store = artifact_store(spec.slug, runs_root)
+        self.store = artifact_store(spec.slug, runs_root, artifacts)
         self.eval = load_phase_study(spec, storage, EVAL)
         self.tune = {v: load_phase_study(spec, storage, TUNE, v) for v in self.variants} if spec.tune else {}
         self.stopped: str | None = None  # why the worker stopped before the study was done (one line)
@@ -350,14 +353,20 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run_worker(spec: StudySpec, storage, runs_root: str | Path = "runs", wandb_mode="offline") -> Worker:
+def run_worker(
+    spec: StudySpec,
+    storage,
+    runs_root: str | Path = "runs",
+    wandb_mode="offline",
+    artifacts: str | None = None,
+) -> Worker:
     """Runs queued trials of a prepared study (see study.prepare_study) until none is left, or until a stop
     signal or a full disk (worker.stopped says which)."""
     from harness.trial import quiet_lightning
 
     quiet_lightning()
     signals.install()
-    worker = Worker(spec, storage, runs_root, wandb_mode)
+    worker = Worker(spec, storage, runs_root, wandb_mode, artifacts)
     worker.run()
     return worker
 
@@ -376,12 +385,14 @@ def worker_slots(workers: int | None, devices: list[str] | None, per_device: int
 
 
 def spawn_workers(
-    study_name: str, storage_url: str, runs_root: str | Path, wandb_mode: str, slots: list[dict[str, str]]
-) -> list[subprocess.Popen]:
+    study_name: str, storage_url: str, runs_root: str | Path, wandb_mode: str, slots: list[dict[str, str]],
+    artifacts: str | None = None,
+) -> list[subprocess.Popen]:  # fmt: skip
     """Starts one `ablate worker` process per slot, each with CPU threads = cores / processes."""
     threads = max(1, (os.cpu_count() or 1) // len(slots))
     command = [sys.executable, "-m", "harness.cli", "worker", study_name, "--storage", storage_url,
-               "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads)]  # fmt: skip
+               "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads),
+               *(["--artifacts", artifacts] if artifacts else [])]  # fmt: skip
     return [subprocess.Popen(command, env={**os.environ, **slot}) for slot in slots]
 
 

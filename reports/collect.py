@@ -90,19 +90,19 @@ def trials_frame(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> pd.
     return pd.DataFrame(rows, columns=list(dict.fromkeys(columns + [k for r in rows for k in r])))
 
 
-def read_artifacts(t: optuna.trial.FrozenTrial, spec: StudySpec, runs_root: str | Path) -> TrialArtifacts:
+def read_artifacts(
+    t: optuna.trial.FrozenTrial, spec: StudySpec, runs_root: str | Path, store=None
+) -> TrialArtifacts:
     """A trial's artifacts from the study's Optuna artifact store (the trial's 'artifacts' user attr maps
     each file's path to its artifact id), else from its own folder (harness.artifacts.trial_dir); whatever
     is missing stays empty. Read: the metrics file (holds history and per_length) and the attention
-    samples; checkpoints are left alone."""
+    samples; checkpoints are left alone. `store`: the artifact store (None: none exists)."""
     files: dict[str, Path] = {}
     folder = artifacts.trial_dir(artifacts.study_dir(spec.slug, runs_root), EVAL, t.number)
     if folder.is_dir():
         files.update({p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if _wanted(p.name)})
-    store_dir = artifacts.artifact_dir(spec.slug, runs_root)
     with tempfile.TemporaryDirectory(prefix="report-artifacts-") as scratch:
-        if store_dir.is_dir():
-            store = optuna.artifacts.FileSystemArtifactStore(str(store_dir))
+        if store is not None:
             for rel, artifact_id in t.user_attrs.get("artifacts", {}).items():
                 if rel in files or not _wanted(Path(rel).name):
                     continue
@@ -143,15 +143,25 @@ def _read_json(path: Path) -> Any:
         return {}
 
 
-def collect(spec: StudySpec, storage, runs_root: str | Path = "runs") -> StudyData:
+def open_artifact_store(spec: StudySpec, runs_root: str | Path, location: str | None):
+    """The study's artifact store: the bucket `location` names, or its folder if that exists."""
+    if location is None and not artifacts.artifact_dir(spec.slug, runs_root).is_dir():
+        return None
+    return artifacts.artifact_store(spec.slug, runs_root, location)
+
+
+def collect(
+    spec: StudySpec, storage, runs_root: str | Path = "runs", artifact_location: str | None = None
+) -> StudyData:
     trials = eval_trials(spec, storage)
+    store = open_artifact_store(spec, runs_root, artifact_location)
     df = trials_frame(spec, trials)
     history, per_length, attention = [], [], {}
     for t in trials:
         if t.state != optuna.trial.TrialState.COMPLETE:
             continue
         variant, seed = _grid_point(t)
-        art = read_artifacts(t, spec, runs_root)
+        art = read_artifacts(t, spec, runs_root, store)
         key = {"trial": t.number, "variant": variant, "seed": seed}
         history += [{**key, **row} for row in art.history]
         per_length += [{**key, **row} for row in art.per_length]
