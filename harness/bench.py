@@ -40,7 +40,7 @@ from models import build_model
 from models.config import ModelConfig
 from models.decoding import beam_search, greedy_decode
 from models.module import BOS_ID, EOS_ID, PAD_ID, token_cross_entropy
-from models.positional import sinusoidal_table
+from models.positional_layers import sinusoidal_table
 
 # Dense bf16 tensor-core peaks (no sparsity), FLOP/s, from the vendors' data sheets; matched in order.
 PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),

@@ -463,7 +463,7 @@ def bench(
 @app.command("list")
 def list_all() -> None:
     """Tasks, presets, bundled studies and config keys."""
-    from harness.config import ExperimentConfig
+    from harness.config import ExperimentConfig, accepted_values
     from harness.study.spec import bundled_studies_dir
     from harness.tasks import TASKS
     from models.config import PRESETS
@@ -490,8 +490,10 @@ def list_all() -> None:
     keys = Table(title="config keys (--set key=value)")
     keys.add_column("key")
     keys.add_column("default")
+    keys.add_column("accepts")
+    accepts = accepted_values()
     for key, value in ExperimentConfig().flat().items():
-        keys.add_row(key, repr(value))
+        keys.add_row(key, repr(value), accepts[key])
     out.print(keys)
 
 

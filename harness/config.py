@@ -7,12 +7,12 @@ Every failure is a ConfigError with one line naming the dotted key, e.g.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from models.config import PRESETS, ModelConfig
+from models.config import ModelConfig, preset_keys
 
 
 class ConfigError(ValueError):
@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 class TaskConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Literal["copy", "reverse", "sort", "addition", "recall", "synth_mt", "scan", "parallel"] = "reverse"
+    name: str = Field("reverse", description="a name in the tasks table above")
     min_len: int = 1
     max_len: int = 10
     test_max_len: int | None = None  # default: 2 * max_len
@@ -50,6 +50,15 @@ class TaskConfig(BaseModel):
     def _positive(cls, v: int | None) -> int | None:
         if v is not None and v < 1:
             raise ValueError("must be a positive integer")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        from harness.tasks import TASKS  # the registry imports this module for TaskConfig: read it on use
+
+        if v not in TASKS:
+            raise ValueError(f"unknown task {v!r}; known: {', '.join(TASKS)}")
         return v
 
     @model_validator(mode="after")
@@ -143,6 +152,27 @@ class ExperimentConfig(BaseModel):
         return flatten(self.model_dump())
 
 
+def accepted_values(section: type[BaseModel] = ExperimentConfig, prefix: str = "") -> dict[str, str]:
+    """Dotted key -> what it accepts, for `ablate list`: the field's description, else its type
+    ('post | pre | none | rms_pre', 'int | None')."""
+    accepted: dict[str, str] = {}
+    for name, field in section.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            accepted.update(accepted_values(field.annotation, f"{prefix}{name}."))
+        else:
+            accepted[f"{prefix}{name}"] = field.description or type_text(field.annotation)
+    return accepted
+
+
+def type_text(annotation: Any) -> str:
+    """Literal['a', 'b'] -> 'a | b'; int | None -> 'int | None'."""
+    if get_origin(annotation) is Literal:
+        return " | ".join(str(v) for v in get_args(annotation))
+    if get_args(annotation):
+        return " | ".join(type_text(a) for a in get_args(annotation))
+    return "None" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
+
+
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in tree.items():
@@ -215,12 +245,13 @@ def build_config(tree: dict[str, Any], overrides: dict[str, Any] | None = None) 
             set_dotted(tree, key, value)
     preset = tree.pop("preset", None)
     if preset is not None:
-        if preset not in PRESETS:
-            raise ConfigError(f"preset: unknown preset {preset!r}; known: {', '.join(PRESETS)}")
         model = tree.get("model") or {}
         if not isinstance(model, dict):
             raise ConfigError("model: expected a mapping of model keys")
-        tree["model"] = {**PRESETS[preset], **model}
+        try:
+            tree["model"] = preset_keys(preset, model)
+        except ValueError as e:
+            raise ConfigError(f"preset: {e}") from None
     try:
         return ExperimentConfig.model_validate(tree)
     except ValidationError as e:

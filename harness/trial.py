@@ -192,22 +192,21 @@ def resolve_precision(precision: str) -> str:
 
 
 def check_positions(cfg: ExperimentConfig, data: TaskData) -> None:
-    """Learned positions and location attention stop at model.max_positions: say so before training,
-    not in the test after it."""
-    m = cfg.model
+    """A model that places at most model.max_positions positions (ModelConfig.position_limits: learned
+    positions, location attention) is checked against the task before training, not in the test after it."""
+    source_limit, target_limit = cfg.model.position_limits
     longest_source = 1 + max(len(ex.src) for examples in data.splits.values() for ex in examples)  # + EOS
-    if m.arch == "transformer" and m.pos_encoding == "learned":
-        needed = generation_budget(longest_source, data.train_max_len)
-        reach = f"decoding may run to {needed} positions (sources of up to {longest_source} tokens)"
-    elif m.arch != "transformer" and m.attention == "location":
-        needed, reach = longest_source, f"sources reach {longest_source} tokens"
-    else:
-        return
-    if needed > m.max_positions:
-        raise ConfigError(
-            f"model.max_positions: {m.max_positions} is too short for {cfg.task.name}: {reach}; "
-            f"set it to at least {needed}"
-        )
+    decoded = generation_budget(longest_source, data.train_max_len)
+    decoding = f"decoding may run to {decoded} positions (sources of up to {longest_source} tokens)"
+    checks = [
+        (target_limit, decoded, decoding),
+        (source_limit, longest_source, f"sources reach {longest_source} tokens"),
+    ]
+    for limit, needed, reach in checks:
+        if limit is not None and needed > limit:
+            raise ConfigError(
+                f"model.max_positions: {limit} is too short for {cfg.task.name}: {reach}; set it to at least {needed}"
+            )
 
 
 def build_module(cfg: ExperimentConfig, data: TaskData, eval_splits: list[str]) -> Seq2SeqModule:

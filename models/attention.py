@@ -4,9 +4,9 @@
 when weights are not needed, and an explicit path that returns them. Both take the same mask and bias, so
 they agree by construction.
 
-The recurrent family's score functions (additive, dot, general, concat, location, cosine, scaled_dot) are
-small modules behind `ScoreAttention`, which masks with the same `masked_softmax` and splits heads with the
-same `split_heads`; with `scaled_dot` it is MultiHeadAttention without projections.
+The recurrent family's score functions (models/scores.py lists them by name) are small modules behind
+`ScoreAttention`, which masks with the same `masked_softmax` and splits heads with the same `split_heads`;
+with `scaled_dot` it is MultiHeadAttention without projections.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from models.positional import ALiBi, Rotary
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -59,9 +57,11 @@ class MultiHeadAttention(nn.Module):
     scale: factor on q·k; None means 1/sqrt(d_k). qkv_projections=False gives the parameter-free
     self-attention of the lectures: weights softmax(x_i·x_j), outputs sum_j w_ij x_j, no Q/K/V or output
     projection (with several heads, each head does this on its own slice of the features).
-    rotary / alibi: relative positions inside one sequence, so only for self-attention.
+    rotary / score_bias: the generic slots of relative positions inside one sequence, so only for
+    self-attention (models/positional.py fills them): rotary(x (B, H, L, Dh), offset) rotates queries and
+    keys by position, score_bias(q_len, k_len) -> (H, q_len, k_len) is added to the scores.
 
-    Two paths agree on every input: `scaled_dot_product_attention` (its `scale` argument, the ALiBi bias
+    Two paths agree on every input: `scaled_dot_product_attention` (its `scale` argument, the score bias
     added to the mask) when weights are not needed, and an explicit softmax that returns them.
     """
 
@@ -72,8 +72,8 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         scale: float | None = None,
         qkv_projections: bool = True,
-        rotary: Rotary | None = None,
-        alibi: ALiBi | None = None,
+        rotary: nn.Module | None = None,
+        score_bias: nn.Module | None = None,
     ):
         super().__init__()
         if d_model % heads:
@@ -83,8 +83,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         project = (lambda: nn.Linear(d_model, d_model)) if qkv_projections else nn.Identity
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = project(), project(), project(), project()
-        self.rotary = rotary
-        self.alibi = alibi
+        self.rotary, self.score_bias = rotary, score_bias
 
     def keys_values(self, key: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """key (B, S, D) at positions offset.. -> k, v (B, H, S, Dh); what a decoding cache keeps."""
@@ -109,7 +108,7 @@ class MultiHeadAttention(nn.Module):
         if self.rotary is not None:
             q = self.rotary(q, offset=k_len - q_len)
         mask = build_mask(key_padding, q_len, k_len, causal, q.device)
-        bias = self.alibi(q_len, k_len).to(q.dtype).unsqueeze(0) if self.alibi is not None else None
+        bias = self.score_bias(q_len, k_len).to(q.dtype).unsqueeze(0) if self.score_bias is not None else None
         dropout = self.dropout if self.training else 0.0
 
         if need_weights:
@@ -255,21 +254,6 @@ class CosineScore(Score):
         h = F.normalize(split_heads(keys, self.heads), dim=-1)
         beta = 1 + F.softplus(self.strength(query)).transpose(1, 2)[..., None]  # (B, H, T, 1)
         return beta * (k @ h.transpose(-2, -1))
-
-
-def make_score(kind: str, d_model: int, heads: int, max_positions: int) -> nn.Module:
-    """The score module named by `model.attention`."""
-    head_dim = d_model // heads
-    scores = {
-        "additive": lambda: AdditiveScore(d_model, heads),
-        "dot": lambda: DotScore(heads),
-        "general": lambda: GeneralScore(d_model, heads),
-        "concat": lambda: ConcatScore(d_model, heads),
-        "location": lambda: LocationScore(d_model, heads, max_positions),
-        "cosine": lambda: CosineScore(d_model, heads),
-        "scaled_dot": lambda: DotScore(heads, scale=head_dim**-0.5),
-    }
-    return scores[kind]()
 
 
 class ScoreAttention(nn.Module):

@@ -1,13 +1,18 @@
 """ModelConfig: every architectural switch of both model families, typed and validated.
 
-Presets are named configs; `ModelConfig.from_name(name, **overrides)` builds one with changes.
+The names a switch accepts come from its registry: `pos_encoding` from models/positional.py, `attention`
+from models/scores.py. Presets are named configs; `preset_keys(name, overrides)` gives one's keys with
+changes (the harness validates them with the rest of an experiment), `ModelConfig.from_name` builds it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from models.positional import POSITIONAL, check_fits, positional_kind
+from models.scores import SCORES
 
 Scale = Literal["sqrt", "none"] | float
 
@@ -24,9 +29,7 @@ class ModelConfig(BaseModel):
     # lstm family
     cell: Literal["lstm", "gru"] = "lstm"
     bidirectional: bool = True
-    attention: Literal["none", "additive", "dot", "general", "concat", "location", "cosine", "scaled_dot"] = (
-        "none"
-    )
+    attention: Literal[("none", *SCORES)] = "none"  # type: ignore[valid-type]
     attention_query: Literal["previous", "current"] = "previous"
     input_feeding: bool = False
     attention_heads: int = 1
@@ -35,10 +38,14 @@ class ModelConfig(BaseModel):
     heads: int = 4
     d_ff: int = 256
     scale: Scale = "sqrt"
-    pos_encoding: Literal["none", "sinusoidal", "learned", "rope", "alibi"] = "sinusoidal"
+    pos_encoding: str = Field(
+        "sinusoidal",
+        description=f"{' | '.join(POSITIONAL)}, or kinds with different parts joined by +, e.g. alibi+sinusoidal",
+    )
     pos_base: float = 10000.0
     max_positions: int = 512
     residual: bool = True
+    ffn: bool = True  # false: no feed-forward sublayers (pure attention when residual is false too)
     norm: Literal["post", "pre", "none", "rms_pre"] = "post"
     causal_mask: bool = True
     cross_attention: bool = True
@@ -66,6 +73,12 @@ class ModelConfig(BaseModel):
             raise ValueError("must be 'sqrt', 'none' or a positive number")
         return v
 
+    @field_validator("pos_encoding")
+    @classmethod
+    def _positional_kind(cls, v: str) -> str:
+        positional_kind(v)
+        return v
+
     @field_validator("pos_base")
     @classmethod
     def _base(cls, v: float) -> float:
@@ -78,10 +91,7 @@ class ModelConfig(BaseModel):
         if self.arch == "transformer":
             if self.d_model % self.heads:
                 raise ValueError(f"heads: must divide d_model={self.d_model} (got heads={self.heads})")
-            if self.pos_encoding == "rope" and (self.d_model // self.heads) % 2:
-                raise ValueError(
-                    f"pos_encoding: rope needs an even head dimension (d_model/heads={self.d_model // self.heads})"
-                )
+            check_fits(self)
         else:
             if self.bidirectional and self.d_model % 2:
                 raise ValueError(
@@ -100,11 +110,26 @@ class ModelConfig(BaseModel):
             return None
         return 1.0 if self.scale == "none" else float(self.scale)
 
+    @property
+    def position_limits(self) -> tuple[int | None, int | None]:
+        """The most source and target positions the model can place; None where any length works
+        (learned positions stop at max_positions on both sides, location attention on the source)."""
+        if self.arch == "transformer":
+            limit = positional_kind(self.pos_encoding).max_length(self.max_positions)
+            return limit, limit
+        score = SCORES.get(self.attention)
+        return (score.max_length(self.max_positions) if score else None), None
+
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> ModelConfig:
-        if name not in PRESETS:
-            raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})
+        return cls(**preset_keys(name, overrides))
+
+
+def preset_keys(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The model keys of preset `name` with `overrides` on top; ValueError naming the known presets."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return {**PRESETS[name], **(overrides or {})}
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -1,126 +1,105 @@
-"""Positional information: none / sinusoidal / learned (added to embeddings), rope (rotates q and k),
-alibi (a per-head linear bias on attention scores).
+"""Positional kinds: the one list of names `model.pos_encoding` accepts, and what each does to a Transformer.
 
-Every kind takes an `offset`, the absolute position of the first element, so incremental decoding
-(one new token at position t) sees exactly the positions that full decoding does.
+A kind has up to three parts, each built from models/positional_layers.py (the math) or absent:
+- `embedding`: adds absolute positions to the token embeddings of both sides, (x (B, L, D), offset) -> x + P;
+- `rotary`: rotates the queries and keys of self-attention by their positions (RoPE);
+- `score_bias`: (q_len, k_len) -> (H, q_len, k_len), added to the self-attention scores (ALiBi).
+Cross-attention gets no rotary or bias: they relate positions inside one sequence. A `bounded` kind serves
+at most `model.max_positions` positions.
 
-Beyond the training lengths: sinusoidal, rope and alibi are functions of the position and extend to any
-length. Learned positions have one trained vector per position up to `model.max_positions`; positions
-the training data never reached keep their initial random vectors (which is what the test_long split
-measures), and a position past the table has no vector at all, so it is an error naming the key to
-raise rather than a silent reuse of another position's vector.
+Kinds with different parts combine with '+', e.g. `alibi+sinusoidal`: each part comes from the kind that
+has it (x-transformers keeps an absolute embedding beside ALiBi by default). ALiBi alone is blind to
+mirror images of the source: its encoder bias -m|i - j| is the same for a sequence and its reverse, and
+nothing else in the model carries position; an absolute embedding beside it breaks the symmetry.
+
+Adding a kind: one entry in POSITIONAL, and its layer in models/positional_layers.py. This module imports
+no torch (config checks read it); `build_positions` loads the layers.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
+    from models.config import ModelConfig
 
-def sinusoidal_table(positions: int, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(p / base^(2i/d)); shape (positions, dim)."""
-    pos = torch.arange(positions, dtype=torch.float64).unsqueeze(1)
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    table = torch.zeros(positions, dim, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(pos * inv_freq)
-    table[:, 1::2] = torch.cos(pos * inv_freq)[:, : dim // 2]  # an odd dim has one sine more than cosines
-    return table.float()
-
-
-class SinusoidalEncoding(nn.Module):
-    """Adds the fixed sinusoid of Vaswani et al. 2017 to (B, T, D) embeddings; the table grows on demand."""
-
-    def __init__(self, dim: int, max_positions: int, base: float = 10000.0):
-        super().__init__()
-        self.base = base
-        self.register_buffer("table", sinusoidal_table(max_positions, dim, base), persistent=False)
-
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        end = offset + x.size(1)
-        if end > self.table.size(0):
-            self.table = sinusoidal_table(2 * end, self.table.size(1), self.base).to(self.table)
-        return x + self.table[offset:end]
+# Builds one part from the layers module and the config.
+Part = Callable[[ModuleType, "ModelConfig"], "nn.Module"]
+PARTS = ("embedding", "rotary", "score_bias")
 
 
-class LearnedEncoding(nn.Module):
-    """A trained vector per absolute position, up to max_positions (see the module docstring)."""
+@dataclass(frozen=True)
+class PositionalKind:
+    """What one value of `model.pos_encoding` does to a Transformer (see the module docstring)."""
 
-    def __init__(self, dim: int, max_positions: int):
-        super().__init__()
-        self.embedding = nn.Embedding(max_positions, dim)
-        nn.init.normal_(self.embedding.weight, std=0.02)
+    embedding: Part | None = None
+    rotary: Part | None = None
+    score_bias: Part | None = None
+    bounded: bool = False
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        end = offset + x.size(1)
-        if end > self.embedding.num_embeddings:
-            raise ValueError(
-                f"model.max_positions: learned positions cover {self.embedding.num_embeddings} positions, "
-                f"a sequence reached position {end}; raise model.max_positions"
-            )
-        return x + self.embedding.weight[offset:end]
+    def max_length(self, max_positions: int) -> int | None:
+        """The most positions one sequence may have; None when any length works."""
+        return max_positions if self.bounded else None
 
-
-class NoEncoding(nn.Module):
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        return x
+    def parts(self) -> set[str]:
+        return {part for part in PARTS if getattr(self, part) is not None}
 
 
-class Rotary(nn.Module):
-    """RoPE (Su et al. 2021): rotates each pair (x_i, x_{i+d/2}) of q and k by position * theta_i,
-    theta_i = base^(-2i/d), so q_m·k_n depends on m - n only."""
-
-    def __init__(self, head_dim: int, base: float = 10000.0):
-        super().__init__()
-        self.head_dim, self.base = head_dim, base
-
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """x (B, H, T, Dh) whose first position is `offset`."""
-        # Angles in float32 whatever x's dtype: a bf16 frequency is off by tenths of a radian by position 100.
-        exponents = torch.arange(0, self.head_dim, 2, device=x.device, dtype=torch.float32) / self.head_dim
-        t = torch.arange(offset, offset + x.size(-2), device=x.device, dtype=torch.float32)
-        angles = torch.outer(t, self.base**-exponents)  # (T, Dh/2)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-
-
-class ALiBi(nn.Module):
-    """Press et al. 2022: score bias -m_h * |i - j| with geometric head slopes; no embedding at all.
-
-    The distance is symmetric, so the same bias serves the bidirectional encoder; under a causal mask it
-    is the paper's -m_h * (i - j)."""
-
-    def __init__(self, heads: int):
-        super().__init__()
-        self.register_buffer("slopes", self.slopes_for(heads), persistent=False)
-
-    @staticmethod
-    def slopes_for(heads: int) -> torch.Tensor:
-        """2^(-8/n), 2^(-16/n), ... for n a power of two; otherwise the nearest lower power of two's
-        slopes, then every other slope of the next power of two (the paper's recipe)."""
-
-        def power_of_two(n: int) -> list[float]:
-            start = 2 ** (-8 / n)
-            return [start ** (i + 1) for i in range(n)]
-
-        closest = 2 ** math.floor(math.log2(heads))
-        extra = power_of_two(2 * closest)[0::2][: heads - closest]
-        return torch.tensor(power_of_two(closest) + extra)
-
-    def forward(self, q_len: int, k_len: int) -> torch.Tensor:
-        """(H, q_len, k_len) additive bias; the queries are the last q_len of the k_len positions."""
-        i = torch.arange(k_len - q_len, k_len, device=self.slopes.device).unsqueeze(1)
-        j = torch.arange(k_len, device=self.slopes.device).unsqueeze(0)
-        distance = (i - j).abs().to(self.slopes.dtype)
-        return -self.slopes.view(-1, 1, 1) * distance
+POSITIONAL: dict[str, PositionalKind] = {
+    # Attention alone is permutation-equivariant: without positions order is invisible (Haviv et al. 2022).
+    "none": PositionalKind(),
+    # Vaswani et al. 2017: a fixed sinusoid per position, any length.
+    "sinusoidal": PositionalKind(
+        embedding=lambda layers, cfg: layers.SinusoidalEncoding(cfg.d_model, cfg.max_positions, cfg.pos_base)
+    ),
+    # One trained vector per position: nothing past model.max_positions.
+    "learned": PositionalKind(
+        embedding=lambda layers, cfg: layers.LearnedEncoding(cfg.d_model, cfg.max_positions), bounded=True
+    ),
+    # Su et al. 2021: q_m·k_n depends on m - n only.
+    "rope": PositionalKind(rotary=lambda layers, cfg: layers.Rotary(cfg.d_model // cfg.heads, cfg.pos_base)),
+    # Press et al. 2022: a per-head linear distance penalty on the scores, no embedding.
+    "alibi": PositionalKind(score_bias=lambda layers, cfg: layers.ALiBi(cfg.heads)),
+}
 
 
-def additive_encoding(kind: str, dim: int, max_positions: int, base: float) -> nn.Module:
-    """The module that adds absolute positions to embeddings (no-op for none / rope / alibi)."""
-    if kind == "sinusoidal":
-        return SinusoidalEncoding(dim, max_positions, base)
-    if kind == "learned":
-        return LearnedEncoding(dim, max_positions)
-    return NoEncoding()
+def positional_kind(name: str) -> PositionalKind:
+    """The kind `name` names: one kind, or kinds with different parts joined by '+'; ValueError otherwise."""
+    names = name.split("+")
+    unknown = [n for n in names if n not in POSITIONAL]
+    if unknown:
+        raise ValueError(
+            f"unknown kind {unknown[0]!r}; known: {', '.join(POSITIONAL)}; kinds that add different parts "
+            "join with '+' (e.g. alibi+sinusoidal)"
+        )
+    kinds = [POSITIONAL[n] for n in names]
+    parts = [kind.parts() for kind in kinds]
+    if len(kinds) > 1 and (not all(parts) or len(set().union(*parts)) < sum(map(len, parts))):
+        raise ValueError(
+            f"{name!r}: join kinds that each add a different part ({', '.join(PARTS)}), e.g. alibi+sinusoidal"
+        )
+    merged = {part: next((getattr(k, part) for k in kinds if getattr(k, part)), None) for part in PARTS}
+    return PositionalKind(**merged, bounded=any(k.bounded for k in kinds))
+
+
+def check_fits(cfg: ModelConfig) -> None:
+    """What the kind needs of the rest of the config; ValueError naming the key otherwise."""
+    if positional_kind(cfg.pos_encoding).rotary is not None and (cfg.d_model // cfg.heads) % 2:
+        raise ValueError(
+            f"pos_encoding: {cfg.pos_encoding} rotates pairs of features and needs an even head dimension "
+            f"(d_model/heads={cfg.d_model // cfg.heads})"
+        )
+
+
+def build_positions(cfg: ModelConfig) -> nn.Module:
+    """The Transformer's positional parts as one module (models/positional_layers.Positions)."""
+    from models import positional_layers as layers  # torch: kept out of config checks
+
+    kind = positional_kind(cfg.pos_encoding)
+    makers = {part: getattr(kind, part) for part in PARTS}
+    return layers.Positions(**{part: make(layers, cfg) if make else None for part, make in makers.items()})

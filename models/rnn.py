@@ -16,8 +16,9 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from models.attention import ScoreAttention, make_score
+from models.attention import ScoreAttention
 from models.config import ModelConfig
+from models.scores import make_score
 
 
 class Encoder(nn.Module):

@@ -1,9 +1,9 @@
 """Encoder-decoder Transformer (Vaswani et al. 2017) with every part switchable.
 
 Each switch in ModelConfig is resolved to a module (or nn.Identity) here in __init__, so forward reads
-straight through: scale -> MultiHeadAttention.scale, pos_encoding -> the added encoding / Rotary / ALiBi,
-norm -> where the LayerNorms sit, residual -> Sublayer.residual, causal_mask / cross_attention ->
-DecoderLayer, qkv_projections -> Identity projections in MultiHeadAttention.
+straight through: scale -> MultiHeadAttention.scale, pos_encoding -> Positions (models/positional.py),
+norm -> where the LayerNorms sit, residual -> Sublayer.residual, ffn -> the feed-forward Sublayer or Skip,
+causal_mask / cross_attention -> DecoderLayer, qkv_projections -> Identity projections in MultiHeadAttention.
 
 With `cross_attention: false` nothing of the source reaches the decoder: it is a language model of the
 target, the control that shows how much a task needs the source (no encoder layers are built).
@@ -19,7 +19,7 @@ from torch import nn
 
 from models.attention import MultiHeadAttention
 from models.config import ModelConfig
-from models.positional import ALiBi, Rotary, additive_encoding
+from models.positional import build_positions
 
 Cache = dict[str, torch.Tensor]  # one decoder layer's keys and values (B, H, L, Dh) for incremental decoding
 SELF_CACHE = ("self_k", "self_v")
@@ -55,6 +55,17 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
         return self.net(x), None
+
+
+class Skip(nn.Module):
+    """A removed sublayer: the stream passes unchanged."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return x, None
+
+
+def feed_forward(cfg: ModelConfig) -> nn.Module:
+    return Sublayer(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout), cfg) if cfg.ffn else Skip()
 
 
 class SelfAttention(nn.Module):
@@ -107,7 +118,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, make_attention):
         super().__init__()
         self.self_attn = Sublayer(SelfAttention(make_attention(), causal=False), cfg)
-        self.ff = Sublayer(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout), cfg)
+        self.ff = feed_forward(cfg)
 
     def forward(self, x, padding, need_weights=False):
         x, weights = self.self_attn(x, padding, need_weights)
@@ -122,7 +133,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn = (
             Sublayer(CrossAttention(make_attention(positional=False)), cfg) if cfg.cross_attention else None
         )
-        self.ff = Sublayer(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout), cfg)
+        self.ff = feed_forward(cfg)
 
     def forward(self, x, padding, memory, memory_padding, need_weights=False, cache: Cache | None = None):
         x, self_weights = self.self_attn(x, padding, need_weights, cache)
@@ -147,18 +158,15 @@ class Transformer(nn.Module):
         self.src_embed = nn.Embedding(src_vocab, d, padding_idx=pad_id)
         self.tgt_embed = nn.Embedding(tgt_vocab, d, padding_idx=pad_id)
         self.embed_scale = math.sqrt(d) if cfg.embed_scale else 1.0
-        self.pos_encoding = additive_encoding(cfg.pos_encoding, d, cfg.max_positions, cfg.pos_base)
+        self.positions = build_positions(cfg)
         self.embed_dropout = nn.Dropout(cfg.dropout)
 
-        rotary = Rotary(d // cfg.heads, cfg.pos_base) if cfg.pos_encoding == "rope" else None
-        alibi = ALiBi(cfg.heads) if cfg.pos_encoding == "alibi" else None
-
         def make_attention(positional: bool = True) -> MultiHeadAttention:
-            # Relative positions (RoPE, ALiBi) act within a sequence; cross-attention gets neither.
+            # Relative positions act within a sequence; cross-attention gets none.
+            slots = (self.positions.rotary, self.positions.score_bias) if positional else (None, None)
             return MultiHeadAttention(
-                d, cfg.heads, cfg.dropout, cfg.scale_factor, cfg.qkv_projections,
-                rotary=rotary if positional else None, alibi=alibi if positional else None,
-            )  # fmt: skip
+                d, cfg.heads, cfg.dropout, cfg.scale_factor, cfg.qkv_projections, *slots
+            )
 
         # Without cross-attention no encoder layer could reach the decoder: none is built or run.
         encoder_layers = cfg.layers if cfg.cross_attention else 0
@@ -175,14 +183,14 @@ class Transformer(nn.Module):
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
-            if p.dim() > 1 and "pos_encoding" not in name:
+            if p.dim() > 1 and not name.startswith("positions."):
                 nn.init.xavier_uniform_(p)
         with torch.no_grad():  # xavier overwrote the zero vector nn.Embedding keeps for padding
             self.src_embed.weight[self.pad_id] = 0.0
             self.tgt_embed.weight[self.pad_id] = 0.0
 
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        return self.embed_dropout(self.pos_encoding(embedding(tokens) * self.embed_scale, offset))
+        return self.embed_dropout(self.positions.embed(embedding(tokens) * self.embed_scale, offset))
 
     def encode(self, src: torch.Tensor, need_weights: bool = False):
         """src (B, S) -> memory (B, S, D), padding (B, S) True for real tokens, per-layer weights."""

@@ -8,6 +8,9 @@ trial is never counted twice."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
@@ -15,13 +18,45 @@ from scipy import stats as sps
 LEVEL = 0.95
 
 
-def variant_values(df: pd.DataFrame, metric: str) -> dict[str, np.ndarray]:
-    """Variant -> its finite metric values, one per seed, from completed trials."""
+def seed_values(df: pd.DataFrame, metric: str) -> dict[str, pd.Series]:
+    """Variant -> its finite metric values indexed by seed, from completed trials."""
     if metric not in df:
         return {}
     done = df[(df["state"] == "COMPLETE") & np.isfinite(pd.to_numeric(df[metric], errors="coerce"))]
     done = done.sort_values("trial").drop_duplicates(["variant", "seed"], keep="last")
-    return {v: g[metric].to_numpy(dtype=float) for v, g in done.groupby("variant", sort=False)}
+    return {v: g.set_index("seed")[metric].astype(float) for v, g in done.groupby("variant", sort=False)}
+
+
+def variant_values(df: pd.DataFrame, metric: str) -> dict[str, np.ndarray]:
+    """Variant -> its finite metric values, one per seed, from completed trials."""
+    return {v: s.to_numpy() for v, s in seed_values(df, metric).items()}
+
+
+@dataclass(frozen=True)
+class MetricRange:
+    """The values a metric can take: [low, high], either end possibly infinite."""
+
+    low: float = -math.inf
+    high: float = math.inf
+
+
+UNBOUNDED = MetricRange()
+# The one list of metric ranges, by the name after the split ("test/seq_acc" -> "seq_acc"); a name ending in
+# "_" covers every metric it begins (rank_collapse_encoder, rank_collapse_decoder).
+METRIC_RANGES = {
+    "seq_acc": MetricRange(0.0, 1.0), "tok_acc": MetricRange(0.0, 1.0), "aer": MetricRange(0.0, 1.0),
+    "rank_collapse_": MetricRange(0.0, 1.0), "bleu": MetricRange(0.0, 100.0), "chrf": MetricRange(0.0, 100.0),
+    "loss": MetricRange(0.0), "ppl": MetricRange(1.0),
+}  # fmt: skip
+
+
+def metric_range(metric: str) -> MetricRange:
+    """The range of a metric named `split/name` (or a bare name); unknown metrics are unbounded."""
+    name = metric.rsplit("/", 1)[-1]
+    for key, value in METRIC_RANGES.items():
+        if name == key or (key.endswith("_") and name.startswith(key)):
+            return value
+    return UNBOUNDED
 
 
 def _t_interval(estimate: float, groups: list[np.ndarray], scale: float, level: float) -> tuple[float, float]:

@@ -58,8 +58,7 @@ CASES = {
     ),
     "unknown task": lambda d: (
         ["train", "--set", "task.name=translate", "--out", "{out}"],
-        "task.name: Input should be 'copy', 'reverse', 'sort', 'addition', 'recall', 'synth_mt', 'scan' or "
-        "'parallel' (got 'translate')",
+        "task.name: unknown task 'translate'; known: copy, reverse, sort, addition, recall, synth_mt, scan, parallel",
     ),
     "unknown preset": lambda d: (
         ["train", "--preset", "gpt", "--out", "{out}"],

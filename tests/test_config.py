@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config import ConfigError, build_config, load_config, parse_override
+from harness.config import ConfigError, accepted_values, build_config, load_config, parse_override
 from models.config import PRESETS, ModelConfig
+from models.positional import POSITIONAL
+from models.scores import SCORES
 
 
 def error_of(tree: dict, overrides: dict | None = None) -> str:
@@ -47,6 +49,31 @@ def test_preset_then_overrides_win():
     assert (cfg.model.norm, cfg.model.heads, cfg.model.d_model) == ("pre", 2, 32)
     assert ModelConfig.from_name("lstm-bahdanau").attention == "additive"
     assert {"lstm", "lstm-bahdanau", "lstm-luong-dot", "transformer", "transformer-pre-ln"} <= set(PRESETS)
+
+
+def test_presets_resolve_in_one_place():
+    for name in PRESETS:
+        assert build_config({"preset": name}).model == ModelConfig.from_name(name)
+    assert error_of({"preset": "gpt5"}) == f"preset: unknown preset 'gpt5'; known: {', '.join(PRESETS)}"
+
+
+def test_lstm_scores_the_config_accepts_are_the_registry():
+    for name in ["none", *SCORES]:
+        assert build_config({"preset": "lstm"}, {"model.attention": name}).model.attention == name
+    known = ", ".join(repr(n) for n in ["none", *SCORES][:-1]) + f" or {list(SCORES)[-1]!r}"
+    assert (
+        error_of({}, {"model.attention": "dotty"})
+        == f"model.attention: Input should be {known} (got 'dotty')"
+    )
+
+
+def test_accepted_values_name_every_key_with_its_choices():
+    accepts = accepted_values()
+    assert set(accepts) == set(build_config({}).flat())
+    assert accepts["model.norm"] == "post | pre | none | rms_pre"
+    assert accepts["model.attention"] == " | ".join(["none", *SCORES])
+    assert accepts["model.pos_encoding"].startswith(" | ".join(POSITIONAL) + ", or kinds")
+    assert (accepts["model.scale"], accepts["task.test_max_len"]) == ("sqrt | none | float", "int | None")
 
 
 def test_scale_accepts_keyword_or_number():

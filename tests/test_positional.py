@@ -1,13 +1,18 @@
 """Positional encodings against their definitions: the lectures' sinusoid table, RoPE's relative
-property, ALiBi's slopes, and what each does past the positions it was built or trained for."""
+property, ALiBi's slopes, what each does past the positions it was built or trained for, ALiBi's blindness
+to mirror images, and the registry of kinds."""
 
 import math
+import re
 
 import pytest
 import torch
 
 from models.config import ModelConfig
-from models.positional import ALiBi, LearnedEncoding, Rotary, SinusoidalEncoding, sinusoidal_table
+from models.decoding import greedy_decode
+from models.module import BOS_ID, EOS_ID
+from models.positional import POSITIONAL, PositionalKind
+from models.positional_layers import ALiBi, LearnedEncoding, Rotary, SinusoidalEncoding, sinusoidal_table
 from models.transformer import Transformer
 
 
@@ -22,7 +27,7 @@ def test_sinusoidal_table_matches_the_lectures():
 
 def test_pos_base_reaches_the_model_table():
     model = Transformer(ModelConfig(d_model=4, heads=2, pos_base=100.0), 8, 8)
-    torch.testing.assert_close(model.pos_encoding.table[:4], sinusoidal_table(4, 4, base=100.0))
+    torch.testing.assert_close(model.positions.embedding.table[:4], sinusoidal_table(4, 4, base=100.0))
 
 
 def test_sinusoidal_odd_dimension_and_growth_past_the_table():
@@ -97,3 +102,123 @@ def test_alibi_bias_is_minus_slope_times_distance_with_queries_last():
     torch.testing.assert_close(bias[0], -(2.0**-4) * (i - j).abs().float())  # 2 heads: 2^-4, 2^-8
     # One query after three cached keys is position 3: the last row of the full bias.
     torch.testing.assert_close(alibi(1, 4), bias[:, 3:])
+
+
+# --- ALiBi and mirror images ------------------------------------------------------------------------------
+
+
+def mirror_pair(heads: int = 4) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Two sources (the second padded) and their mirror images: each row's tokens, EOS included, in reverse
+    order, padding left in place; with the real lengths."""
+    src = torch.tensor([[5, 6, 7, 8, 9, 10, EOS_ID], [9, 4, 11, 6, EOS_ID, 0, 0]])
+    lengths = [7, 5]
+    mirrored = src.clone()
+    for row, n in enumerate(lengths):
+        mirrored[row, :n] = src[row, :n].flip(0)
+    return src, mirrored, lengths
+
+
+def mirror_model(pos_encoding: str) -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, heads=4, layers=2, d_ff=32, dropout=0.0, pos_encoding=pos_encoding)
+    return Transformer(cfg, 12, 12).double().eval()
+
+
+def test_alibi_alone_gives_the_same_output_for_a_source_and_its_mirror_image():
+    """The encoder bias -m|i - j| is the same for positions i, j and for their mirror images n-1-i, n-1-j;
+    nothing is added to the embeddings; cross-attention is a weighted sum over an unordered set of memory
+    vectors. So reflecting a source reflects the encoder's outputs and leaves every decoder output as it
+    was. Real sources end in EOS: a source and its reverse differ only in where EOS sits, and that is all
+    the model has to tell them apart."""
+    model = mirror_model("alibi")
+    src, mirrored, lengths = mirror_pair()
+    memory, _, _ = model.encode(src)
+    memory_mirrored, _, _ = model.encode(mirrored)
+    for row, n in enumerate(lengths):
+        torch.testing.assert_close(memory_mirrored[row, :n], memory[row, :n].flip(0), rtol=0, atol=1e-12)
+    tgt_in = torch.tensor([[BOS_ID, 10, 9, 8, 7], [BOS_ID, 6, 11, 4, 9]])
+    torch.testing.assert_close(model(mirrored, tgt_in), model(src, tgt_in), rtol=0, atol=1e-12)
+    decoded = greedy_decode(model, src, BOS_ID, EOS_ID, 0, max_len=9)
+    torch.testing.assert_close(greedy_decode(model, mirrored, BOS_ID, EOS_ID, 0, max_len=9), decoded)
+    # Order is not invisible: with EOS kept last, the reversed tokens are no mirror image and read differently.
+    reversed_eos_last = src.clone()
+    for row, n in enumerate(lengths):
+        reversed_eos_last[row, : n - 1] = src[row, : n - 1].flip(0)
+    gap = (model(reversed_eos_last, tgt_in) - model(src, tgt_in)).abs().amax(-1)
+    assert (gap > 1e-4).all(), gap
+
+
+@pytest.mark.parametrize("pos_encoding", ["alibi+sinusoidal", "alibi+learned", "sinusoidal", "rope"])
+def test_absolute_positions_beside_alibi_and_other_kinds_see_mirror_images(pos_encoding):
+    model = mirror_model(pos_encoding)
+    src, mirrored, _ = mirror_pair()
+    tgt_in = torch.tensor([[BOS_ID, 10, 9, 8, 7], [BOS_ID, 6, 11, 4, 9]])
+    gap = (model(mirrored, tgt_in) - model(src, tgt_in)).abs().amax(-1)  # (B, T)
+    assert (gap > 1e-4).all(), gap
+
+
+# --- the registry: one list of kinds, one dispatch point ---------------------------------------------------
+
+
+def test_joined_kinds_take_each_part_from_the_kind_that_has_it():
+    model = Transformer(ModelConfig(d_model=8, heads=2, pos_encoding="alibi+sinusoidal"), 9, 9)
+    attention = model.encoder[0].self_attn.fn.attn
+    assert isinstance(model.positions.embedding, SinusoidalEncoding)
+    assert isinstance(attention.score_bias, ALiBi) and attention.rotary is None
+    cross = model.decoder[0].cross_attn.fn.attn
+    assert cross.score_bias is None and cross.rotary is None  # relative positions stay inside a sequence
+    alone = Transformer(ModelConfig(d_model=8, heads=2, pos_encoding="alibi"), 9, 9)
+    x = torch.randn(1, 3, 8)
+    torch.testing.assert_close(alone.positions.embed(x), x)
+    torch.testing.assert_close(model.positions.embed(x), x + sinusoidal_table(3, 8))
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("wavelet", "unknown kind 'wavelet'; known: none, sinusoidal, learned, rope, alibi;"),
+        (
+            "sinusoidal+learned",
+            "'sinusoidal+learned': join kinds that each add a different part (embedding, ",
+        ),
+        ("alibi+alibi", "'alibi+alibi': join kinds that each add a different part"),
+        ("none+alibi", "'none+alibi': join kinds that each add a different part"),
+    ],
+)
+def test_pos_encoding_accepts_the_registry_names_and_joins_of_different_parts(name, message):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        ModelConfig(pos_encoding=name)
+    for accepted in [*POSITIONAL, "alibi+sinusoidal", "rope+learned", "rope+alibi"]:
+        ModelConfig(pos_encoding=accepted)
+
+
+@pytest.mark.parametrize(
+    "model, limits",
+    [
+        (dict(pos_encoding="learned"), (6, 6)),
+        (dict(pos_encoding="alibi+learned"), (6, 6)),
+        (dict(pos_encoding="alibi+sinusoidal"), (None, None)),
+        (dict(pos_encoding="rope"), (None, None)),
+        (dict(arch="lstm", attention="location"), (6, None)),
+        (dict(arch="lstm", attention="additive"), (None, None)),
+    ],
+)
+def test_position_limits_come_from_the_kind(model, limits):
+    assert ModelConfig(max_positions=6, **model).position_limits == limits
+
+
+def test_a_kind_added_to_the_registry_reaches_config_and_model(monkeypatch):
+    """Adding a kind is one registry entry (and its layer): the config accepts it, the model builds it."""
+    doubled = PositionalKind(embedding=lambda layers, cfg: Doubling())
+    monkeypatch.setitem(POSITIONAL, "doubled", doubled)
+    model = Transformer(ModelConfig(d_model=8, heads=2, pos_encoding="doubled+alibi"), 9, 9)
+    x = torch.randn(1, 3, 8)
+    torch.testing.assert_close(model.positions.embed(x), 2 * x)
+    assert isinstance(model.encoder[0].self_attn.fn.attn.score_bias, ALiBi)
+
+
+class Doubling(torch.nn.Module):
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return 2 * x

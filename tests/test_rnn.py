@@ -11,9 +11,10 @@ import torch.nn.functional as F
 
 from harness.config import ConfigError, load_config
 from models import build_model
-from models.attention import MultiHeadAttention, ScoreAttention, make_score
+from models.attention import MultiHeadAttention, ScoreAttention
 from models.config import PRESETS, ModelConfig
 from models.decoding import beam_search, greedy_decode
+from models.scores import make_score
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,6 +1,7 @@
 """Task registry: `build_task(cfg.task, seed)` gives a TaskData with train / valid / test / test_long.
 
-TASKS maps each task name to (builder, one line on what it is and which task.* options it reads)."""
+TASKS maps each task name to (builder, one line on what it is and which task.* options it reads); it is
+the one list of names `task.name` accepts."""
 
 from __future__ import annotations
 
@@ -42,15 +43,22 @@ TASKS: dict[str, tuple[Callable[[TaskConfig, int], TaskData], str]] = {
         "hf_config, tokenizer (char | word | bpe), bpe_vocab_size, min_tokens, max_tokens, max_examples, n_valid/n_test",
     ),
 }
+# What a task's data carries beyond token pairs, known before any is built (the metrics a study may name
+# depend on it): text scored with BLEU / chrF (TaskData.is_text), gold word alignments (Example.alignment).
+TEXT_TASKS = frozenset({"synth_mt", "parallel"})
+ALIGNED_TASKS = frozenset({"copy", "reverse", "sort", "recall", "synth_mt"})
+# Tasks whose lengths come from task.min_len / max_len / test_max_len (test_long beyond max_len).
+GENERATED_TASKS = frozenset({"copy", "reverse", "sort", "addition", "recall", "synth_mt"})
 
 
 def build_task(cfg: TaskConfig, seed: int) -> TaskData:
-    if cfg.name not in TASKS:
-        raise ConfigError(f"task.name: task {cfg.name!r} is not available; known: {', '.join(TASKS)}")
+    """The task cfg.name names (TaskConfig accepts only TASKS' names)."""
     data = TASKS[cfg.name][0](cfg, seed)
     if not data.splits["train"]:
         raise ConfigError(f"task.name: {cfg.name} produced no training examples")
     return data
 
 
-__all__ = ["SPLITS", "TASKS", "Example", "TaskData", "Vocab", "build_task"]
+__all__ = [
+    "ALIGNED_TASKS", "GENERATED_TASKS", "SPLITS", "TASKS", "TEXT_TASKS", "Example", "TaskData", "Vocab", "build_task",
+]  # fmt: skip

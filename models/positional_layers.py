@@ -1,0 +1,134 @@
+"""The layers of the positional kinds (models/positional.py names them): sinusoidal / learned added to
+embeddings, Rotary (rotates q and k), ALiBi (a per-head linear bias on attention scores), and `Positions`,
+one Transformer's parts together.
+
+Every layer takes an `offset`, the absolute position of the first element, so incremental decoding
+(one new token at position t) sees exactly the positions that full decoding does.
+
+Beyond the training lengths: sinusoidal, rope and alibi are functions of the position and extend to any
+length. Learned positions have one trained vector per position up to `model.max_positions`; positions
+the training data never reached keep their initial random vectors (which is what the test_long split
+measures), and a position past the table has no vector at all, so it is an error naming the key to
+raise rather than a silent reuse of another position's vector.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def sinusoidal_table(positions: int, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(p / base^(2i/d)); shape (positions, dim)."""
+    pos = torch.arange(positions, dtype=torch.float64).unsqueeze(1)
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    table = torch.zeros(positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv_freq)
+    table[:, 1::2] = torch.cos(pos * inv_freq)[:, : dim // 2]  # an odd dim has one sine more than cosines
+    return table.float()
+
+
+class SinusoidalEncoding(nn.Module):
+    """Adds the fixed sinusoid of Vaswani et al. 2017 to (B, T, D) embeddings; the table grows on demand."""
+
+    def __init__(self, dim: int, max_positions: int, base: float = 10000.0):
+        super().__init__()
+        self.base = base
+        self.register_buffer("table", sinusoidal_table(max_positions, dim, base), persistent=False)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        end = offset + x.size(1)
+        if end > self.table.size(0):
+            self.table = sinusoidal_table(2 * end, self.table.size(1), self.base).to(self.table)
+        return x + self.table[offset:end]
+
+
+class LearnedEncoding(nn.Module):
+    """A trained vector per absolute position, up to max_positions (see the module docstring)."""
+
+    def __init__(self, dim: int, max_positions: int):
+        super().__init__()
+        self.embedding = nn.Embedding(max_positions, dim)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        end = offset + x.size(1)
+        if end > self.embedding.num_embeddings:
+            raise ValueError(
+                f"model.max_positions: learned positions cover {self.embedding.num_embeddings} positions, "
+                f"a sequence reached position {end}; raise model.max_positions"
+            )
+        return x + self.embedding.weight[offset:end]
+
+
+class NoEncoding(nn.Module):
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return x
+
+
+class Rotary(nn.Module):
+    """RoPE (Su et al. 2021): rotates each pair (x_i, x_{i+d/2}) of q and k by position * theta_i,
+    theta_i = base^(-2i/d), so q_m·k_n depends on m - n only."""
+
+    def __init__(self, head_dim: int, base: float = 10000.0):
+        super().__init__()
+        self.head_dim, self.base = head_dim, base
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """x (B, H, T, Dh) whose first position is `offset`."""
+        # Angles in float32 whatever x's dtype: a bf16 frequency is off by tenths of a radian by position 100.
+        exponents = torch.arange(0, self.head_dim, 2, device=x.device, dtype=torch.float32) / self.head_dim
+        t = torch.arange(offset, offset + x.size(-2), device=x.device, dtype=torch.float32)
+        angles = torch.outer(t, self.base**-exponents)  # (T, Dh/2)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class ALiBi(nn.Module):
+    """Press et al. 2022: score bias -m_h * |i - j| with geometric head slopes; no embedding at all.
+
+    The distance is symmetric, so the same bias serves the bidirectional encoder; under a causal mask it
+    is the paper's -m_h * (i - j)."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.register_buffer("slopes", self.slopes_for(heads), persistent=False)
+
+    @staticmethod
+    def slopes_for(heads: int) -> torch.Tensor:
+        """2^(-8/n), 2^(-16/n), ... for n a power of two; otherwise the nearest lower power of two's
+        slopes, then every other slope of the next power of two (the paper's recipe)."""
+
+        def power_of_two(n: int) -> list[float]:
+            start = 2 ** (-8 / n)
+            return [start ** (i + 1) for i in range(n)]
+
+        closest = 2 ** math.floor(math.log2(heads))
+        extra = power_of_two(2 * closest)[0::2][: heads - closest]
+        return torch.tensor(power_of_two(closest) + extra)
+
+    def forward(self, q_len: int, k_len: int) -> torch.Tensor:
+        """(H, q_len, k_len) additive bias; the queries are the last q_len of the k_len positions."""
+        i = torch.arange(k_len - q_len, k_len, device=self.slopes.device).unsqueeze(1)
+        j = torch.arange(k_len, device=self.slopes.device).unsqueeze(0)
+        distance = (i - j).abs().to(self.slopes.dtype)
+        return -self.slopes.view(-1, 1, 1) * distance
+
+
+class Positions(nn.Module):
+    """One Transformer's positional parts, resolved once (models/positional.build_positions):
+
+    embed(x (B, L, D), offset) adds absolute positions to embeddings (x itself when the kind has none);
+    `rotary` and `score_bias` are what self-attention takes in its generic slots (None when absent):
+    rotary(x (B, H, L, Dh), offset) -> x rotated, score_bias(q_len, k_len) -> (H, q_len, k_len)."""
+
+    def __init__(self, embedding: nn.Module | None, rotary: nn.Module | None, score_bias: nn.Module | None):
+        super().__init__()
+        self.embedding = embedding if embedding is not None else NoEncoding()
+        self.rotary, self.score_bias = rotary, score_bias
+
+    def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return self.embedding(x, offset)

@@ -1,0 +1,45 @@
+"""The recurrent family's score functions by name: the one list `model.attention` accepts (besides `none`,
+the fixed-length bottleneck), each with how it is built from its class in models/attention.py.
+
+Adding a score: its class in models/attention.py and one entry in SCORES. This module imports no torch
+(config checks read it); `make_score` loads the classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+@dataclass(frozen=True)
+class ScoreKind:
+    # (models.attention, d_model, heads, max_positions) -> the score module
+    build: Callable[[ModuleType, int, int, int], nn.Module]
+    bounded: bool = False  # scores at most model.max_positions source positions
+
+    def max_length(self, max_positions: int) -> int | None:
+        """The longest source it can score; None when any length works."""
+        return max_positions if self.bounded else None
+
+
+SCORES: dict[str, ScoreKind] = {
+    "additive": ScoreKind(lambda a, d, h, n: a.AdditiveScore(d, h)),  # Bahdanau et al. 2015
+    "dot": ScoreKind(lambda a, d, h, n: a.DotScore(h)),  # Luong et al. 2015, like general and concat
+    "general": ScoreKind(lambda a, d, h, n: a.GeneralScore(d, h)),
+    "concat": ScoreKind(lambda a, d, h, n: a.ConcatScore(d, h)),
+    "location": ScoreKind(lambda a, d, h, n: a.LocationScore(d, h, n), bounded=True),
+    "cosine": ScoreKind(lambda a, d, h, n: a.CosineScore(d, h)),  # Graves et al. 2014
+    "scaled_dot": ScoreKind(lambda a, d, h, n: a.DotScore(h, scale=(d // h) ** -0.5)),  # Vaswani et al. 2017
+}
+
+
+def make_score(kind: str, d_model: int, heads: int, max_positions: int) -> nn.Module:
+    """The score module named by `model.attention`."""
+    from models import attention  # torch: kept out of config checks
+
+    return SCORES[kind].build(attention, d_model, heads, max_positions)
