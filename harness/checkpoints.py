@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
+import torch
 from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -30,17 +33,21 @@ BEST_FILE = f"{BEST_CHECKPOINT}.ckpt"
 class Preempted(Exception):
     """A stop signal arrived; the trial's state at `step` is saved and it can go back to the queue."""
 
-    def __init__(self, signum: signals.signal.Signals, step: int):
+    def __init__(self, signum: signal.Signals, step: int):
         super().__init__(f"{signum.name} at step {step}")
         self.signum, self.step = signum, step
 
 
 class Checkpointer(L.Callback):
-    """Saves the full training state every `every` steps (0: only when stopped by a signal) after the step's
-    optimizer update, hands it to `publish`, and raises Preempted once a stop signal was received.
+    """Saves the full training state every `every` steps (0: only when stopped by a signal), hands it to
+    `publish`, and raises Preempted once a stop signal was received. A periodic step that validates is
+    saved after its validation: a resumed run does not validate that step again, and its history and best
+    checkpoint must hold it. A signal cannot wait for that validation (Lightning stops right after the step
+    on SIGTERM), so a run stopped at a validating step lacks that one validation; its training is the same.
 
     Its own checkpoint state is the RNG states (Lightning's checkpoint holds none), so dropout continues
-    the same stream from the first resumed step; on resume it makes the training sampler skip the batches the epoch already used."""
+    the same stream from the first resumed step; on resume it makes the training sampler skip the batches
+    the epoch already used."""
 
     def __init__(self, directory: Path, every: int, publish: Callable[[Path, int], None] | None = None):
         self.directory, self.every, self.publish = Path(directory), every, publish
@@ -60,7 +67,7 @@ class Checkpointer(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, stop = trainer.global_step, signals.received()
         periodic = self.every and step % self.every == 0 and step < trainer.max_steps
-        loop = trainer.fit_loop.epoch_loop
+        loop = trainer.fit_loop.epoch_loop  # whether this step validates: Lightning's own (private) rule
         if periodic and not stop and loop._should_check_val_fx(trainer.fit_loop._data_fetcher):
             self.after_validation = True
         elif stop or periodic:
@@ -82,10 +89,15 @@ class Checkpointer(L.Callback):
             self.publish(self.directory, trainer.global_step)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": _collect_rng_states()}
+        rng = _collect_rng_states()
+        # numpy's key array as a tensor: the checkpoint stays loadable with torch.load(weights_only=True).
+        name, keys, *rest = rng["numpy"]
+        return {"rng": {**rng, "numpy": (name, torch.from_numpy(keys.astype(np.int64)), *rest)}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.restored_rng = state_dict["rng"]
+        rng = state_dict["rng"]
+        name, keys, *rest = rng["numpy"]
+        self.restored_rng = {**rng, "numpy": (name, keys.numpy().astype(np.uint32), *rest)}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # Restored here, not on load: whatever Lightning does before the first resumed step stays out of it.

@@ -370,7 +370,7 @@ def run_trial(
         trainer = build_trainer(
             cfg, [*own, *(callbacks or [])], loggers, progress, len(dm.train_dataloader()), root
         )
-        trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=False)
+        trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=True)
         if not cfg.train.keep_checkpoints:
             (ckpt_dir / artifacts.RESUME_CHECKPOINT).unlink(missing_ok=True)
         # The full state (optimizer, schedule, loops), not only the weights: the last checkpoint can resume.

@@ -198,6 +198,8 @@ class Worker:
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
             if claimed:
+                # A trial queued again keeps its old heartbeat, stale at once: beat before anyone looks.
+                self.storage.record_heartbeat(frozen._trial_id)
                 return Claim(study, optuna.Trial(study, frozen._trial_id), phase, variant)
         return None
 
