@@ -9,10 +9,16 @@ that reads them both go through here.
         trials/eval/<NNNN>/         one folder per trial (trial_dir); tune trials under trials/tune/<variant>/
             config.json             the trial's full config
             metrics.json            metrics, history, per-length accuracy, cost
-            checkpoints/{best,last}.ckpt
+            checkpoints/{best,last}.ckpt   best: weights only; last: full state, to train on
+            checkpoints/resume.ckpt     the periodic full state a retried trial resumes from (while it runs)
             attention/probe<i>_<split>.npz    AttentionSample.save / load
             attention/probe<i>_<split>.png    its heatmap (reports.attention), shown by optuna-dashboard
             data/                   vocabularies and tokenizers
+
+The artifact store is that folder, or with `--artifacts s3://bucket/prefix` an S3-compatible bucket
+(<prefix>/<study>/<artifact id>; endpoint from AWS_ENDPOINT_URL, credentials from the usual AWS variables,
+which boto3 reads itself: nothing here sees or writes them), so workers on machines without a shared
+filesystem, and `ablate report` anywhere, meet the same files.
 
 Paths take plain names (a folder name, a phase, a trial number), so nothing here depends on the study spec.
 Numpy only besides Optuna's artifact store: reading artifacts needs no torch."""
@@ -31,6 +37,7 @@ METRICS = "metrics.json"
 CHECKPOINTS = "checkpoints"
 BEST_CHECKPOINT = "best"  # ModelCheckpoint's filename, without .ckpt
 LAST_CHECKPOINT = "last.ckpt"
+RESUME_CHECKPOINT = "resume.ckpt"
 ATTENTION = "attention"
 DATA = "data"
 
@@ -62,12 +69,41 @@ def attention_file(index: int, split: str, suffix: str = ".npz") -> str:
     return f"{ATTENTION}/probe{index}_{split}{suffix}"
 
 
-def artifact_store(slug: str, runs_root: str | Path = "runs") -> FileSystemArtifactStore:
+def artifact_store(slug: str, runs_root: str | Path = "runs", location: str | None = None):
     """Per-trial files (metrics and history, per-length results, attention samples, checkpoints) live in
-    an Optuna FileSystemArtifactStore next to the study; trials record them in the storage."""
+    an Optuna artifact store, the study's folder's or the bucket `location` names; trials record them in the
+    storage."""
+    if location is not None:
+        bucket, prefix = parse_s3_url(location)
+        return prefixed_s3_store(bucket, f"{prefix}/{slug}".lstrip("/"))
     path = artifact_dir(slug, runs_root)
     path.mkdir(parents=True, exist_ok=True)
     return FileSystemArtifactStore(path)
+
+
+def parse_s3_url(location: str) -> tuple[str, str]:
+    """s3://bucket[/prefix] -> (bucket, prefix); ValueError naming what is wrong."""
+    bucket, _, prefix = location.removeprefix("s3://").partition("/")
+    if not location.startswith("s3://") or not bucket:
+        raise ValueError(f"expected s3://bucket/prefix (got {location!r})")
+    return bucket, prefix.strip("/")
+
+
+def prefixed_s3_store(bucket: str, prefix: str):
+    """Optuna's Boto3ArtifactStore with every artifact id under `prefix/` (it has no prefix of its own)."""
+    from optuna.artifacts import Boto3ArtifactStore
+
+    class PrefixedStore(Boto3ArtifactStore):
+        def open_reader(self, artifact_id: str):
+            return super().open_reader(f"{prefix}/{artifact_id}")
+
+        def write(self, artifact_id: str, content_body) -> None:
+            super().write(f"{prefix}/{artifact_id}", content_body)
+
+        def remove(self, artifact_id: str) -> None:
+            super().remove(f"{prefix}/{artifact_id}")
+
+    return PrefixedStore(bucket)
 
 
 def upload_trial_files(trial, folder: Path, store) -> dict[str, str]:

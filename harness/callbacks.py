@@ -79,6 +79,12 @@ class HistoryCallback(L.Callback):
             row = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
             self.rows.append({"step": trainer.global_step, **row})
 
+    def state_dict(self) -> dict:
+        return {"rows": self.rows}  # a resumed trial's history starts where the checkpoint's ended
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.rows = list(state_dict["rows"])
+
 
 def reset_peak_rss() -> None:
     """Restarts the kernel's peak-RSS count (Linux), so a long-lived worker reports each trial's own peak

@@ -23,6 +23,10 @@ RunsOption = Annotated[Path, typer.Option("--out", help="Root folder of study ou
 StorageOption = Annotated[
     str | None, typer.Option("--storage", help="SQLAlchemy URL (default: SQLite in runs/<study>/).")
 ]
+ArtifactsOption = Annotated[
+    str | None,
+    typer.Option("--artifacts", help="s3://bucket/prefix for trial files (default: runs/<study>/artifacts)."),
+]
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: key=value.")]
 
 
@@ -126,6 +130,7 @@ def sweep(
         typer.Option("--profile", help="Study-file profile, e.g. cpu or gpu (default: the first)."),
     ] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip the report at the end.")] = False,
+    artifacts: ArtifactsOption = None,
 ) -> None:
     """Tune (if the study says so) and run every variant x seed of a study, then write its report.
 
@@ -150,6 +155,7 @@ def sweep(
         if devices is not None and not gpus:
             raise ConfigError(f"--devices: expected GPU indices like 0,1 (got {devices!r})")
         mode = wandb_mode(wandb)
+        check_artifacts(artifacts)
         url = storage or default_storage_url(spec.slug, out)
         store = open_storage(url, heartbeat=spec.heartbeat)
         stored = prepare_study(spec, store)
@@ -161,7 +167,10 @@ def sweep(
             )
     except ConfigError as e:
         raise fail(str(e)) from None
+    from harness import signals
     from harness.workers import (  # Lightning: seconds to import, so after the checks
+        NO_SPACE_EXIT,
+        forward_signal,
         spawn_workers,
         worker_slots,
     )
@@ -170,26 +179,52 @@ def sweep(
     console.print(f"[bold]{spec.name}[/]: {len(spec.variant_overrides())} variants x {len(spec.seeds)} seeds"
                   f"{f', {spec.tune.trials} tune trials per variant' if spec.tune else ''}; "
                   f"{len(slots)} worker(s), storage {url}, W&B {mode}")  # fmt: skip
-    procs = spawn_workers(spec.name, url, out, mode, slots)
+    procs = spawn_workers(spec.name, url, out, mode, slots, artifacts)
+    signals.install(then=lambda signum: forward_signal(procs, signum))
     watch_workers(spec, store, procs)
+    if signals.received():
+        typer.echo(f"{signals.received().name}: workers checkpointed their trials and stopped; "
+                   "the same command resumes them", err=True)  # fmt: skip
+        raise typer.Exit(code=signals.exit_code(signals.received()))
+    if NO_SPACE_EXIT in [p.returncode for p in procs]:
+        typer.echo(f"error: --out: no space left on device under {out}; free some, then run the same command",
+                   err=True)  # fmt: skip
+        raise typer.Exit(code=1)
     crashed = [p.returncode for p in procs if p.returncode != 0]
     if crashed:
         console.print(f"[red]{len(crashed)} worker(s) exited with an error (codes {crashed})[/]")
     if not no_report:
         from reports.render import build_report
 
-        out_dir = build_report(spec, store, out, wandb_mode=mode)
+        out_dir = build_report(spec, store, out, wandb_mode=mode, artifact_location=artifacts)
         console.print(f"report: {out_dir / 'report.html'}")
     if crashed:
         raise typer.Exit(code=1)
 
 
+def check_artifacts(location: str | None) -> None:
+    """--artifacts: an s3:// URL with a bucket, and boto3 to reach it."""
+    from harness.artifacts import parse_s3_url
+
+    if location is None:
+        return
+    try:
+        parse_s3_url(location)
+    except ValueError as e:
+        raise ConfigError(f"--artifacts: {e}") from None
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        raise ConfigError("--artifacts: S3 needs boto3 (pip install 'ablate[s3]')") from None
+
+
 def watch_workers(spec, store, procs) -> None:
-    """A progress bar per phase until every worker has exited; Ctrl-C stops the workers cleanly."""
+    """A progress bar per phase until every worker has exited, or for at most 25 s after a stop signal."""
     import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from harness import signals
     from harness.study.queue import study_progress, time_left_s
     from harness.workers import stop_workers
 
@@ -216,11 +251,11 @@ def watch_workers(spec, store, procs) -> None:
                     progress.update(tasks[phase], completed=done, total=total, **fields)
                 if all(p.poll() is not None for p in procs):
                     return
+                if signals.received():
+                    break
                 time.sleep(2)
-    except KeyboardInterrupt:
-        console.print("interrupted: stopping workers (their trials will run again on resume)")
+    finally:
         stop_workers(procs)
-        raise
 
 
 @app.command()
@@ -235,9 +270,13 @@ def worker(
     no_report: Annotated[
         bool, typer.Option("--no-report", help="No report, even when this worker finishes the study.")
     ] = False,
+    artifacts: ArtifactsOption = None,
 ) -> None:
     """Join a study: run its queued trials until none is left (any machine that reaches the storage); the
-    worker that finishes the study's last trial writes its report."""
+    worker that finishes the study's last trial writes its report.
+
+    SIGTERM or Ctrl-C: the running trial checkpoints and waits again; the same command resumes it."""
+    from harness import signals
     from harness.artifacts import default_storage_url
     from harness.study.queue import prepare_study
     from harness.study.spec import load_study
@@ -254,6 +293,7 @@ def worker(
         spec, store = _stored_study("worker", study, storage, out)
     try:
         mode = wandb_mode(wandb)
+        check_artifacts(artifacts)
         store = open_storage(store.url, create_dir=False, heartbeat=spec.heartbeat)  # the study's periods
     except ConfigError as e:
         raise fail(str(e)) from None
@@ -261,13 +301,18 @@ def worker(
         import torch
 
         torch.set_num_threads(threads)
-    from harness.workers import run_worker
+    from harness.workers import NO_SPACE_EXIT, run_worker
 
-    finished = run_worker(spec, store, out, mode).finished_last
-    if finished and not no_report:
+    done = run_worker(spec, store, out, mode, artifacts)
+    if done.stopped:
+        typer.echo(f"worker: {done.stopped}", err=True)
+        received = signals.received()
+        raise typer.Exit(code=signals.exit_code(received) if received else NO_SPACE_EXIT)
+    if done.finished_last and not no_report:
         from reports.render import build_report
 
-        console.print(f"report: {build_report(spec, store, out, wandb_mode=mode) / 'report.html'}")
+        report = build_report(spec, store, out, wandb_mode=mode, artifact_location=artifacts)
+        console.print(f"report: {report / 'report.html'}")
 
 
 @app.command()
@@ -315,6 +360,7 @@ def dashboard(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the optuna-dashboard command instead of running it.")
     ] = False,
+    artifacts: ArtifactsOption = None,
 ) -> None:
     """optuna-dashboard on the study storage, with the trials' artifacts."""
     import shlex
@@ -338,8 +384,26 @@ def dashboard(
             storage = default_storage_url(slugify(_study_name(study)), out)
         if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
             raise ConfigError(f"storage {storage}: no such database")
+        check_artifacts(artifacts)
+        if artifacts and study is None:
+            raise ConfigError("--artifacts: name the study too (its files lie under the prefix by name)")
     except ConfigError as e:
         raise fail(str(e)) from None
+    if artifacts:
+        # optuna-dashboard's command line knows artifact folders only: serve the bucket from here.
+        from optuna_dashboard import run_server
+
+        from harness.artifacts import artifact_store
+
+        if dry_run:
+            print(
+                f"optuna_dashboard.run_server({storage!r}, host={host!r}, port={port}, artifacts={artifacts!r})"
+            )
+            return
+        console.print(f"optuna-dashboard on http://{host}:{port} (Ctrl-C to stop)")
+        run_server(storage, host=host, port=port,
+                   artifact_store=artifact_store(slugify(_study_name(study)), out, artifacts))  # fmt: skip
+        return
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
     command = [exe, storage, "--host", host, "--port", str(port)]
     if study is not None:
@@ -382,15 +446,20 @@ def report(
     report_dir: Annotated[
         Path | None, typer.Option("--report-dir", help="Where to write the report.")
     ] = None,
+    artifacts: ArtifactsOption = None,
 ) -> None:
-    """Rebuild a study's report from its storage."""
+    """Rebuild a study's report from its storage (and its trials' files in the artifact store)."""
     import time
 
     start = time.perf_counter()
     spec, store = _stored_study("report", study, storage, out)
+    try:
+        check_artifacts(artifacts)
+    except ConfigError as e:
+        raise fail(str(e)) from None
     from reports.render import build_report
 
-    out_dir = build_report(spec, store, out, report_dir)
+    out_dir = build_report(spec, store, out, report_dir, artifact_location=artifacts)
     console.print(f"report built in {time.perf_counter() - start:.1f} s: {out_dir / 'report.html'}")
 
 

@@ -1,4 +1,4 @@
-"""The private Optuna and optuna-integration attributes this project relies on, in one place.
+"""The private Optuna, optuna-integration and Lightning attributes this project relies on, in one place.
 
 Each has no public equivalent for what we need; tests/test_compat.py pins the behaviour each use assumes,
 so an upgrade that changes it fails there, by name, rather than somewhere inside a study."""
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import optuna
 
 if TYPE_CHECKING:  # reports use trial_id too, and must not load Lightning
+    import lightning as L
     from optuna_integration import PyTorchLightningPruningCallback
 
 
@@ -24,3 +25,10 @@ def pruning_trial(callback: PyTorchLightningPruningCallback) -> optuna.Trial:
     """The trial an optuna-integration pruning callback reports to. StepPruning reports at the global step
     instead of the epoch, and the callback keeps its trial only as `_trial`."""
     return callback._trial
+
+
+def validates_this_step(trainer: L.Trainer) -> bool:
+    """Whether the step that just ended is followed by a validation, by Lightning's own rule (val_every,
+    epoch ends, max_steps). A periodic checkpoint on such a step waits for it, so a resumed run holds that
+    validation; Lightning decides it in its epoch loop and exposes no public query."""
+    return trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)

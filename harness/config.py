@@ -101,6 +101,9 @@ class TrainConfig(OptimConfig):
     patience: PositiveInt | None = None  # validations without a better val/loss before stopping; None: never
     deterministic: bool = False
     val_every: PositiveInt = 250  # steps between validations
+    # Steps between full-state checkpoints a retried or preempted trial resumes from; 0: none.
+    checkpoint_every: int = Field(500, ge=0)
+    keep_checkpoints: bool = False  # keep a finished trial's resume checkpoint (else it is removed)
 
 
 class ExperimentConfig(BaseModel):

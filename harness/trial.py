@@ -1,8 +1,9 @@
 """One trial: ExperimentConfig -> data -> Seq2SeqModule -> Trainer.fit -> evaluation -> artifacts.
 
-Training keeps the checkpoint with the best val/loss (and writes the last one); the test splits are
-decoded once with that best checkpoint, loaded with weights_only=True, and every test metric comes from
-that pass (harness/evaluation.py). With `out_dir` the trial leaves its
+Training keeps the checkpoint with the best val/loss (and writes the last one), and every
+train.checkpoint_every steps the full state a retried trial resumes from (harness.checkpoints); the test
+splits are decoded once with the best checkpoint, loaded with weights_only=True, and every test metric
+comes from that pass (harness/evaluation.py). With `out_dir` the trial leaves its
 config, metrics (metrics, history, per-length accuracy, cost), checkpoints, attention samples and data
 there, as harness.artifacts names them."""
 
@@ -15,13 +16,14 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import WandbLogger
 
 from harness import artifacts, tracking
@@ -33,6 +35,7 @@ from harness.callbacks import (
     StepBudgetProgressBar,
     ValidateOnStop,
 )
+from harness.checkpoints import BestCheckpoint, Checkpointer
 from harness.config import ConfigError, ExperimentConfig
 from harness.evaluation import Evaluation
 from harness.probes import log_images, select_probes
@@ -51,6 +54,9 @@ def quiet_lightning() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     for category in (DeprecationWarning, FutureWarning):
         warnings.filterwarnings("ignore", category=category, module="lightning")
+    # A resumed trial continues its epoch's batches itself (harness.checkpoints) in its own folder.
+    warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch")
+    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
 
 
 @dataclass
@@ -70,6 +76,7 @@ class TrialResult:
     # How the text metrics were computed: sacreBLEU's signature by metric ("bleu", "chrf"), for text tasks.
     signatures: dict[str, str] = field(default_factory=dict)
     best_step: int | None = None  # the step of the validation whose checkpoint was tested
+    resumed_from_step: int = 0  # the checkpoint's step a retried trial resumed from; 0: a fresh start
 
     def summary(self) -> dict[str, Any]:
         """The flat JSON object `ablate train --json` prints."""
@@ -175,8 +182,12 @@ def run_trial(
     loggers: list | None = None,
     callbacks: list | None = None,
     progress: bool = False,
+    resume_from: Path | None = None,
+    publish: Callable[[Path, int], None] | None = None,
 ) -> TrialResult:
-    """Trains and tests one configuration; with `out_dir`, leaves its artifacts there."""
+    """Trains and tests one configuration; with `out_dir`, leaves its artifacts there. `resume_from`: a
+    resume checkpoint to continue (its best-so-far copy already in out_dir's checkpoints); `publish` gets
+    each new resume checkpoint's folder and step (a worker stores it for retries elsewhere)."""
     start = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = build_task(cfg.task, cfg.seed)
@@ -190,18 +201,16 @@ def run_trial(
     with tempfile.TemporaryDirectory(prefix="trial-ckpt-") as scratch:
         # Without an out_dir the best checkpoint still selects the tested weights; it lives in scratch.
         ckpt_dir = Path(out_dir) / artifacts.CHECKPOINTS if out_dir is not None else Path(scratch)
-        best = ModelCheckpoint(
-            dirpath=ckpt_dir,
-            filename=artifacts.BEST_CHECKPOINT,
-            monitor=MONITOR,
-            enable_version_counter=False,
-        )
-        own = [history, cost, best, ValidateOnStop(), AttentionImages(probes), evaluation]
+        best = BestCheckpoint(ckpt_dir, MONITOR)
+        periodic = Checkpointer(ckpt_dir, cfg.train.checkpoint_every, publish)
+        own = [history, cost, best, periodic, ValidateOnStop(), AttentionImages(probes), evaluation]
         root = str(out_dir) if out_dir is not None else scratch
         trainer = build_trainer(
             cfg, [*own, *(callbacks or [])], loggers, progress, len(dm.train_dataloader()), root
         )
-        trainer.fit(module, datamodule=dm)
+        trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=True)
+        if not cfg.train.keep_checkpoints:
+            (ckpt_dir / artifacts.RESUME_CHECKPOINT).unlink(missing_ok=True)
         # The full state (optimizer, schedule, loops), not only the weights: the last checkpoint can resume.
         trainer.save_checkpoint(ckpt_dir / artifacts.LAST_CHECKPOINT, weights_only=False)
         tested = best.best_model_path or str(ckpt_dir / artifacts.LAST_CHECKPOINT)
@@ -209,12 +218,12 @@ def run_trial(
 
     metrics = {k: float(v) for per_loader in test_metrics for k, v in per_loader.items()}
     metrics.update(evaluation.metrics())
-    best = best_validation(history.rows)
-    metrics.update({k: v for k, v in best.items() if k != "step"})
+    best_val = best_validation(history.rows)
+    metrics.update({k: v for k, v in best_val.items() if k != "step"})
     result = TrialResult(
         metrics=dict(sorted(metrics.items())),
         signatures=evaluation.signatures(),
-        best_step=best.get("step"),
+        best_step=best_val.get("step"),
         params=module.num_parameters(),
         wall_time=time.perf_counter() - start,
         split_sizes=data.sizes(),
@@ -225,6 +234,7 @@ def run_trial(
         peak_mem_mb=cost.peak_mem_mb,
         steps=trainer.global_step,
         padding_fraction=dm.padding_fraction("train"),
+        resumed_from_step=periodic.resumed_from_step,
     )
     log_images(loggers, result.attention, trainer.global_step)
     log_final(loggers, result, trainer.global_step)

@@ -8,6 +8,7 @@ on other machines, may join the same storage; `spawn_workers` starts local ones,
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import signal
@@ -27,9 +28,10 @@ import optuna
 import torch
 from optuna.trial import TrialState
 
-from harness import compat, provenance, tracking
-from harness.artifacts import artifact_store, study_dir, trial_dir, upload_trial_files
+from harness import compat, provenance, signals, tracking
+from harness.artifacts import CHECKPOINTS, artifact_store, study_dir, trial_dir, upload_trial_files
 from harness.callbacks import DivergenceGuard, ReportValidation, StepPruning, TrialFailed
+from harness.checkpoints import RESUME_ATTR, Preempted, StoredCheckpoints, fetch
 from harness.study.queue import (
     EVAL,
     TUNE,
@@ -41,8 +43,9 @@ from harness.study.queue import (
     trial_variant,
 )
 from harness.study.spec import StudySpec, slugify, tune_metric, validation_metric
-from harness.study.storage import quiet_experimental, retry_callback
+from harness.study.storage import quiet_experimental
 
+NO_SPACE_EXIT = 75  # a worker stopped by a full disk (EX_TEMPFAIL: run it again once space is freed)
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
 
 
@@ -85,21 +88,28 @@ def heartbeat(storage, trial_id: int) -> Iterator[None]:
 class Worker:
     """One process's share of a study: claims, runs and records trials until none is left to claim."""
 
-    def __init__(self, spec: StudySpec, storage, runs_root: str | Path = "runs", wandb_mode="offline"):
+    def __init__(
+        self, spec: StudySpec, storage, runs_root: str | Path = "runs", wandb_mode="offline",
+        artifacts: str | None = None,
+    ):  # fmt: skip
         self.spec, self.storage, self.wandb_mode = spec, storage, wandb_mode
         self.variants = spec.variant_overrides()
         self.root = study_dir(spec.slug, runs_root)
-        self.store = artifact_store(spec.slug, runs_root)
+        self.store = artifact_store(spec.slug, runs_root, artifacts)
         self.eval = load_phase_study(spec, storage, EVAL)
         self.tune = {v: load_phase_study(spec, storage, TUNE, v) for v in self.variants} if spec.tune else {}
         self.finished_last = False
+        self.stopped: str | None = None  # why the worker stopped before the study was done (one line)
 
     def run(self) -> None:
         """Runs trials until nothing is queued or running; waits while eval trials wait for tuning elsewhere,
         and while other workers' trials run: one whose worker died is queued again once its heartbeat is
         stale, and somebody must be left to run it. `finished_last` says whether this worker's last trial
-        left nothing pending: then it finished the study."""
-        while True:
+        left nothing pending: then it finished the study. Stops early after a stop signal or a full disk."""
+        while self.stopped is None:
+            if signals.received():
+                self.stopped = f"{signals.received().name}: no trial was running; stopped"
+                return
             claim = self.claim()
             if claim is not None:
                 self.run_claimed(claim)
@@ -147,6 +157,8 @@ class Worker:
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
             if claimed:
+                # A trial queued again keeps its old heartbeat, stale at once: beat before anyone looks.
+                self.storage.record_heartbeat(compat.trial_id(frozen))
                 return Claim(study, optuna.Trial(study, compat.trial_id(frozen)), phase, variant, trial_seed(frozen))
         return None
 
@@ -165,31 +177,40 @@ class Worker:
         except optuna.TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
             say("pruned")
-        except (KeyboardInterrupt, SystemExit):
-            # Lightning turns Ctrl-C during fit into SystemExit; either way: no trial left RUNNING, the
-            # grid point queued again for the next run, then stop.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            self.requeue(study, trial, "interrupted")
-            raise KeyboardInterrupt from None
+        except (Preempted, KeyboardInterrupt, SystemExit) as stop:
+            # SIGTERM / SIGINT (or Lightning's SystemExit for them mid-validation): the trial waits again
+            # and resumes from its latest checkpoint, on this machine or another.
+            self.queue_again(trial)
+            step = f"at step {stop.step}" if isinstance(stop, Preempted) else "from its last checkpoint"
+            name = signals.received().name if signals.received() else type(stop).__name__
+            self.stopped = f"{name}: {claim.phase} trial {trial.number} checkpointed and queued again {step}"
+            say(f"queued again ({name})")
         except Exception as e:
-            trial.set_user_attr("fail_reason", f"{type(e).__name__}: {e}"[:2000])
-            trial.set_user_attr("traceback", traceback.format_exc()[-4000:])
-            study.tell(trial, state=TrialState.FAIL)
-            free_device_memory()
-            say(f"FAILED, {type(e).__name__}: {e}"[:300])
+            if not no_space(e):
+                self.fail(claim, e)
+                say(f"FAILED, {type(e).__name__}: {e}"[:300])
+                return
+            # Every later trial would fail the same way: wait, as it was, for space to be freed.
+            self.queue_again(trial)
+            self.stopped = f"no space left on device under {self.root}; trial {trial.number} queued again"
+            say("queued again (disk full)")
         else:
             study.tell(trial, value)
             say(f"{self.metric_name(claim)} = {value:.4g}")
 
+    def fail(self, claim: Claim, e: Exception) -> None:
+        trial = claim.trial
+        trial.set_user_attr("fail_reason", f"{type(e).__name__}: {e}"[:2000])
+        trial.set_user_attr("traceback", traceback.format_exc()[-4000:])
+        claim.study.tell(trial, state=TrialState.FAIL)
+        free_device_memory()
+
     def metric_name(self, claim: Claim) -> str:
         return tune_metric(self.spec).name if claim.phase == TUNE else self.spec.metric.name
 
-    def requeue(self, study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
-        """Fails the trial with `reason` and queues a copy of it (same grid point) as WAITING."""
-        before = self.storage.get_trial(compat.trial_id(trial))  # the copy must not inherit the fail reason
-        trial.set_user_attr("fail_reason", reason)
-        study.tell(trial, state=TrialState.FAIL)
-        retry_callback(None)(study, before)
+    def queue_again(self, trial: optuna.Trial) -> None:
+        """RUNNING -> WAITING: the same trial is claimed again, keeping its number, folder and checkpoint."""
+        self.storage.set_trial_state_values(compat.trial_id(trial), TrialState.WAITING)
 
     def objective(self, claim: Claim) -> float:
         spec, trial, variant = self.spec, claim.trial, claim.variant
@@ -226,14 +247,19 @@ class Worker:
         tags = tracking.run_tags(overrides)
         from harness.trial import run_trial
 
+        # Preempted, or the copy of a trial whose worker died (it inherits the user attrs): resume.
+        resumed = trial.user_attrs.get(RESUME_ATTR)
+        resume_from = fetch(self.store, resumed, out_dir / CHECKPOINTS) if resumed else None
+        stored = StoredCheckpoints(self.store, trial)
         try:
             with tracking.wandb_logger(
                 self.wandb_mode, self.root, group=spec.name, name=name, job_type=claim.phase, tags=tags,
                 config=cfg.flat(),
             ) as logger:  # fmt: skip
                 result = run_trial(
-                    cfg, out_dir=out_dir, loggers=[logger] if logger else None, callbacks=callbacks
-                )
+                    cfg, out_dir=out_dir, loggers=[logger] if logger else None, callbacks=callbacks,
+                    resume_from=resume_from, publish=stored.publish,
+                )  # fmt: skip
         except BaseException as failure:
             # A failed trial keeps what it wrote, for a post-mortem; its own error stays the reason.
             try:
@@ -242,9 +268,12 @@ class Worker:
                 failure.add_note(f"Its artifacts could not be stored either: {type(e).__name__}: {e}")
             raise
         self.store_artifacts(trial, out_dir)
+        if not cfg.train.keep_checkpoints:
+            stored.discard(resumed, trial.user_attrs.get(RESUME_ATTR))
         trial.set_user_attr("metrics", result.metrics)
         trial.set_user_attr("params", result.params)
         trial.set_user_attr("wall_time", result.wall_time)
+        trial.set_user_attr("resumed_from_step", result.resumed_from_step)
         trial.set_user_attr("split_sizes", result.split_sizes)
         if result.signatures:  # how BLEU / chrF were computed, for the report
             trial.set_user_attr("signatures", result.signatures)
@@ -259,6 +288,15 @@ class Worker:
             trial.set_user_attr("artifacts", upload_trial_files(trial, out_dir, self.store))
 
 
+def no_space(e: BaseException) -> bool:
+    """The disk filled up: an OSError ENOSPC, or torch.save's RuntimeError for a write that failed, anywhere
+    in the exception's chain."""
+    while e is not None:
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "file write failed" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
 def free_device_memory() -> None:
     """After a failed trial (CUDA out of memory among others), return its cached blocks to the device."""
     import gc
@@ -268,12 +306,20 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run_worker(spec: StudySpec, storage, runs_root: str | Path = "runs", wandb_mode="offline") -> Worker:
-    """Runs queued trials of a prepared study (see study.prepare_study) until none is left."""
+def run_worker(
+    spec: StudySpec,
+    storage,
+    runs_root: str | Path = "runs",
+    wandb_mode="offline",
+    artifacts: str | None = None,
+) -> Worker:
+    """Runs queued trials of a prepared study (see study.prepare_study) until none is left, or until a stop
+    signal or a full disk (worker.stopped says which)."""
     from harness.trial import quiet_lightning
 
     quiet_lightning()
-    worker = Worker(spec, storage, runs_root, wandb_mode)
+    signals.install()
+    worker = Worker(spec, storage, runs_root, wandb_mode, artifacts)
     worker.run()
     return worker
 
@@ -292,27 +338,28 @@ def worker_slots(workers: int | None, devices: list[str] | None, per_device: int
 
 
 def spawn_workers(
-    study_name: str, storage_url: str, runs_root: str | Path, wandb_mode: str, slots: list[dict[str, str]]
-) -> list[subprocess.Popen]:
+    study_name: str, storage_url: str, runs_root: str | Path, wandb_mode: str, slots: list[dict[str, str]],
+    artifacts: str | None = None,
+) -> list[subprocess.Popen]:  # fmt: skip
     """Starts one `ablate worker` process per slot, each with CPU threads = cores / processes; the sweep
     that starts them writes the report once they have all exited, so they do not."""
     threads = max(1, (os.cpu_count() or 1) // len(slots))
     command = [sys.executable, "-m", "harness.cli", "worker", study_name, "--storage", storage_url,
-               "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads),
-               "--no-report"]  # fmt: skip
+               "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads), "--no-report",
+               *(["--artifacts", artifacts] if artifacts else [])]  # fmt: skip
     return [subprocess.Popen(command, env={**os.environ, **slot}) for slot in slots]
 
 
-def stop_workers(procs: list[subprocess.Popen], grace_s: float = 30.0) -> None:
-    """Ctrl-C: the workers got SIGINT too (same process group) and are closing their trials; SIGINT those
-    that did not, then wait, then kill what is left (its trial is retried through the heartbeat)."""
-    deadline = time.monotonic() + 5
+def forward_signal(procs: list[subprocess.Popen], signum: signal.Signals) -> None:
+    """A stop signal for the sweep (SIGTERM from a scheduler) reaches its workers, which checkpoint."""
     for proc in procs:
         if proc.poll() is None:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
+
+
+def stop_workers(procs: list[subprocess.Popen], grace_s: float = 25.0) -> None:
+    """After a stop signal (forwarded to them) the workers are checkpointing their trials; wait, then kill
+    what is left (its trial resumes from its last periodic checkpoint through the heartbeat)."""
     deadline = time.monotonic() + grace_s
     for proc in procs:
         try:

@@ -58,8 +58,8 @@ def _grid_point(t: optuna.trial.FrozenTrial) -> tuple[Any, Any]:
 
 def trials_frame(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> pd.DataFrame:
     """Columns: trial, variant, seed, state, one per factor key and tuned key (dotted), the cost columns,
-    one per metric (named split/metric), fail_reason, retry_of (the failed trial this one retries), start
-    and end times. Cost figures a trial did not store as user attributes are filled from its metrics.json
+    one per metric (named split/metric), fail_reason, retry_of (the failed trial this one retries),
+    resumed_from_step (0: started afresh), start and end times. Cost figures a trial did not store as user attributes are filled from its metrics.json
     artifact by `collect`."""
     overrides = spec.variant_overrides()
     rows = []
@@ -74,25 +74,35 @@ def trials_frame(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> pd.
             **attrs.get("metrics", {}),
             "fail_reason": attrs.get("fail_reason"),
             "retry_of": (t.system_attrs.get("retry_history") or [None])[-1],
+            "resumed_from_step": attrs.get("resumed_from_step", 0),
             "started": t.datetime_start, "completed": t.datetime_complete,
         })  # fmt: skip
-    columns = ["trial", "variant", "seed", "state", *COST_COLUMNS, "fail_reason", "retry_of"]
+    columns = [
+        "trial",
+        "variant",
+        "seed",
+        "state",
+        *COST_COLUMNS,
+        "fail_reason",
+        "retry_of",
+        "resumed_from_step",
+    ]
     return pd.DataFrame(rows, columns=list(dict.fromkeys(columns + [k for r in rows for k in r])))
 
 
-def read_artifacts(t: optuna.trial.FrozenTrial, spec: StudySpec, runs_root: str | Path) -> TrialArtifacts:
+def read_artifacts(
+    t: optuna.trial.FrozenTrial, spec: StudySpec, runs_root: str | Path, store=None
+) -> TrialArtifacts:
     """A trial's artifacts from the study's Optuna artifact store (the trial's 'artifacts' user attr maps
     each file's path to its artifact id), else from its own folder (harness.artifacts.trial_dir); whatever
     is missing stays empty. Read: the metrics file (holds history and per_length) and the attention
-    samples; checkpoints are left alone."""
+    samples; checkpoints are left alone. `store`: the artifact store (None: none exists)."""
     files: dict[str, Path] = {}
     folder = artifacts.trial_dir(artifacts.study_dir(spec.slug, runs_root), EVAL, t.number)
     if folder.is_dir():
         files.update({p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if _wanted(p.name)})
-    store_dir = artifacts.artifact_dir(spec.slug, runs_root)
     with tempfile.TemporaryDirectory(prefix="report-artifacts-") as scratch:
-        if store_dir.is_dir():
-            store = optuna.artifacts.FileSystemArtifactStore(str(store_dir))
+        if store is not None:
             for rel, artifact_id in t.user_attrs.get("artifacts", {}).items():
                 if rel in files or not _wanted(Path(rel).name):
                     continue
@@ -133,15 +143,25 @@ def _read_json(path: Path) -> Any:
         return {}
 
 
-def collect(spec: StudySpec, storage, runs_root: str | Path = "runs") -> StudyData:
+def open_artifact_store(spec: StudySpec, runs_root: str | Path, location: str | None):
+    """The study's artifact store: the bucket `location` names, or its folder if that exists."""
+    if location is None and not artifacts.artifact_dir(spec.slug, runs_root).is_dir():
+        return None
+    return artifacts.artifact_store(spec.slug, runs_root, location)
+
+
+def collect(
+    spec: StudySpec, storage, runs_root: str | Path = "runs", artifact_location: str | None = None
+) -> StudyData:
     trials = eval_trials(spec, storage)
+    store = open_artifact_store(spec, runs_root, artifact_location)
     df = trials_frame(spec, trials)
     history, per_length, attention = [], [], {}
     for t in trials:
         if t.state != optuna.trial.TrialState.COMPLETE:
             continue
         variant, seed = _grid_point(t)
-        art = read_artifacts(t, spec, runs_root)
+        art = read_artifacts(t, spec, runs_root, store)
         key = {"trial": t.number, "variant": variant, "seed": seed}
         history += [{**key, **row} for row in art.history]
         per_length += [{**key, **row} for row in art.per_length]

@@ -197,6 +197,7 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
         "grid": len(spec.variant_overrides()) * len(spec.seeds),
         "states": df["state"].value_counts().to_dict(),
         "tune_trials": sum(len(t) for t in data.tune.values()),
+        "resumed": int((pd.to_numeric(done["resumed_from_step"], errors="coerce") > 0).sum()),
         "search": spec.tune.model_dump() if spec.tune else None,
         "best_eval": best_eval,
         "best_tune": best_tune,
@@ -261,12 +262,14 @@ def build_report(
     runs_root: str | Path = "runs",
     out: str | Path | None = None,
     wandb_mode: tracking.WandbMode | None = None,
+    artifact_location: str | None = None,
 ) -> Path:
-    """Reads the study from `storage` (and its artifacts under runs_root) and writes the report to `out`
-    (default runs/<study>/report/), and its summary and figures to the dashboard; returns that folder."""
+    """Reads the study from `storage` (and its trials' files from the artifact store: the one under
+    runs_root, or the s3:// `artifact_location`) and writes the report to `out` (default
+    runs/<study>/report/), and its summary and figures to the dashboard; returns that folder."""
     out_dir = Path(out) if out else artifacts.report_dir(spec.slug, runs_root)
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = collect(spec, storage, runs_root)
+    data = collect(spec, storage, runs_root, artifact_location)
     summary = variant_summary(data)
     importances = importance_frame(data)
     figs = figures(data, summary, importances)

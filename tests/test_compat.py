@@ -1,7 +1,6 @@
 """The private Optuna / optuna-integration / Lightning behaviour harness/compat.py relies on, pinned: an
 upgrade that changes it fails here, by name."""
 
-
 import optuna
 from optuna.trial import TrialState
 from optuna_integration import PyTorchLightningPruningCallback
@@ -34,3 +33,26 @@ def test_pruning_trial_is_the_trial_the_callback_was_given():
     assert compat.pruning_trial(callback) is trial
     compat.pruning_trial(callback).report(1.5, step=7)
     assert study.trials[0].intermediate_values == {7: 1.5}
+
+
+def test_lightning_still_decides_validation_steps_in_its_epoch_loop():
+    # Checkpointer defers a periodic checkpoint past the validation that follows its step; if Lightning
+    # moves this rule, checkpoints would silently be saved before validations again.
+    import lightning as L
+
+    seen: list[tuple[int, bool]] = []
+
+    class Spy(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append((trainer.global_step, compat.validates_this_step(trainer)))
+
+    from harness.config import build_config
+    from harness.trial import run_trial
+    from tests.conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
+
+    cfg = build_config(
+        {"task": dict(TINY_TASK), "model": dict(TINY_MODEL), "train": {**TINY_TRAIN, "max_steps": 5}}
+    )
+    run_trial(cfg, callbacks=[Spy()])
+    # val_every 2, and the last step validates through ValidateOnStop.
+    assert seen == [(1, False), (2, True), (3, False), (4, True), (5, True)]

@@ -21,7 +21,7 @@ from torch import nn
 from harness.config import ExperimentConfig, build_config
 from harness.tasks import build_task
 from harness.tasks.datamodule import Seq2SeqDataModule
-from harness.trial import build_module, build_trainer
+from harness.trial import build_module, build_trainer, run_trial
 from models.sequences import PAD_ID
 from tests.conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 
@@ -226,6 +226,25 @@ def check_val_every(base, changed):
     assert changed.trainer.log_every_n_steps == 3
 
 
+def checkpoints_of(built: Built, root) -> tuple[list[int], bool]:
+    """Runs the config as a trial: the steps of the resume checkpoints it hands on, and whether one is
+    left in its folder at the end."""
+    steps: list[int] = []
+    run_trial(built.cfg, out_dir=root, publish=lambda folder, step: steps.append(step))
+    return steps, (root / "checkpoints" / "resume.ckpt").exists()
+
+
+def check_checkpoint_every(base, changed, tmp_path):
+    # TINY_TRAIN runs 4 steps: every 2 steps gives the one at step 2 (the last step needs none).
+    assert checkpoints_of(base, tmp_path / "base") == ([], False)
+    assert checkpoints_of(changed, tmp_path / "changed") == ([2], False)
+
+
+def check_keep_checkpoints(base, changed, tmp_path):
+    assert checkpoints_of(base, tmp_path / "base") == ([2], False)
+    assert checkpoints_of(changed, tmp_path / "changed") == ([2], True)
+
+
 def check_arch(base, changed):
     assert type(base.module.model).__name__ == "Transformer"
     assert type(changed.module.model).__name__ == "RNNSeq2Seq"
@@ -295,7 +314,7 @@ def check_cross_attention(base, changed):
 LSTM = {"model.arch": "lstm", "model.attention": "additive", "model.attention_query": "previous"}
 
 
-def cases(monkeypatch) -> dict[str, Case]:
+def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
     return {
         "train.batch_size": Case(8, check_batch_size),
         "train.batch_tokens": Case(24, check_batch_tokens),
@@ -315,6 +334,10 @@ def cases(monkeypatch) -> dict[str, Case]:
         "train.deterministic": Case(True, check_deterministic),
         "train.compile": Case(True, check_compile),
         "train.val_every": Case(3, check_val_every),
+        "train.checkpoint_every": Case(2, lambda b, c: check_checkpoint_every(b, c, tmp_path)),
+        "train.keep_checkpoints": Case(
+            True, lambda b, c: check_keep_checkpoints(b, c, tmp_path), {"train.checkpoint_every": 2}
+        ),
         "model.arch": Case("lstm", check_arch),
         "model.d_model": Case(8, model_has(lambda m: m.tgt_embed.weight.size(1) == 8)),
         "model.layers": Case(2, model_has(lambda m: len(m.decoder) == 2)),
@@ -350,7 +373,7 @@ SCHEMA_KEYS = sorted(k for k in ExperimentConfig().flat() if k.startswith(("trai
 
 @pytest.mark.parametrize("key", SCHEMA_KEYS)
 def test_key_reaches_its_user(key, tmp_path, monkeypatch):
-    case = cases(monkeypatch).get(key)
+    case = cases(monkeypatch, tmp_path).get(key)
     if case is None:
         pytest.fail(f"{key} has no plumbing case: add one to tests/test_plumbing.py")
     base = build(tmp_path / "base", case.base)

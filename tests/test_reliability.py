@@ -6,6 +6,7 @@ The crash scenario runs here on the SQLite default and in test_postgres.py on Po
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import multiprocessing
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
@@ -45,8 +47,12 @@ def start_worker(study: Path, runs: Path, *extra: str) -> subprocess.Popen:
     """`ablate worker` in the background, as a user on another shell or machine would start it."""
     command = [ablate_exe(), "worker", str(study), "--out", str(runs), "--wandb", "disabled",
                "--threads", "1"]  # fmt: skip
-    log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads a worker's output until it is done
-    proc = subprocess.Popen([*command, *extra], stdout=log, stderr=subprocess.STDOUT,
+    return background([*command, *extra])
+
+
+def background(command: list[str]) -> subprocess.Popen:
+    log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads a process's output until it is done
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     proc.log = log
     return proc
@@ -61,8 +67,15 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
     return out
 
 
-def write_study(path: Path, **extra) -> Path:
-    train = {**TINY_TRAIN, "max_steps": 60, "val_every": 10}
+def write_study(path: Path, max_steps: int = 60, **extra) -> Path:
+    # Periodic checkpoints at steps 20 and 40; deterministic, so a resumed trial can match a whole one.
+    train = {
+        **TINY_TRAIN,
+        "max_steps": max_steps,
+        "val_every": 10,
+        "checkpoint_every": 20,
+        "deterministic": True,
+    }
     tree = {
         "name": "crash",
         "base": {"preset": "transformer", "task": TINY_TASK, "model": TINY_MODEL, "train": train},
@@ -86,16 +99,34 @@ def wait_for(condition, timeout: float, what: str, poll: float = 0.05):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def resume_record(url: str, study: Path, number: int) -> dict | None:
+    """Trial `number`'s stored resume checkpoint, once the worker has created the study and the trial."""
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        return None
+    with contextlib.suppress(KeyError):  # the study is not created yet
+        trials = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+        return trials[number].user_attrs.get("resume") if len(trials) > number else None
+    return None
+
+
+def uninterrupted_history(study: Path, seed: int) -> list[dict]:
+    """The validation history of the study's trial for `seed`, run here without interruption."""
+    spec = load_study(study)
+    torch.set_num_threads(1)  # as the workers run
+    return harness.trial.run_trial(spec.config_for(spec.variant_overrides()["base"], seed)).history
+
+
 def kill_mid_trial_and_recover(tmp_path: Path, storage_url: str | None) -> None:
-    """Worker A completes trial 0 and is SIGKILLed while trial 1 trains (its first checkpoint written);
-    worker B, started at once, runs trial 2, waits out the grace period, fails trial 1 and runs its retry.
+    """Worker A completes trial 0 and is SIGKILLed while trial 1 trains (its first periodic checkpoint
+    stored); worker B, started at once, runs trial 2, waits out the grace period, fails trial 1 and runs its
+    retry, which resumes at that checkpoint's step and ends exactly where an uninterrupted run does.
     `storage_url` None: the study's default SQLite file."""
     study, runs = write_study(tmp_path / "crash.yaml"), tmp_path / "runs"
     extra = ("--storage", storage_url) if storage_url else ()
     url = storage_url or f"sqlite:///{runs / 'crash' / 'study.db'}"
     a = start_worker(study, runs, *extra)
     try:
-        wait_for(lambda: (runs / "crash/trials/eval/0001/checkpoints/best.ckpt").is_file(), 240, "trial 1")
+        killed_at = wait_for(lambda: resume_record(url, study, 1), 240, "trial 1's checkpoint", poll=0.1)
         a.send_signal(signal.SIGKILL)
         a.wait(timeout=30)
     finally:
@@ -122,10 +153,58 @@ def kill_mid_trial_and_recover(tmp_path: Path, storage_url: str | None) -> None:
     assert retry.user_attrs["grid_point"] == trials[1].user_attrs["grid_point"]
     assert retry.user_attrs["worker"].endswith(f":{b.pid}")
     assert len(trials) == 4
+    resumed = json.loads((runs / f"crash/trials/eval/{retry.number:04d}/metrics.json").read_text())
+    # The last checkpoint A stored: the first (or, if A got that far before the kill landed, the second).
+    assert resumed["resumed_from_step"] == trials[1].user_attrs["resume"]["step"] in (killed_at["step"], 40)
+    assert resumed["steps"] == 60
+    assert resumed["history"] == uninterrupted_history(study, 1)  # val/loss at every step, bit for bit
 
 
 def test_killed_worker_trial_is_retried_on_sqlite(tmp_path):
     kill_mid_trial_and_recover(tmp_path, None)
+
+
+@pytest.mark.slow  # about 1.5 min each on 2 busy cores
+@pytest.mark.parametrize(
+    ("command", "signum"),
+    [("worker", signal.SIGTERM), ("worker", signal.SIGINT), ("sweep", signal.SIGTERM)],
+)
+def test_stop_signal_checkpoints_the_trial_and_the_same_command_resumes_it(tmp_path, command, signum):
+    """A scheduler's SIGTERM (or Ctrl-C) mid-trial: the trial saves its state and waits again (never
+    FAILED), the process says so in one line within 30 s, and the same command finishes from there."""
+    study, runs = write_study(tmp_path / "crash.yaml", max_steps=200, seeds=[0]), tmp_path / "runs"
+    url = f"sqlite:///{runs / 'crash' / 'study.db'}"
+    start = start_worker if command == "worker" else start_sweep
+    proc = start(study, runs)
+    wait_for(lambda: resume_record(url, study, 0), 240, "the first periodic checkpoint", poll=0.1)
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    proc.wait(timeout=30)
+    assert time.monotonic() - sent < 30
+    proc.log.seek(0)
+    lines = proc.log.read().strip().splitlines()
+    assert proc.returncode == 128 + signum, lines[-5:]
+    assert "checkpointed" in lines[-1] and signum.name in lines[-1], lines[-5:]
+    (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    assert trial.state == TrialState.WAITING
+    stopped_at = trial.user_attrs["resume"]["step"]
+    assert 20 <= stopped_at < 200
+
+    again = start(study, runs)
+    finish(again)
+    (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    assert trial.state == TrialState.COMPLETE and trial.user_attrs["resumed_from_step"] == stopped_at
+    metrics = json.loads((runs / "crash/trials/eval/0000/metrics.json").read_text())
+    assert metrics["steps"] == 200 and metrics["resumed_from_step"] == stopped_at
+    # A finished trial's resume checkpoints are gone, locally and from the artifact store.
+    assert not list(runs.rglob("resume.ckpt")) and not list((runs / "crash/artifacts").glob("resume-*"))
+
+
+def start_sweep(study: Path, runs: Path) -> subprocess.Popen:
+    """`ablate sweep` in the background: one worker process, no report."""
+    return background(
+        [ablate_exe(), "sweep", str(study), "--out", str(runs), "--wandb", "disabled", "--no-report"]
+    )
 
 
 def open_at(url: str, start: float) -> None:
@@ -151,7 +230,7 @@ def test_workers_opening_a_new_database_together_all_succeed(tmp_path):
 # Faults ---------------------------------------------------------------------------------------------------
 
 # Which variant meets which fault: the variants differ only in weight decay, which the injected faults read.
-FAULTS = {"ok": 0.01, "oom": 0.011, "boom": 0.012, "disk_full": 0.013, "store_down": 0.014}
+FAULTS = {"ok": 0.01, "oom": 0.011, "boom": 0.012, "unwritable": 0.013, "store_down": 0.014}
 
 
 def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monkeypatch, single_thread):
@@ -165,9 +244,9 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
             raise RuntimeError("boom <in the variant's own code>")
         return real_step(self, batch, batch_idx)
 
-    def full_disk(out, cfg, result, loggers):
-        if cfg.train.weight_decay in (FAULTS["disk_full"], FAULTS["store_down"]):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "metrics.json"))
+    def unwritable(out, cfg, result, loggers):
+        if cfg.train.weight_decay in (FAULTS["unwritable"], FAULTS["store_down"]):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(out / "metrics.json"))
         return real_write(out, cfg, result, loggers)
 
     def unreachable_store(trial, out_dir, store):
@@ -177,7 +256,7 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
 
     real_upload = harness.workers.upload_trial_files
     monkeypatch.setattr(Seq2SeqModule, "training_step", faulty_step)
-    monkeypatch.setattr("harness.trial.write_artifacts", full_disk)
+    monkeypatch.setattr("harness.trial.write_artifacts", unwritable)
     monkeypatch.setattr("harness.workers.upload_trial_files", unreachable_store)
     variants = {name: {"train.weight_decay": wd} for name, wd in FAULTS.items()}
     spec = tiny_spec(variants={**variants, "nan": {"train.lr": 1.0e6}})
@@ -189,18 +268,18 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
     trials = {t.params["variant"]: t for t in load_phase_study(spec, storage, EVAL).trials}
     assert {v: t.state for v, t in trials.items()} == {
         "ok": TrialState.COMPLETE, "oom": TrialState.FAIL, "boom": TrialState.FAIL,
-        "disk_full": TrialState.FAIL, "store_down": TrialState.FAIL, "nan": TrialState.FAIL,
+        "unwritable": TrialState.FAIL, "store_down": TrialState.FAIL, "nan": TrialState.FAIL,
     }  # fmt: skip
     reasons = {v: t.user_attrs.get("fail_reason") for v, t in trials.items() if v != "ok"}
     assert reasons["oom"].startswith("OutOfMemoryError: CUDA out of memory.")
     assert reasons["boom"] == "RuntimeError: boom <in the variant's own code>"
-    assert reasons["disk_full"].startswith("OSError: [Errno 28] No space left on device")
+    assert reasons["unwritable"].startswith("OSError: [Errno 5] Input/output error")
     assert reasons["nan"].startswith("TrialFailed: diverged: ")
     # A failed trial keeps what it wrote before failing (the checkpoints), for a post-mortem.
-    assert "checkpoints/last.ckpt" in trials["disk_full"].user_attrs["artifacts"]
+    assert "checkpoints/last.ckpt" in trials["unwritable"].user_attrs["artifacts"]
     # When storing them fails too, the trial's own error stays the reason.
     store_down = trials["store_down"].user_attrs
-    assert reasons["store_down"].startswith("OSError: [Errno 28]") and "artifacts" not in store_down
+    assert reasons["store_down"].startswith("OSError: [Errno 5]") and "artifacts" not in store_down
     assert "artifacts could not be stored either: ConnectionRefusedError" in store_down["traceback"]
 
     out = build_report(spec, storage, runs)
@@ -211,6 +290,75 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
     assert "boom &lt;in the variant&#39;s own code&gt;" in html
     table = pd.read_csv(out / "results.csv").set_index("variant")
     assert (table["state"] == "FAIL").sum() == 5 and table.loc["ok", "state"] == "COMPLETE"
+
+
+def test_full_disk_queues_the_trial_again_and_stops_until_space_is_freed(
+    tmp_path, monkeypatch, single_thread
+):
+    """The disk under --out fills up while a trial writes: the trial waits again as it was (every later
+    trial would fail the same way), the worker stops saying so, and once space is freed the study completes."""
+    real_write, full = harness.trial.write_artifacts, [True]
+
+    def full_disk(out, cfg, result, loggers):
+        if full[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "metrics.json"))
+        return real_write(out, cfg, result, loggers)
+
+    monkeypatch.setattr("harness.trial.write_artifacts", full_disk)
+    spec, runs = tiny_spec(seeds=[0, 1]), tmp_path / "runs"
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    prepare_study(spec, storage)
+    stopped = harness.workers.Worker(spec, storage, runs, "disabled")
+    stopped.run()
+    assert stopped.stopped == f"no space left on device under {runs / 'tiny'}; trial 0 queued again"
+    study = load_phase_study(spec, storage, EVAL)
+    assert [t.state for t in study.get_trials()] == [TrialState.WAITING, TrialState.WAITING]
+
+    full[0] = False  # space freed
+    again = harness.workers.Worker(spec, storage, runs, "disabled")
+    again.run()
+    assert again.stopped is None
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.COMPLETE]
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 4 MiB tmpfs (root only); skipped where it cannot be mounted."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip() or 'mount failed'}); needs root")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow  # two sweeps, about 2 min on 2 busy cores
+def test_sweep_on_a_full_disk_stops_with_one_line_and_completes_once_space_is_freed(tmp_path, small_tmpfs):
+    study = write_study(tmp_path / "crash.yaml", seeds=[0])
+    url = f"sqlite:///{tmp_path / 'study.db'}"  # the storage elsewhere: only --out fills up
+    filler = small_tmpfs / "filler"
+    free = shutil.disk_usage(small_tmpfs).free
+    filler.write_bytes(b"\0" * (free - 48 * 1024))  # a trial's checkpoints need more than what is left
+    command = ("sweep", str(study), "--out", str(small_tmpfs), "--storage", url, "--wandb", "disabled",
+               "--no-report")  # fmt: skip
+    full = ablate(*command, timeout=300)
+    assert full.returncode == 1, full.stderr[-2000:]
+    assert full.stderr.strip().splitlines()[-1] == (
+        f"error: --out: no space left on device under {small_tmpfs}; free some, then run the same command"
+    )
+    assert "Traceback" not in full.stderr
+    (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    assert trial.state == TrialState.WAITING
+
+    filler.unlink()
+    done = ablate(*command, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    assert trial.state == TrialState.COMPLETE
 
 
 # W&B without network ------------------------------------------------------------------------------------

@@ -257,15 +257,19 @@ def test_importances_are_ped_anova_without_scikit_learn(monkeypatch):
 def test_artifacts_come_from_the_store_or_the_trial_folder(synthetic):
     spec, storage, runs, _ = synthetic
     trials = {t.number: t for t in collect.eval_trials(spec, storage)}
-    from_store = collect.read_artifacts(trials[0], spec, runs)
+    store = collect.open_artifact_store(spec, runs, None)
+    from_store = collect.read_artifacts(trials[0], spec, runs, store)
     assert not (study_dir(spec.slug, runs) / "trials" / "eval" / "0000").exists()
-    from_folder = collect.read_artifacts(trials[1], spec, runs)
+    from_folder = collect.read_artifacts(trials[1], spec, runs, store)
     for art in (from_store, from_folder):
         assert [row["step"] for row in art.history] == [10, 20, 30]
         assert [row["length"] for row in art.per_length] == [2, 3, 4, 5, 6, 7]
         assert len(art.attention) == 1 and art.attention[0].weights["cross"].shape == (2, 2, 4, 4)
     # A trial whose files are gone entirely still has its row; it only draws nothing.
-    missing = collect.read_artifacts(trials[1], spec, runs.parent / "elsewhere")
+    elsewhere = runs.parent / "elsewhere"
+    missing = collect.read_artifacts(
+        trials[1], spec, elsewhere, collect.open_artifact_store(spec, elsewhere, None)
+    )
     assert (missing.history, missing.per_length, missing.attention) == ([], [], [])
 
 

@@ -148,7 +148,7 @@ def instant_results(monkeypatch, calls: list):
 
     from harness.trial import TrialResult
 
-    def fake_run_trial(cfg, out_dir=None, loggers=None, callbacks=None, progress=False):
+    def fake_run_trial(cfg, out_dir=None, loggers=None, callbacks=None, progress=False, **resume):
         calls.append(cfg)
         if cfg.train.lr > 1:
             raise FloatingPointError("loss is nan")
@@ -173,17 +173,15 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, m
         raise KeyboardInterrupt
 
     monkeypatch.setattr(worker, "objective", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        worker.run_claimed(worker.claim())
+    claim = worker.claim()
+    worker.run_claimed(claim)
+    assert worker.stopped.startswith(f"KeyboardInterrupt: eval trial {claim.trial.number} checkpointed")
     study = load_phase_study(spec, storage, EVAL)
     states = [t.state for t in study.trials]
     assert TrialState.RUNNING not in states  # Ctrl-C leaves no zombie
-    (stopped,) = [t for t in study.trials if t.state == TrialState.FAIL]
-    assert stopped.user_attrs["fail_reason"] == "interrupted"
+    assert TrialState.FAIL not in states and len(states) == 4  # it waits again, as itself
+    assert study.trials[claim.trial.number].state == TrialState.WAITING
 
-    import signal
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # the worker ignored further Ctrl-C
     resumed = Worker(spec, storage, tmp_path / "runs", "disabled")
     resumed.run()
     assert len(calls) == 4  # 1 before the interruption + the 3 left; the finished one did not run again

@@ -81,6 +81,7 @@ class BatchSampler(Sampler[list[int]]):
         self.lengths, self.seed, self.shuffle = lengths, seed, shuffle
         self.batch_size, self.batch_tokens = batch_size, batch_tokens
         self.epoch = 0
+        self.skip = 0
         # The number of batches is the same every epoch: packing sorted lengths does not see tie order.
         self.num_batches = len(self.batches(0))
 
@@ -99,9 +100,13 @@ class BatchSampler(Sampler[list[int]]):
         batches = pack(order, self.lengths, self.batch_tokens)
         return [batches[i] for i in rng.permutation(len(batches))] if self.shuffle else batches
 
+    def resume_at(self, epoch: int, batches_done: int) -> None:
+        """The next pass is `epoch`'s, from its batch `batches_done` on (a run resumed mid-epoch)."""
+        self.epoch, self.skip = epoch, batches_done
+
     def __iter__(self):
-        batches = self.batches(self.epoch)
-        self.epoch += 1
+        batches = self.batches(self.epoch)[self.skip :]
+        self.epoch, self.skip = self.epoch + 1, 0
         yield from batches
 
     def __len__(self) -> int:
@@ -140,10 +145,12 @@ class Seq2SeqDataModule(L.LightningDataModule):
         return float(1 - real / padded) if padded else 0.0
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        # Pinned host memory lets Lightning's non-blocking copy overlap the transfer with GPU work.
+        # Pinned host memory lets Lightning's non-blocking copy overlap the transfer with GPU work. Each
+        # iterator draws a base seed; from its own generator, so the global RNG (dropout) is the same
+        # whenever a loader starts, and a resumed run continues its stream (harness.checkpoints).
         return DataLoader(
             self.encoded[split], batch_sampler=self.sampler(split, shuffle), collate_fn=collate,
-            pin_memory=torch.cuda.is_available(),
+            pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(self.seed),
         )  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:

@@ -1,0 +1,180 @@
+"""Resume, not restart: periodic checkpoints of a running trial, published to the artifact store, and the
+stop that a SIGTERM or SIGINT asks for.
+
+Every `train.checkpoint_every` steps (and once more when a stop signal arrives) the trial's full state
+(weights, optimizer, schedule, loop counters, callbacks, RNG states) goes to checkpoints/resume.ckpt and,
+under a worker, to the artifact store, recorded in the trial's user attr `resume`. A trial queued again
+(preempted) or copied by the heartbeat retry (whose copy inherits the user attrs) starts from that record:
+the same batch sequence continues, so in deterministic mode the numbers equal an uninterrupted run's."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from harness import compat, signals
+from harness.artifacts import BEST_CHECKPOINT, RESUME_CHECKPOINT
+
+RESUME_ATTR = "resume"  # user attr: {"step", "key", "state": artifact id, "best": artifact id or absent}
+BEST_FILE = f"{BEST_CHECKPOINT}.ckpt"
+
+
+class Preempted(Exception):
+    """A stop signal arrived; the trial's state at `step` is saved and it can go back to the queue."""
+
+    def __init__(self, signum: signal.Signals, step: int):
+        super().__init__(f"{signum.name} at step {step}")
+        self.signum, self.step = signum, step
+
+
+class Checkpointer(L.Callback):
+    """Saves the full training state every `every` steps (0: only when stopped by a signal), hands it to
+    `publish`, and raises Preempted once a stop signal was received. A periodic step that validates is
+    saved after its validation: a resumed run does not validate that step again, and its history and best
+    checkpoint must hold it. A signal cannot wait for that validation (Lightning stops right after the step
+    on SIGTERM), so a run stopped at a validating step lacks that one validation; its training is the same.
+
+    Its own checkpoint state is the RNG states (Lightning's checkpoint holds none), so dropout continues
+    the same stream from the first resumed step; on resume it makes the training sampler skip the batches
+    the epoch already used."""
+
+    def __init__(self, directory: Path, every: int, publish: Callable[[Path, int], None] | None = None):
+        self.directory, self.every, self.publish = Path(directory), every, publish
+        self.resumed_from_step = 0
+        self.restored_rng: dict[str, Any] | None = None
+        self.after_validation = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.resumed_from_step = trainer.global_step
+        if trainer.global_step:
+            # Lightning restarts a mid-epoch checkpoint's epoch from its first batch, and sets no epoch on a
+            # batch sampler: continue its epoch after the batches trained on (saved in on_train_batch_end,
+            # the last one counts as processed, not yet completed).
+            done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            trainer.train_dataloader.batch_sampler.resume_at(trainer.current_epoch, done)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step, stop = trainer.global_step, signals.received()
+        periodic = self.every and step % self.every == 0 and step < trainer.max_steps
+        if periodic and not stop and compat.validates_this_step(trainer):
+            self.after_validation = True
+        elif stop or periodic:
+            self.save(trainer)
+        if stop:
+            raise Preempted(stop, step)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.after_validation:
+            self.after_validation = False
+            self.save(trainer)
+
+    def save(self, trainer: L.Trainer) -> None:
+        path = self.directory / RESUME_CHECKPOINT
+        partial = path.with_suffix(".partial")  # a kill mid-write leaves the previous checkpoint whole
+        trainer.save_checkpoint(partial, weights_only=False)
+        os.replace(partial, path)
+        if self.publish is not None:
+            self.publish(self.directory, trainer.global_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        rng = _collect_rng_states()
+        # numpy's key array as a tensor: the checkpoint stays loadable with torch.load(weights_only=True).
+        name, keys, *rest = rng["numpy"]
+        return {"rng": {**rng, "numpy": (name, torch.from_numpy(keys.astype(np.int64)), *rest)}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        rng = state_dict["rng"]
+        name, keys, *rest = rng["numpy"]
+        self.restored_rng = {**rng, "numpy": (name, keys.numpy().astype(np.uint32), *rest)}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # Restored here, not on load: whatever Lightning does before the first resumed step stays out of it.
+        if self.restored_rng is not None:
+            _set_rng_states(self.restored_rng)
+            self.restored_rng = None
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """The best-val/loss weights (no optimizer state: what testing and inference need).
+
+    A resumed trial runs in a folder of its own, where its best-so-far copy was fetched; Lightning restores
+    the best score only for an unchanged folder, so the restored paths are moved here first."""
+
+    def __init__(self, dirpath: Path, monitor: str):
+        super().__init__(dirpath=dirpath, filename=BEST_CHECKPOINT, monitor=monitor, save_weights_only=True,
+                         enable_version_counter=False)  # fmt: skip
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        here = Path(self.dirpath or ".")
+
+        def moved(path: str) -> str:
+            return str(here / Path(path).name) if path else path
+
+        paths = ("best_model_path", "kth_best_model_path", "last_model_path")
+        super().load_state_dict({
+            **state_dict, **{key: moved(state_dict.get(key, "")) for key in paths},
+            "best_k_models": {moved(p): v for p, v in state_dict.get("best_k_models", {}).items()},
+            "dirpath": self.dirpath,
+        })  # fmt: skip
+
+
+class StoredCheckpoints:
+    """A trial's resume checkpoints in the artifact store, so that a worker on another machine finds them.
+
+    Each attempt writes under ids of its own, alternating between two: a worker killed while uploading
+    leaves the previously recorded one whole."""
+
+    def __init__(self, store, trial):
+        self.store, self.trial = store, trial
+        self.key = f"resume-{uuid.uuid4().hex}"
+        self.saves = 0
+        self.best_id: str | None = None
+        self.best_mtime = 0
+
+    def publish(self, directory: Path, step: int) -> None:
+        slot = self.saves % 2
+        state = self._write(directory / RESUME_CHECKPOINT, f"{self.key}-{slot}")
+        record = {"step": step, "key": self.key, "state": state}
+        best = directory / BEST_FILE
+        if best.is_file() and best.stat().st_mtime_ns != self.best_mtime:
+            self.best_mtime = best.stat().st_mtime_ns
+            self.best_id = self._write(best, f"{self.key}-best-{slot}")
+        if self.best_id:
+            record["best"] = self.best_id
+        self.trial.set_user_attr(RESUME_ATTR, record)
+        self.saves += 1
+
+    def _write(self, path: Path, artifact_id: str) -> str:
+        with path.open("rb") as f:
+            self.store.write(artifact_id, f)
+        return artifact_id
+
+    def discard(self, *records: dict | None) -> None:
+        """Removes every file of the attempts that wrote the given records (a finished trial needs none)."""
+        for key in {record["key"] for record in filter(None, records)}:
+            for artifact_id in (f"{key}-{slot}" for slot in ("0", "1", "best-0", "best-1")):
+                try:
+                    self.store.remove(artifact_id)
+                except Exception:  # already gone (another attempt removed it): nothing left to free
+                    continue
+
+
+def fetch(store, record: dict, directory: Path) -> Path:
+    """Downloads a resume record's checkpoints into `directory`; returns the path to resume from."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for artifact_id, name in ((record["state"], RESUME_CHECKPOINT), (record.get("best"), BEST_FILE)):
+        if artifact_id:
+            with store.open_reader(artifact_id) as reader, (directory / name).open("wb") as f:
+                shutil.copyfileobj(reader, f)
+    return directory / RESUME_CHECKPOINT
