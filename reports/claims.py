@@ -9,9 +9,9 @@ factors). Each compare variant is paired with the `to` variant that has the same
 `to` keys are applied; when every compare variant finds its partner, the effect is the mean over pairs
 of mean(compare) - mean(to): the effect averaged over the other factors. Otherwise (named variants)
 the trials of each side are pooled and the effect is mean(compare) - mean(to) over the pooled seeds.
-The 95% CI is a Welch t-interval: every variant's seeds are independent runs, so the variance of the
-effect is the sum of s^2/n over all the variants involved, divided by (number of pairs)^2, and its
-degrees of freedom are Welch-Satterthwaite's over those terms (stats.diff_ci).
+The 95% CI is stats.diff_ci's: every variant's seeds are independent runs, each variant's interval
+respects the metric's range, and MOVER adds them at the Welch-Satterthwaite critical value of the whole
+effect, so the CI of a difference of accuracies stays within [-1, 1].
 
 Verdict, with d = compare - to, CI [lo, hi] and margin m >= 0 (the smallest effect that counts):
   expect lower:   reproduced if hi < -m; contradicted if lo > -m; inconclusive otherwise.
@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from harness.study import ClaimSpec, StudySpec, Value
-from reports.stats import diff_ci, variant_values
+from reports.stats import diff_ci, examples, metric_range, variant_values
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
 MIN_SEEDS = 2
@@ -109,7 +109,7 @@ def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame) -> ClaimResult
     result.n_compare, result.n_to = len(pooled_c), len(pooled_t)
     result.mean_compare = pooled_c.mean() if len(pooled_c) else np.nan
     result.mean_to = pooled_t.mean() if len(pooled_t) else np.nan
-    result.diff, result.ci_low, result.ci_high = diff_ci(groups)
+    result.diff, result.ci_low, result.ci_high = diff_ci(groups, metric_range(metric), examples(df, metric))
     fewest = min(min(len(a), len(b)) for a, b in groups)
     if fewest < MIN_SEEDS:
         result.reason = f"a variant has {fewest} completed seed(s) of {metric}; a verdict needs {MIN_SEEDS}"

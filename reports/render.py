@@ -116,17 +116,21 @@ def figures(
         others = [k for k in factors if k != factor]
         made[f"metric_by_{factor.rsplit('.', 1)[-1]}"] = (
             plots.metric_by_factor(df, metric, factor, others),
-            f"{metric} by {factor}" + (f", faceted by {others[0]}" if others else "") + ": mean with 95% CI.",
+            f"{metric} by {factor}"
+            + (f", faceted by {others[0]}" if others else "")
+            + ": mean with 95% CI, one point per seed.",
         )
     split_metric = metric.split("/", 1)[-1]
     made["learning_curves"] = (
-        plots.learning_curves(data.history, list(dict.fromkeys([f"val/{split_metric}", "val/loss"])), order),
-        "Validation curves by training step: mean over seeds with a 95% CI band.",
+        plots.learning_curves(
+            data.history, list(dict.fromkeys([f"val/{split_metric}", "val/loss"])), order, df
+        ),
+        "Validation curves by training step: mean over seeds with a 95% CI band, one point per seed.",
     )
     max_lens = [c["task.max_len"] for c in data.configs.values() if c.get("task.max_len") is not None]
     made["accuracy_by_length"] = (
         plots.accuracy_by_length(data.per_length, order, max(max_lens) if max_lens else None),
-        "Exact match against target length (test splits), mean over seeds with 95% CI; "
+        "Exact match against target length (test splits), mean over seeds with 95% CI, one point per seed; "
         "shaded: lengths longer than any training example.",
     )
     made["attention"] = (
@@ -135,8 +139,9 @@ def figures(
         "variants; red squares: gold alignment; AER of the attention argmax in each title.",
     )
     made["quality_vs_cost"] = (
-        plots.quality_vs_cost(summary, metric, maximize),
-        "Quality against cost per variant (mean, 95% CI); the line joins the Pareto front.",
+        plots.quality_vs_cost(summary, df, metric, maximize),
+        "Quality against cost per variant (mean, 95% CI; light points: single trials); the line joins "
+        "the Pareto front.",
     )
     made["param_importances"] = (
         plots.param_importances(importances),

@@ -1,16 +1,35 @@
-"""Statistics of a study's table: per-variant summaries with Student t CIs of the mean; differences to
-the baseline with Welch t CIs (Welch-Satterthwaite df), Welch and permutation p-values, Holm's
-correction and Hedges' g; ranks; and the Pareto front. CIs are t-intervals, not bootstraps: with the
-2-5 seeds a study has, a percentile bootstrap of a mean is about [min, max] of the seeds, far too narrow.
+"""Statistics of a study's table: per-variant summaries with CIs of the mean over seeds; differences to
+the baseline with their CIs, Welch and permutation p-values, Holm's correction and Hedges' g; ranks; and
+the Pareto front.
+
+Every interval respects its metric's range (METRIC_RANGES, the one list plots and claims read too):
+- bounded metrics (accuracies, AER and rank collapse in [0, 1]; BLEU and chrF in [0, 100]): the Wilson
+  score interval with the between-seed variance kept. A seed's value is a proportion of the n test
+  examples, and the seeds' sample variance s^2 (never less than the binomial p(1 - p)/n) sets an
+  effective sample size k p(1 - p)/s^2, as for proportions from clustered survey data (Korn & Graubard
+  1998). The interval lies in the range and around the mean, and seeds all at 0 (or 1) still get the
+  binomial width of k * n examples rather than none;
+- metrics bounded below (loss >= 0, perplexity >= 1): the t-interval of log(mean - low) (delta method);
+- anything else: Student's t-interval.
+Critical values are Student t: n - 1 df for one variant, Welch-Satterthwaite for a difference, whose
+interval combines the two sides' intervals by MOVER (Zou & Donner 2008), so a difference of accuracies
+stays in [-1, 1]. Away from the range's ends these are the plain t and Welch intervals. They are
+t-intervals, not bootstraps: with 2-5 seeds a percentile bootstrap of a mean is about [min, max] of the
+seeds, far too narrow. One seed gives no interval.
 
 One value per (variant, seed) enters: the latest completed trial of that grid point, so a retried
 trial is never counted twice."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
+
+from reports.collect import examples_column
 
 LEVEL = 0.95
 
@@ -24,37 +43,146 @@ def variant_values(df: pd.DataFrame, metric: str) -> dict[str, np.ndarray]:
     return {v: g[metric].to_numpy(dtype=float) for v, g in done.groupby("variant", sort=False)}
 
 
-def _t_interval(estimate: float, groups: list[np.ndarray], scale: float, level: float) -> tuple[float, float]:
-    """estimate ± t · scale · sqrt(sum of s^2/n over the groups), with Welch-Satterthwaite df over the
-    groups of two or more values; zero-width when there is no variance (equal values, one value a group)."""
-    # Equal values count as exactly no variance: np.var leaves ~1e-34 of rounding on them.
-    terms = [((np.var(g, ddof=1) if np.ptp(g) else 0.0) / len(g), len(g) - 1) for g in groups if len(g) > 1]
+@dataclass(frozen=True)
+class MetricRange:
+    """The values a metric can take: [low, high], either end possibly infinite."""
+
+    low: float = -math.inf
+    high: float = math.inf
+
+    @property
+    def bounded(self) -> bool:
+        return math.isfinite(self.low) and math.isfinite(self.high)
+
+    def difference(self) -> MetricRange:
+        """The range of a difference of two such values (or of two averages of them): [low - high, high - low]."""
+        return MetricRange(self.low - self.high, self.high - self.low)
+
+
+UNBOUNDED = MetricRange()
+# The one list of metric ranges, by the name after the split ("test/seq_acc" -> "seq_acc"); a name ending in
+# "_" covers every metric it begins (rank_collapse_encoder, rank_collapse_decoder).
+METRIC_RANGES = {
+    "seq_acc": MetricRange(0.0, 1.0), "tok_acc": MetricRange(0.0, 1.0), "aer": MetricRange(0.0, 1.0),
+    "rank_collapse_": MetricRange(0.0, 1.0), "bleu": MetricRange(0.0, 100.0), "chrf": MetricRange(0.0, 100.0),
+    "loss": MetricRange(0.0), "ppl": MetricRange(1.0),
+}  # fmt: skip
+# A metric's split, as its name spells it, -> the split whose example count trials record (split_sizes).
+SPLIT_OF_PREFIX = {"val": "valid"}
+
+
+def metric_range(metric: str) -> MetricRange:
+    """The range of a metric named `split/name` (or a bare name); unknown metrics are unbounded."""
+    name = metric.rsplit("/", 1)[-1]
+    for key, value in METRIC_RANGES.items():
+        if name == key or (key.endswith("_") and name.startswith(key)):
+            return value
+    return UNBOUNDED
+
+
+def examples(df: pd.DataFrame, metric: str) -> int | None:
+    """The fewest examples any completed trial measured `metric` on ("test/seq_acc": the test split), or
+    None where trials did not record it."""
+    split = metric.rsplit("/", 1)[0] if "/" in metric else ""
+    column = examples_column(SPLIT_OF_PREFIX.get(split, split))
+    if column not in df:
+        return None
+    counts = pd.to_numeric(df.loc[df["state"] == "COMPLETE", column], errors="coerce").dropna()
+    return int(counts.min()) if len(counts) and counts.min() > 0 else None
+
+
+def _spread(values: np.ndarray) -> float:
+    """The sample variance; exactly 0 for equal values (np.var leaves ~1e-34 of rounding on them)."""
+    return float(np.var(values, ddof=1)) if np.ptp(values) else 0.0
+
+
+def _wilson(values: np.ndarray, rng: MetricRange, n_examples: int | None, q: float) -> tuple[float, float]:
+    """Score (Wilson) interval of the mean of proportions with the between-seed variance kept: each seed's
+    value, rescaled to [0, 1], is a proportion of n_examples; its variance is the larger of the seeds'
+    sample variance and the binomial p(1 - p)/n, which makes an effective sample size
+    k p(1 - p) / max(s^2, p(1 - p)/n) (Kish's design effect), and Wilson's interval at that size with
+    critical value q. Always inside the range, always around the mean; at p = 0 or 1 its width is the
+    binomial one of k * n_examples trials (zero without a count)."""
+    unit = (values - rng.low) / (rng.high - rng.low)
+    p, k = float(unit.mean()), len(unit)
+    binomial = 1 / n_examples if n_examples else 0.0  # the variance per unit of p(1 - p)
+    dispersion = max(_spread(unit) / (p * (1 - p)), binomial) if 0 < p < 1 else binomial
+    if dispersion == 0:
+        return (float(values.mean()), float(values.mean()))
+    size = k / dispersion
+    center = (p + q**2 / (2 * size)) / (1 + q**2 / size)
+    half = q / (1 + q**2 / size) * math.sqrt(p * (1 - p) / size + q**2 / (4 * size**2))
+    lo, hi = max(0.0, center - half), min(1.0, center + half)
+    return (rng.low + lo * (rng.high - rng.low), rng.low + hi * (rng.high - rng.low))
+
+
+def _log_scale(values: np.ndarray, low: float, q: float) -> tuple[float, float]:
+    """t-interval of log(mean - low) by the delta method: (mean - low) * exp(±q * se / (mean - low)) + low.
+    Stays above `low`, holds the mean, and is the plain t-interval when se is small against the mean."""
+    excess = float(values.mean()) - low
+    se = math.sqrt(_spread(values) / len(values))
+    if excess <= 0 or se == 0:
+        return (float(values.mean()), float(values.mean()))
+    factor = math.exp(q * se / excess)
+    return (low + excess / factor, low + excess * factor)
+
+
+def _interval(values: np.ndarray, rng: MetricRange, n_examples: int | None, q: float) -> tuple[float, float]:
+    """The CI of the mean of `values` at critical value q, by the metric's range (see the module doc)."""
+    if rng.bounded:
+        return _wilson(values, rng, n_examples, q)
+    if math.isfinite(rng.low):
+        return _log_scale(values, rng.low, q)
+    half = q * math.sqrt(_spread(values) / len(values))
+    return (float(values.mean() - half), float(values.mean() + half))
+
+
+def _critical(groups: list[np.ndarray], level: float) -> float:
+    """Student t quantile at the Welch-Satterthwaite df of sum(s^2/n) over the groups (n - 1 for one
+    group); when no group varies at all, at the pooled df sum(n - 1)."""
+    terms = [(_spread(g) / len(g), len(g) - 1) for g in groups]
     variance = sum(v for v, _ in terms)
-    if variance == 0:
-        return (float(estimate), float(estimate))
-    df = variance**2 / sum(v**2 / dof for v, dof in terms)
-    half = sps.t.ppf((1 + level) / 2, df) * scale * np.sqrt(variance)
-    return (float(estimate - half), float(estimate + half))
+    df = variance**2 / sum(v**2 / dof for v, dof in terms) if variance > 0 else sum(d for _, d in terms)
+    return float(sps.t.ppf((1 + level) / 2, df))
 
 
-def mean_ci(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    """Student t CI of the mean (n - 1 df); a single value gives a zero-width interval at that value,
-    none gives NaN."""
+def mean_ci(
+    values: np.ndarray, rng: MetricRange = UNBOUNDED, n_examples: int | None = None, level: float = LEVEL
+) -> tuple[float, float]:
+    """The CI of the mean over seeds, inside the metric's range; NaN with fewer than two values (one seed
+    says nothing of the spread between seeds)."""
     values = np.asarray(values, dtype=float)
-    if len(values) == 0:
+    if len(values) < 2:
         return (np.nan, np.nan)
-    return _t_interval(values.mean(), [values], 1.0, level)
+    return _interval(values, rng, n_examples, _critical([values], level))
 
 
-def diff_ci(pairs: list[tuple[np.ndarray, np.ndarray]], level: float = LEVEL) -> tuple[float, float, float]:
-    """The mean over the k pairs of mean(a) - mean(b), and its Welch t CI: all groups are independent
-    runs, so the variance is sum(s^2/n over the 2k groups) / k^2, with Welch-Satterthwaite df. Empty
-    groups make it NaN."""
+def diff_ci(
+    pairs: list[tuple[np.ndarray, np.ndarray]],
+    rng: MetricRange = UNBOUNDED,
+    n_examples: int | None = None,
+    level: float = LEVEL,
+) -> tuple[float, float, float]:
+    """The mean over the k pairs of mean(a) - mean(b), and its CI by MOVER (Zou & Donner 2008; Newcombe's
+    hybrid score interval for one pair): each variant's own interval, at the Welch-Satterthwaite critical
+    value of the whole difference, gives the distances its estimate may move down and up, and those
+    distances add in quadrature. With symmetric t-intervals this is exactly Welch's interval; with the
+    range-respecting ones the difference stays inside [low - high, high - low]. The estimate is NaN when a
+    group is empty, the interval when a group has fewer than two values."""
     if not pairs or any(len(a) == 0 or len(b) == 0 for a, b in pairs):
         return (np.nan, np.nan, np.nan)
-    estimate = float(np.mean([np.mean(a) - np.mean(b) for a, b in pairs]))
     groups = [np.asarray(g, dtype=float) for pair in pairs for g in pair]
-    return (estimate, *_t_interval(estimate, groups, 1 / len(pairs), level))
+    weights = [sign / len(pairs) for _ in pairs for sign in (1.0, -1.0)]
+    estimate = float(sum(w * g.mean() for w, g in zip(weights, groups)))
+    if min(len(g) for g in groups) < 2:
+        return (estimate, np.nan, np.nan)
+    q = _critical(groups, level)
+    down, up = 0.0, 0.0
+    for w, g in zip(weights, groups):
+        lo, hi = _interval(g, rng, n_examples, q)
+        below, above = (g.mean() - lo) * abs(w), (hi - g.mean()) * abs(w)
+        down, up = (down + below**2, up + above**2) if w > 0 else (down + above**2, up + below**2)
+    return (estimate, estimate - math.sqrt(down), estimate + math.sqrt(up))
 
 
 def welch_p(a: np.ndarray, b: np.ndarray) -> float:
@@ -107,21 +235,22 @@ def summarize(
     df: pd.DataFrame, metric: str, order: list[str], baseline: str | None, direction: str = "maximize"
 ) -> pd.DataFrame:
     """One row per variant in `order`: n, mean, std, 95% CI; against the baseline: diff (variant -
-    baseline) with its Welch t CI, Welch and permutation p-values, p (Welch where defined, else the
+    baseline) with its CI, Welch and permutation p-values, p (Welch where defined, else the
     permutation test), p_holm (Holm across the non-baseline variants) and Hedges' g; and rank (1 = best
     mean in the metric's direction)."""
     values = variant_values(df, metric)
+    rng, n_examples = metric_range(metric), examples(df, metric)
     base = values.get(baseline, np.array([]))
     rows = []
     for variant in order:
         v = values.get(variant, np.array([]))
-        lo, hi = mean_ci(v)
+        lo, hi = mean_ci(v, rng, n_examples)
         row = {"variant": variant, "n": len(v), "mean": v.mean() if len(v) else np.nan,
                "std": v.std(ddof=1) if len(v) > 1 else np.nan, "ci_low": lo, "ci_high": hi,
                "diff": np.nan, "diff_ci_low": np.nan, "diff_ci_high": np.nan, "p_welch": np.nan,
                "p_perm": np.nan, "p": np.nan, "g": np.nan}  # fmt: skip
         if variant != baseline and len(base):
-            row["diff"], row["diff_ci_low"], row["diff_ci_high"] = diff_ci([(v, base)])
+            row["diff"], row["diff_ci_low"], row["diff_ci_high"] = diff_ci([(v, base)], rng, n_examples)
             row["p_welch"], row["p_perm"] = welch_p(v, base), permutation_p(v, base)
             row["p"] = row["p_welch"] if np.isfinite(row["p_welch"]) else row["p_perm"]
             row["g"] = hedges_g(v, base)
