@@ -4,16 +4,18 @@ the Pareto front.
 
 Every interval respects its metric's range (METRIC_RANGES, the one list plots and claims read too):
 - bounded metrics (accuracies, AER and rank collapse in [0, 1]; BLEU and chrF in [0, 100]): the Wilson
-  score interval with the between-seed variance kept. A seed's value is a proportion of the n test
-  examples, and the seeds' sample variance s^2 (never less than the binomial p(1 - p)/n) sets an
-  effective sample size k p(1 - p)/s^2, as for proportions from clustered survey data (Korn & Graubard
-  1998). The interval lies in the range and around the mean, and seeds all at 0 (or 1) still get the
-  binomial width of k * n examples rather than none;
+  score interval with the between-seed variance kept (quasi-binomial). A seed's value is a proportion of
+  the n test examples; the seeds' variance s^2, as a multiple of p(1 - p) and never below the binomial
+  1/n, sets an effective sample size k p(1 - p)/s^2, as for proportions from clustered survey data (Korn
+  & Graubard 1998). The interval lies in the range and around the mean, and seeds all at 0 (or 1) still
+  get the binomial width of k * n examples rather than none. Critical value: Student t with k - 1 df; for
+  a difference the dispersion s^2/(p(1 - p)) is pooled over the variants compared, with sum(k - 1) df
+  (the p(1 - p) factor already lets a variant near 0 vary less than one near 0.5);
 - metrics bounded below (loss >= 0, perplexity >= 1): the t-interval of log(mean - low) (delta method);
 - anything else: Student's t-interval.
-Critical values are Student t: n - 1 df for one variant, Welch-Satterthwaite for a difference, whose
-interval combines the two sides' intervals by MOVER (Zou & Donner 2008), so a difference of accuracies
-stays in [-1, 1]. Away from the range's ends these are the plain t and Welch intervals. They are
+For these two, a difference takes the Welch-Satterthwaite df. A difference's interval combines the two
+sides' intervals by MOVER (Zou & Donner 2008), so a difference of accuracies stays in [-1, 1]; with
+symmetric t-intervals MOVER is exactly Welch's interval. They are
 t-intervals, not bootstraps: with 2-5 seeds a percentile bootstrap of a mean is about [min, max] of the
 seeds, far too narrow. One seed gives no interval.
 
@@ -96,24 +98,25 @@ def _spread(values: np.ndarray) -> float:
     return float(np.var(values, ddof=1)) if np.ptp(values) else 0.0
 
 
-def _wilson(values: np.ndarray, rng: MetricRange, n_examples: int | None, q: float) -> tuple[float, float]:
-    """Score (Wilson) interval of the mean of proportions with the between-seed variance kept: each seed's
-    value, rescaled to [0, 1], is a proportion of n_examples; its variance is the larger of the seeds'
-    sample variance and the binomial p(1 - p)/n, which makes an effective sample size
-    k p(1 - p) / max(s^2, p(1 - p)/n) (Kish's design effect), and Wilson's interval at that size with
-    critical value q. Always inside the range, always around the mean; at p = 0 or 1 its width is the
-    binomial one of k * n_examples trials (zero without a count)."""
-    unit = (values - rng.low) / (rng.high - rng.low)
-    p, k = float(unit.mean()), len(unit)
-    binomial = 1 / n_examples if n_examples else 0.0  # the variance per unit of p(1 - p)
-    dispersion = max(_spread(unit) / (p * (1 - p)), binomial) if 0 < p < 1 else binomial
+def _dispersion(units: list[np.ndarray], n_examples: int | None) -> float:
+    """The quasi-binomial dispersion per seed, Var(seed's value) / (p(1 - p)), pooled over the groups
+    (Pearson: sum of (k - 1) s^2 / (p(1 - p)) over sum of (k - 1)) and never below the binomial 1/n of
+    n_examples (0 without a count). A group at p = 0 or 1 has no spread to add."""
+    pooled = sum((len(u) - 1) * _spread(u) / (u.mean() * (1 - u.mean())) for u in units if 0 < u.mean() < 1)
+    return max(pooled / sum(len(u) - 1 for u in units), 1 / n_examples if n_examples else 0.0)
+
+
+def _wilson(unit: np.ndarray, dispersion: float, q: float) -> tuple[float, float]:
+    """Wilson's score interval of the mean p of k proportions at the effective sample size k / dispersion
+    (Kish's design effect) and critical value q: inside [0, 1], around p, and at p = 0 or 1 as wide as
+    the binomial interval of k * n examples."""
+    p = float(unit.mean())
     if dispersion == 0:
-        return (float(values.mean()), float(values.mean()))
-    size = k / dispersion
+        return (p, p)
+    size = len(unit) / dispersion
     center = (p + q**2 / (2 * size)) / (1 + q**2 / size)
     half = q / (1 + q**2 / size) * math.sqrt(p * (1 - p) / size + q**2 / (4 * size**2))
-    lo, hi = max(0.0, center - half), min(1.0, center + half)
-    return (rng.low + lo * (rng.high - rng.low), rng.low + hi * (rng.high - rng.low))
+    return (max(0.0, center - half), min(1.0, center + half))
 
 
 def _log_scale(values: np.ndarray, low: float, q: float) -> tuple[float, float]:
@@ -127,23 +130,37 @@ def _log_scale(values: np.ndarray, low: float, q: float) -> tuple[float, float]:
     return (low + excess / factor, low + excess * factor)
 
 
-def _interval(values: np.ndarray, rng: MetricRange, n_examples: int | None, q: float) -> tuple[float, float]:
-    """The CI of the mean of `values` at critical value q, by the metric's range (see the module doc)."""
-    if rng.bounded:
-        return _wilson(values, rng, n_examples, q)
-    if math.isfinite(rng.low):
-        return _log_scale(values, rng.low, q)
-    half = q * math.sqrt(_spread(values) / len(values))
-    return (float(values.mean() - half), float(values.mean() + half))
+def _t_quantile(level: float, df: float) -> float:
+    return float(sps.t.ppf((1 + level) / 2, df))
 
 
-def _critical(groups: list[np.ndarray], level: float) -> float:
-    """Student t quantile at the Welch-Satterthwaite df of sum(s^2/n) over the groups (n - 1 for one
-    group); when no group varies at all, at the pooled df sum(n - 1)."""
+def _welch_df(groups: list[np.ndarray]) -> float:
+    """Welch-Satterthwaite df of sum(s^2/n) over the groups (n - 1 for one group); when no group varies
+    at all, the pooled sum(n - 1)."""
     terms = [(_spread(g) / len(g), len(g) - 1) for g in groups]
     variance = sum(v for v, _ in terms)
-    df = variance**2 / sum(v**2 / dof for v, dof in terms) if variance > 0 else sum(d for _, d in terms)
-    return float(sps.t.ppf((1 + level) / 2, df))
+    return variance**2 / sum(v**2 / dof for v, dof in terms) if variance > 0 else sum(d for _, d in terms)
+
+
+def _intervals(
+    groups: list[np.ndarray], rng: MetricRange, n_examples: int | None, level: float
+) -> list[tuple[float, float]]:
+    """Each group's CI of its mean, all at one critical value (see the module doc). Bounded metrics: Wilson
+    with the dispersion pooled over the groups and sum(k - 1) df. Others: the t-interval (on the log scale
+    above a lower bound) at the Welch-Satterthwaite df of the groups."""
+    if rng.bounded:
+        width = rng.high - rng.low
+        units = [(g - rng.low) / width for g in groups]
+        dispersion, q = _dispersion(units, n_examples), _t_quantile(level, sum(len(u) - 1 for u in units))
+        return [
+            (rng.low + lo * width, rng.low + hi * width)
+            for lo, hi in (_wilson(u, dispersion, q) for u in units)
+        ]
+    q = _t_quantile(level, _welch_df(groups))
+    if math.isfinite(rng.low):
+        return [_log_scale(g, rng.low, q) for g in groups]
+    halves = [q * math.sqrt(_spread(g) / len(g)) for g in groups]
+    return [(float(g.mean() - h), float(g.mean() + h)) for g, h in zip(groups, halves)]
 
 
 def mean_ci(
@@ -154,7 +171,7 @@ def mean_ci(
     values = np.asarray(values, dtype=float)
     if len(values) < 2:
         return (np.nan, np.nan)
-    return _interval(values, rng, n_examples, _critical([values], level))
+    return _intervals([values], rng, n_examples, level)[0]
 
 
 def diff_ci(
@@ -163,12 +180,12 @@ def diff_ci(
     n_examples: int | None = None,
     level: float = LEVEL,
 ) -> tuple[float, float, float]:
-    """The mean over the k pairs of mean(a) - mean(b), and its CI by MOVER (Zou & Donner 2008; Newcombe's
-    hybrid score interval for one pair): each variant's own interval, at the Welch-Satterthwaite critical
-    value of the whole difference, gives the distances its estimate may move down and up, and those
-    distances add in quadrature. With symmetric t-intervals this is exactly Welch's interval; with the
-    range-respecting ones the difference stays inside [low - high, high - low]. The estimate is NaN when a
-    group is empty, the interval when a group has fewer than two values."""
+    """The mean over the k pairs of mean(a) - mean(b), and its CI by MOVER (Zou & Donner 2008; for one
+    pair of proportions Newcombe's hybrid score interval): each variant's interval (_intervals, one
+    critical value for all) gives the distances its mean may move down and up, and those distances,
+    weighted 1/k, add in quadrature. With symmetric t-intervals this is exactly Welch's interval; with
+    the range-respecting ones the difference stays inside [low - high, high - low]. The estimate is NaN
+    when a group is empty, the interval when a group has fewer than two values."""
     if not pairs or any(len(a) == 0 or len(b) == 0 for a, b in pairs):
         return (np.nan, np.nan, np.nan)
     groups = [np.asarray(g, dtype=float) for pair in pairs for g in pair]
@@ -176,10 +193,8 @@ def diff_ci(
     estimate = float(sum(w * g.mean() for w, g in zip(weights, groups)))
     if min(len(g) for g in groups) < 2:
         return (estimate, np.nan, np.nan)
-    q = _critical(groups, level)
     down, up = 0.0, 0.0
-    for w, g in zip(weights, groups):
-        lo, hi = _interval(g, rng, n_examples, q)
+    for w, g, (lo, hi) in zip(weights, groups, _intervals(groups, rng, n_examples, level)):
         below, above = (g.mean() - lo) * abs(w), (hi - g.mean()) * abs(w)
         down, up = (down + below**2, up + above**2) if w > 0 else (down + above**2, up + below**2)
     return (estimate, estimate - math.sqrt(down), estimate + math.sqrt(up))

@@ -250,6 +250,12 @@ def on_score_boundary(p: float, size: float, q: float, x: float) -> bool:
     return (p - x) ** 2 == pytest.approx(q**2 * x * (1 - x) / size, rel=1e-9, abs=1e-12)
 
 
+def wilson_by_hand(p: float, size: float, q: float) -> tuple[float, float]:
+    center = (p + q**2 / (2 * size)) / (1 + q**2 / size)
+    half = q / (1 + q**2 / size) * math.sqrt(p * (1 - p) / size + q**2 / (4 * size**2))
+    return center - half, center + half
+
+
 def test_metric_ranges_come_from_the_names():
     assert stats.metric_range("test/seq_acc") == stats.metric_range("test_long/tok_acc") == ACC
     assert (ACC.low, ACC.high) == (0.0, 1.0)
@@ -266,9 +272,7 @@ def test_accuracy_seeds_at_089_095_by_hand():
     lo, hi = stats.mean_ci(np.array([0.89, 0.95]), ACC, 500)
     p, s2 = 0.92, np.var([0.89, 0.95], ddof=1)
     size = 2 * p * (1 - p) / s2  # the seeds vary far more than 500 examples would: their variance rules
-    center = (p + T1**2 / (2 * size)) / (1 + T1**2 / size)
-    half = T1 / (1 + T1**2 / size) * math.sqrt(p * (1 - p) / size + T1**2 / (4 * size**2))
-    assert (lo, hi) == pytest.approx((center - half, center + half), rel=1e-12)
+    assert (lo, hi) == pytest.approx(wilson_by_hand(p, size, T1), rel=1e-12)
     assert on_score_boundary(p, size, T1, lo) and on_score_boundary(p, size, T1, hi)
     assert 0 < lo < p < hi < 1  # the t-interval would be [0.539, 1.301]
     assert sps.t.interval(0.95, 1, loc=p, scale=sps.sem([0.89, 0.95]))[1] > 1
@@ -328,14 +332,26 @@ def test_differences_of_accuracies_stay_within_minus_one_and_one():
     assert 0 < lo < diff < hi <= 1
 
 
-def test_difference_interval_is_mover_of_the_two_sides():
-    # b has no spread, so the Welch-Satterthwaite df is a's alone (1): both sides' intervals at t(1).
+def test_difference_interval_is_mover_of_the_two_sides_with_a_pooled_dispersion():
+    # b does not vary: the dispersion is a's s^2/(p(1-p)) pooled over both sides' 1 + 1 df.
     a, b = np.array([0.89, 0.95]), np.array([0.5, 0.5])
-    (la, ua), (lb, ub) = stats.mean_ci(a, ACC, 500), stats.mean_ci(b, ACC, 500)
+    dispersion = (np.var(a, ddof=1) / (0.92 * 0.08) + 0) / 2
+    q = sps.t.ppf(0.975, 2)
+    (la, ua), (lb, ub) = wilson_by_hand(0.92, 2 / dispersion, q), wilson_by_hand(0.5, 2 / dispersion, q)
     diff, lo, hi = stats.diff_ci([(a, b)], ACC, 500)
     assert diff == pytest.approx(0.42)
     assert lo == pytest.approx(diff - math.hypot(0.92 - la, ub - 0.5), rel=1e-12)
     assert hi == pytest.approx(diff + math.hypot(ua - 0.92, 0.5 - lb), rel=1e-12)
+    # Seeds that vary less than 500 examples would: the binomial 1/500 is the dispersion.
+    a = np.array([0.9, 0.9001])
+    (la, ua), (lb, ub) = wilson_by_hand(0.90005, 1000, q), wilson_by_hand(0.5, 1000, q)
+    assert stats.diff_ci([(a, b)], ACC, 500)[1] == pytest.approx(0.40005 - math.hypot(0.90005 - la, ub - 0.5))
+
+
+def test_a_perfect_variant_against_a_noisy_one_at_zero_is_decided_with_two_seeds():
+    # One side at exactly 1.0 must not leave the difference with the other side's single df.
+    diff, lo, hi = stats.diff_ci([(np.array([0.03, 0.016]), np.array([1.0, 1.0]))], ACC, 100)
+    assert -1 <= lo < diff < hi < -0.3
 
 
 def test_summary_and_claims_read_the_example_counts_and_ranges():
