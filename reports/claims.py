@@ -20,7 +20,16 @@ Verdict, with d = compare - to, CI [lo, hi] and margin m >= 0 (the smallest effe
                   inconclusive otherwise.
 So a claim is reproduced only when the whole CI clears the margin in the claimed direction, and
 contradicted when the whole CI lies on the other side of it (the data rule out an effect that large).
-A side with fewer than two seeds has no CI, so its claim is inconclusive."""
+A side with fewer than two seeds has no CI, so its claim is inconclusive.
+
+Looks. With adaptive seeds (`seeds: {min, max, step}`) a claim is judged at up to K looks, after min,
+min + step, ..., max seeds per variant; the first look whose verdict is reproduced or contradicted decides
+it, and later seeds (run for other claims) do not reopen it. Each look's CI has level 1 - 0.05/K
+(Bonferroni over the K looks fixed in advance), so the chance that any look's CI misses the true effect,
+and with it the chance of a wrong verdict at whichever look stops, is at most 0.05 whatever the stopping
+rule. A study with a list of seeds has one look at level 0.95. The sweep asks `seeds_wanted` which
+variants need the next look's seeds: those of claims still open; the report and the sweep both read these
+verdicts, so the queue stops exactly where the report says a claim was decided."""
 
 from __future__ import annotations
 
@@ -30,10 +39,11 @@ import numpy as np
 import pandas as pd
 
 from harness.study import ClaimSpec, StudySpec, Value
-from reports.stats import diff_ci, examples, metric_range, variant_values
+from reports.stats import LEVEL, diff_ci, examples, metric_range, variant_values
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
 MIN_SEEDS = 2
+FINISHED = ("COMPLETE", "FAIL", "PRUNED")  # trial states that will not change
 
 
 @dataclass
@@ -52,6 +62,23 @@ class ClaimResult:
     diff: float = np.nan
     ci_low: float = np.nan
     ci_high: float = np.nan
+    level: float = LEVEL
+    look: int = 0  # the look these numbers come from (0-based)
+    decided: bool = False  # reproduced or contradicted at a look whose seeds all finished
+    budget_spent: bool = False  # still inconclusive after the last look's seeds finished
+    running: bool = False  # the look's trials have not all finished: a provisional verdict
+    looks: int = 1  # how many looks the study plans
+    seeds: int = 0  # seeds per variant at this look
+
+    @property
+    def decision(self) -> str:
+        """When the verdict was reached, for the report: 'look 1 of 3 (2 seeds, 98.3% CIs)', or why not."""
+        at = f"{self.seeds} seeds, {self.level:.1%} CIs".replace(".0%", "%")
+        if self.decided:
+            return f"look {self.look + 1} of {self.looks} ({at})"
+        if self.budget_spent:
+            return f"budget spent ({at})"
+        return f"open: look {self.look + 1} of {self.looks} running" if self.running else "open: more seeds queued"
 
 
 def matching_variants(overrides: dict[str, dict[str, Value]], selector: dict[str, Value]) -> list[str]:
@@ -87,12 +114,13 @@ def _pairs(
     return pairs
 
 
-def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame) -> ClaimResult:
+def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float = LEVEL) -> ClaimResult:
+    """The claim's verdict on the completed trials in `df`, with CIs at `level`."""
     metric = claim.metric or spec.metric.name
     overrides = spec.variant_overrides()
     compare = matching_variants(overrides, claim.compare)
     to = [v for v in matching_variants(overrides, claim.to) if v not in compare]
-    result = ClaimResult(claim, metric, INCONCLUSIVE, "", compare, to)
+    result = ClaimResult(claim, metric, INCONCLUSIVE, "", compare, to, level=level)
     if not compare or not to:
         side = "compare" if not compare else "to"
         result.reason = f"no variant matches {side}: {getattr(claim, side)}"
@@ -109,7 +137,9 @@ def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame) -> ClaimResult
     result.n_compare, result.n_to = len(pooled_c), len(pooled_t)
     result.mean_compare = pooled_c.mean() if len(pooled_c) else np.nan
     result.mean_to = pooled_t.mean() if len(pooled_t) else np.nan
-    result.diff, result.ci_low, result.ci_high = diff_ci(groups, metric_range(metric), examples(df, metric))
+    result.diff, result.ci_low, result.ci_high = diff_ci(
+        groups, metric_range(metric), examples(df, metric), level
+    )
     fewest = min(min(len(a), len(b)) for a, b in groups)
     if fewest < MIN_SEEDS:
         result.reason = f"a variant has {fewest} completed seed(s) of {metric}; a verdict needs {MIN_SEEDS}"
@@ -121,7 +151,7 @@ def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame) -> ClaimResult
 
 def _reason(r: ClaimResult) -> str:
     m, expect = abs(r.claim.margin), r.claim.expect
-    ci = f"95% CI of compare - to [{r.ci_low:.3g}, {r.ci_high:.3g}]"
+    ci = f"CI of compare - to [{r.ci_low:.3g}, {r.ci_high:.3g}]"
     bound = {"lower": f"below {-m:.3g}", "higher": f"above {m:.3g}", "similar": f"within ±{m:.3g}"}[expect]
     if r.verdict == REPRODUCED:
         return f"{ci} lies {bound}"
@@ -130,5 +160,53 @@ def _reason(r: ClaimResult) -> str:
     return f"{ci} straddles the margin (expected {bound})"
 
 
+def look_level(spec: StudySpec) -> float:
+    """The confidence level of each look: 1 - 0.05 / (number of looks)."""
+    return 1 - (1 - LEVEL) / len(spec.seed_looks)
+
+
+def _look_trials(spec: StudySpec, df: pd.DataFrame, variants: list[str], look: int) -> pd.DataFrame | None:
+    """The trials of `variants` whose seeds the look covers, or None when some of those seeds were never
+    queued (the look was not reached)."""
+    seeds = spec.seed_pool[: spec.seed_looks[look]]
+    rows = df[df["variant"].isin(variants) & df["seed"].isin(seeds)]
+    queued = rows.groupby("variant")["seed"].nunique()
+    return rows if all(queued.get(v, 0) == len(seeds) for v in variants) else None
+
+
+def judge(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame) -> ClaimResult:
+    """The claim at each look in turn, until one decides it, the next was not reached, or one is still
+    running (its trials then give a provisional verdict); see the module docstring."""
+    level = look_level(spec)
+    result = evaluate(spec, claim, df, level)
+    variants = result.compare + result.to
+    for look in range(len(spec.seed_looks)):
+        rows = _look_trials(spec, df, variants, look)
+        if rows is None:
+            break
+        result = evaluate(spec, claim, rows, level)
+        result.look, result.looks, result.seeds = look, len(spec.seed_looks), spec.seed_looks[look]
+        finished = rows["state"].isin(FINISHED).all()
+        result.decided = finished and result.verdict != INCONCLUSIVE
+        result.budget_spent = finished and not result.decided and look == len(spec.seed_looks) - 1
+        result.running = not finished
+        if result.decided or not finished:
+            break
+    return result
+
+
+def seeds_wanted(spec: StudySpec, results: list[ClaimResult]) -> dict[str, int]:
+    """Variant -> how many seeds the next look needs, for the variants of claims still open after a look
+    whose trials all finished; empty when no claim can use more seeds."""
+    wanted: dict[str, int] = {}
+    for r in results:
+        if r.decided or r.budget_spent or r.running or not (r.compare and r.to):
+            continue
+        count = spec.seed_looks[r.look + 1]
+        for variant in r.compare + r.to:
+            wanted[variant] = max(wanted.get(variant, 0), count)
+    return wanted
+
+
 def evaluate_all(spec: StudySpec, df: pd.DataFrame) -> list[ClaimResult]:
-    return [evaluate(spec, claim, df) for claim in spec.claims]
+    return [judge(spec, claim, df) for claim in spec.claims]

@@ -179,7 +179,7 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
     wall = pd.to_numeric(df["wall_time"], errors="coerce")
     started, completed = pd.to_datetime(df["started"]).dropna(), pd.to_datetime(df["completed"]).dropna()
     return {
-        "grid": len(spec.variant_overrides()) * len(spec.seeds),
+        "grid": len(df[["variant", "seed"]].drop_duplicates()),  # the grid points queued
         "states": df["state"].value_counts().to_dict(),
         "tune_trials": sum(len(t) for t in data.tune.values()),
         "search": spec.tune.model_dump() if spec.tune else None,
@@ -187,7 +187,8 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
         "best_tune": best_tune,
         "best_config": data.configs.get(overall["trial"], {}) if overall else {},
         "best_trial": overall,
-        "seeds": spec.seeds,
+        "seeds": seeds_text(spec),
+        "seeds_run": seeds_run(spec, df),
         "recorded": data.recorded,
         "environment": environment(),
         "total_time": float(wall.sum()) if wall.notna().any() else None,
@@ -198,6 +199,22 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
         "params": summary[["variant", "params"]].dropna().to_dict("records"),
         "spec_yaml": yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, allow_unicode=True),
     }
+
+
+def seeds_text(spec: StudySpec) -> str:
+    """The study's seeds: '0, 1, 2', or 'adaptive: 2 to 4 per variant (3 looks)'."""
+    if spec.adaptive is None:
+        return ", ".join(map(str, spec.seed_pool))
+    return f"adaptive: {spec.adaptive.min} to {spec.adaptive.max} per variant ({len(spec.seed_looks)} looks)"
+
+
+def seeds_run(spec: StudySpec, df: pd.DataFrame) -> str:
+    """How many seeds each variant completed: '3 variants x 2 seeds', or per variant when they differ."""
+    done = df[df["state"] == "COMPLETE"].drop_duplicates(["variant", "seed"]).groupby("variant").size()
+    counts = {v: int(done.get(v, 0)) for v in spec.variant_overrides()}
+    if len(set(counts.values())) == 1:
+        return f"{len(counts)} variants × {next(iter(counts.values()))} seeds"
+    return ", ".join(f"{v} {n}" for v, n in counts.items()) + " seeds"
 
 
 def _num(x, digits: int = 3) -> str:
@@ -254,6 +271,7 @@ def build_report(
         "baseline": spec.baseline_variant(),
         "summary": summary.sort_values("rank", na_position="last").to_dict("records"),
         "claims": claims.evaluate_all(spec, data.trials),
+        "look_level": claims.look_level(spec),
         "progress": [asdict(row) for row in study_progress(spec, storage)],
         "trials": trial_rows(data.trials),
         "importances": importances.to_dict("records"),
