@@ -414,7 +414,7 @@ def bench_padding(quick: bool) -> Figure:
 
 
 def sweep_spec(k: int, trials: int):
-    from harness.study import StudySpec
+    from harness.study.spec import StudySpec
 
     return StudySpec(
         name=f"bench-sweep-k{k}",
@@ -449,12 +449,14 @@ def sweep_rate(k: int, trials: int, device: torch.device, root: Path) -> tuple[f
     spawning); returns (trials per hour, seconds, finished trials). Worker start-up counts: every sweep pays it."""
     import optuna
 
-    from harness.study import default_storage_url, open_storage, prepare_study, study_progress
+    from harness.artifacts import default_storage_url
+    from harness.study.queue import prepare_study, study_progress
+    from harness.study.storage import open_storage
     from harness.workers import spawn_workers, worker_slots
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = sweep_spec(k, trials)
-    url = default_storage_url(spec, root)
+    url = default_storage_url(spec.slug, root)
     store = open_storage(url)
     prepare_study(spec, store)
     if device.type == "cuda":

@@ -99,8 +99,11 @@ def sweep(
     """Tune (if the study says so) and run every variant x seed of a study, then write its report.
 
     Resumes what the storage holds: finished trials are kept, interrupted ones run again."""
+    from harness.artifacts import default_storage_url
     from harness.config import parse_override
-    from harness.study import default_storage_url, load_study, open_storage, prepare_study, validate_spec
+    from harness.study.queue import prepare_study
+    from harness.study.spec import load_study, validate_spec
+    from harness.study.storage import open_storage
 
     try:
         spec = load_study(study, profile)
@@ -116,7 +119,7 @@ def sweep(
         if devices is not None and not gpus:
             raise ConfigError(f"--devices: expected GPU indices like 0,1 (got {devices!r})")
         mode = wandb_mode(wandb)
-        url = storage or default_storage_url(spec, out)
+        url = storage or default_storage_url(spec.slug, out)
         store = open_storage(url, heartbeat=spec.heartbeat)
         stored = prepare_study(spec, store)
         if stored != spec:
@@ -156,7 +159,7 @@ def watch_workers(spec, store, procs) -> None:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from harness.study import study_progress, time_left_s
+    from harness.study.queue import study_progress, time_left_s
     from harness.workers import stop_workers
 
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -200,12 +203,15 @@ def worker(
     ] = None,
 ) -> None:
     """Join a study: run its queued trials until none is left (any machine that reaches the storage)."""
-    from harness.study import default_storage_url, load_study, open_storage, prepare_study
+    from harness.artifacts import default_storage_url
+    from harness.study.queue import prepare_study
+    from harness.study.spec import load_study
+    from harness.study.storage import open_storage
 
     try:
         if _is_study_file(study):
             spec = load_study(study)
-            store = open_storage(storage or default_storage_url(spec, out))
+            store = open_storage(storage or default_storage_url(spec.slug, out))
             spec = prepare_study(spec, store)  # the stored spec, when the study was already there
     except ConfigError as e:
         raise fail(str(e)) from None
@@ -232,7 +238,7 @@ def status(
     out: RunsOption = Path("runs"),
 ) -> None:
     """Progress of a study, per variant: done, running, failed, pruned, time spent and left."""
-    from harness.study import study_progress, time_left_s
+    from harness.study.queue import study_progress, time_left_s
 
     spec, store = _stored_study("status", study, storage, out)
     rows = study_progress(spec, store)
@@ -276,19 +282,20 @@ def dashboard(
     import shutil
     import subprocess
 
-    from harness.study import StudySpec, default_storage_url, study_dir
+    from harness.artifacts import STUDY_DB, artifact_dir, default_storage_url
+    from harness.study.spec import slugify
 
     try:
         if storage is None:
             if study is None:
-                found = sorted(out.glob("*/study.db"))
+                found = sorted(out.glob(f"*/{STUDY_DB}"))
                 if len(found) != 1:
                     where = ", ".join(str(p.parent.name) for p in found) or "none"
                     raise ConfigError(
                         f"dashboard: name a study or give --storage (studies in {out}: {where})"
                     )
                 study = found[0].parent.name
-            storage = default_storage_url(StudySpec(name=_study_name(study)), out)
+            storage = default_storage_url(slugify(_study_name(study)), out)
         if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
             raise ConfigError(f"storage {storage}: no such database")
     except ConfigError as e:
@@ -296,7 +303,7 @@ def dashboard(
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
     command = [exe, storage, "--host", host, "--port", str(port)]
     if study is not None:
-        command += ["--artifact-dir", str(study_dir(StudySpec(name=_study_name(study)), out) / "artifacts")]
+        command += ["--artifact-dir", str(artifact_dir(slugify(_study_name(study)), out))]
     if dry_run:
         print(shlex.join(command))
         return
@@ -306,17 +313,14 @@ def dashboard(
 
 def _stored_study(command: str, study: str, storage: str | None, out: Path):
     """The spec and storage of a study that exists in the storage; exit 2 otherwise."""
-    from harness.study import (
-        StudySpec,
-        default_storage_url,
-        load_spec_from_storage,
-        open_storage,
-        stored_study_names,
-    )
+    from harness.artifacts import default_storage_url
+    from harness.study.queue import load_spec_from_storage, stored_study_names
+    from harness.study.spec import slugify
+    from harness.study.storage import open_storage
 
     try:
         name = _study_name(study)
-        url = storage or default_storage_url(StudySpec(name=name), out)
+        url = storage or default_storage_url(slugify(name), out)
         store = open_storage(url, create_dir=False)
         if name not in stored_study_names(store):
             known = ", ".join(stored_study_names(store)) or "none"
@@ -336,11 +340,14 @@ def report(
     ] = None,
 ) -> None:
     """Rebuild a study's report from its storage."""
+    import time
+
+    start = time.perf_counter()
     spec, store = _stored_study("report", study, storage, out)
     from reports.render import build_report
 
     out_dir = build_report(spec, store, out, report_dir)
-    console.print(f"report: {out_dir / 'report.html'}")
+    console.print(f"report built in {time.perf_counter() - start:.1f} s: {out_dir / 'report.html'}")
 
 
 def _is_study_file(study: str) -> bool:
@@ -350,7 +357,7 @@ def _is_study_file(study: str) -> bool:
 def _study_name(study: str) -> str:
     """A study given by name, or by its file (whose `name` is read)."""
     if _is_study_file(study):
-        from harness.study import load_study
+        from harness.study.spec import load_study
 
         return load_study(study).name
     return study
@@ -389,7 +396,7 @@ def bench(
 def list_all() -> None:
     """Tasks, presets, bundled studies and config keys."""
     from harness.config import ExperimentConfig
-    from harness.study import bundled_studies_dir
+    from harness.study.spec import bundled_studies_dir
     from harness.tasks import TASKS
     from models.config import PRESETS
 

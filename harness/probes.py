@@ -1,4 +1,5 @@
-"""Attention on fixed probe examples: captured as arrays, saved as .npz, drawn as heatmaps.
+"""Attention on fixed probe examples: captured as arrays (AttentionSample, saved as .npz by
+harness.artifacts), drawn as heatmaps.
 
 The probes are the first examples of the test splits, so every trial of a study looks at the same
 inputs. Weights are teacher-forced on the gold target: rows are the tokens the decoder predicts, and
@@ -6,52 +7,18 @@ they line up with the task's gold alignment where it has one."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from matplotlib import colormaps
 
+from harness.artifacts import AttentionSample
 from harness.tasks.base import BOS, EOS, TaskData
 from harness.tasks.datamodule import EncodedSplit, collate
 from models.module import Seq2SeqModule
 
 PROBES_PER_SPLIT = {"test": 2, "test_long": 1}
-
-
-@dataclass
-class AttentionSample:
-    """One probe example's attention. weights[kind] is (layers, heads, rows, cols) for kind in
-    encoder (src x src), decoder (tgt_out x tgt_in) and cross (tgt_out x src)."""
-
-    split: str
-    src: list[str]  # source tokens, EOS included
-    tgt_in: list[str]  # decoder inputs: BOS + target
-    tgt_out: list[str]  # what each decoder step predicts: target + EOS
-    weights: dict[str, np.ndarray] = field(default_factory=dict)
-    alignment: np.ndarray = field(
-        default_factory=lambda: np.zeros((0, 2), dtype=np.int64)
-    )  # (src, tgt) pairs
-
-    def axes(self, kind: str) -> tuple[list[str], list[str]]:
-        """Row and column labels of a weight matrix of `kind`."""
-        return {"encoder": (self.src, self.src), "decoder": (self.tgt_out, self.tgt_in),
-                "cross": (self.tgt_out, self.src)}[kind]  # fmt: skip
-
-    def save(self, path: str | Path) -> None:
-        arrays = {f"weights_{kind}": w for kind, w in self.weights.items()}
-        np.savez_compressed(
-            path, split=np.array(self.split), src=np.array(self.src), tgt_in=np.array(self.tgt_in),
-            tgt_out=np.array(self.tgt_out), alignment=self.alignment, **arrays,
-        )  # fmt: skip
-
-    @classmethod
-    def load(cls, path: str | Path) -> AttentionSample:
-        with np.load(path, allow_pickle=False) as f:
-            weights = {key.removeprefix("weights_"): f[key] for key in f.files if key.startswith("weights_")}
-            return cls(str(f["split"]), f["src"].tolist(), f["tgt_in"].tolist(), f["tgt_out"].tolist(),
-                       weights, f["alignment"])  # fmt: skip
 
 
 @dataclass

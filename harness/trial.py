@@ -1,9 +1,9 @@
 """One trial: ExperimentConfig -> data -> Seq2SeqModule -> Trainer.fit -> test metrics + artifacts.
 
 Training keeps the checkpoint with the best val/loss (and writes the last one); the test splits are
-decoded with that best checkpoint, loaded with weights_only=True. With `out_dir` the trial leaves:
-config.json, metrics.json (metrics, history, per-length accuracy, cost), checkpoints/{best,last}.ckpt
-and attention/probe<i>_<split>.npz (see harness.probes.AttentionSample.load)."""
+decoded with that best checkpoint, loaded with weights_only=True. With `out_dir` the trial leaves its
+config, metrics (metrics, history, per-length accuracy, cost), checkpoints, attention samples and data
+there, as harness.artifacts names them."""
 
 from __future__ import annotations
 
@@ -25,9 +25,11 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 
+from harness import artifacts
+from harness.artifacts import AttentionSample
 from harness.config import ConfigError, ExperimentConfig
 from harness.metrics import accuracy_by_length, alignment_error_rate, text_metrics
-from harness.probes import AttentionSample, Probe, capture, log_images, select_probes
+from harness.probes import Probe, capture, log_images, select_probes
 from harness.tasks import TaskData, build_task
 from harness.tasks.datamodule import Seq2SeqDataModule
 from models.decoding import generation_budget
@@ -344,9 +346,12 @@ def run_trial(
     history, cost = HistoryCallback(), CostMonitor()
     with tempfile.TemporaryDirectory(prefix="trial-ckpt-") as scratch:
         # Without an out_dir the best checkpoint still selects the tested weights; it lives in scratch.
-        ckpt_dir = Path(out_dir) / "checkpoints" if out_dir is not None else Path(scratch)
+        ckpt_dir = Path(out_dir) / artifacts.CHECKPOINTS if out_dir is not None else Path(scratch)
         best = ModelCheckpoint(
-            dirpath=ckpt_dir, filename="best", monitor=MONITOR, enable_version_counter=False
+            dirpath=ckpt_dir,
+            filename=artifacts.BEST_CHECKPOINT,
+            monitor=MONITOR,
+            enable_version_counter=False,
         )
         own = [history, cost, best, ValidateOnStop(), AttentionImages(probes)]
         root = str(out_dir) if out_dir is not None else scratch
@@ -355,8 +360,8 @@ def run_trial(
         )
         trainer.fit(module, datamodule=dm)
         # The full state (optimizer, schedule, loops), not only the weights: the last checkpoint can resume.
-        trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)
-        tested = best.best_model_path or str(ckpt_dir / "last.ckpt")
+        trainer.save_checkpoint(ckpt_dir / artifacts.LAST_CHECKPOINT, weights_only=False)
+        tested = best.best_model_path or str(ckpt_dir / artifacts.LAST_CHECKPOINT)
         test_metrics = trainer.test(module, datamodule=dm, ckpt_path=tested, verbose=False, weights_only=True)
 
     metrics, per_length = generation_metrics(module, data)
@@ -382,21 +387,24 @@ def run_trial(
     log_final(loggers, result, trainer.global_step)
     if out_dir is not None:
         write_artifacts(Path(out_dir), cfg, result, loggers)
-        data.save(Path(out_dir) / "data")  # vocabularies and tokenizers: what reads this run's outputs
+        # Vocabularies and tokenizers: what reads this run's outputs.
+        data.save(Path(out_dir) / artifacts.DATA)
     return result
 
 
 def write_artifacts(out: Path, cfg: ExperimentConfig, result: TrialResult, loggers: list) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2))
-    (out / "metrics.json").write_text(json.dumps(result.to_json(), indent=2))
-    attention_dir = out / "attention"
+    (out / artifacts.CONFIG).write_text(json.dumps(cfg.model_dump(), indent=2))
+    (out / artifacts.METRICS).write_text(json.dumps(result.to_json(), indent=2))
+    attention_dir = out / artifacts.ATTENTION
     attention_dir.mkdir(exist_ok=True)
     for i, sample in enumerate(result.attention):
-        sample.save(attention_dir / f"probe{i}_{sample.split}.npz")
+        sample.save(out / artifacts.attention_file(i, sample.split))
     for logger in loggers:
         if isinstance(logger, WandbLogger):
             # The arrays travel with the W&B run too, next to the heatmap images: what lies in the run's
             # own folder is uploaded when it finishes (or by `wandb sync`), without wandb.save's
             # per-file symlink warnings.
-            shutil.copytree(attention_dir, Path(logger.experiment.dir) / "attention", dirs_exist_ok=True)
+            shutil.copytree(
+                attention_dir, Path(logger.experiment.dir) / artifacts.ATTENTION, dirs_exist_ok=True
+            )

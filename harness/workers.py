@@ -30,22 +30,18 @@ from optuna.trial import TrialState
 from optuna_integration import PyTorchLightningPruningCallback
 
 from harness import provenance, tracking
-from harness.study import (
+from harness.artifacts import artifact_store, study_dir, trial_dir, upload_trial_files
+from harness.study.queue import (
     EVAL,
     TUNE,
-    StudySpec,
-    artifact_store,
     best_tuned_params,
     grid_point,
     load_phase_study,
-    retry_callback,
-    slugify,
-    study_dir,
     suggest,
     trial_variant,
-    tune_metric,
-    upload_trial_files,
 )
+from harness.study.spec import StudySpec, slugify, tune_metric
+from harness.study.storage import retry_callback
 
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
 
@@ -137,8 +133,8 @@ class Worker:
     def __init__(self, spec: StudySpec, storage, runs_root: str | Path = "runs", wandb_mode="offline"):
         self.spec, self.storage, self.wandb_mode = spec, storage, wandb_mode
         self.variants = spec.variant_overrides()
-        self.root = study_dir(spec, runs_root)
-        self.store = artifact_store(spec, runs_root)
+        self.root = study_dir(spec.slug, runs_root)
+        self.store = artifact_store(spec.slug, runs_root)
         self.eval = load_phase_study(spec, storage, EVAL)
         self.tune = {v: load_phase_study(spec, storage, TUNE, v) for v in self.variants} if spec.tune else {}
 
@@ -265,8 +261,9 @@ class Worker:
         trial.set_user_attr("hardware", provenance.hardware())
         trial.set_user_attr("versions", provenance.versions())
         trial.set_user_attr("git_commit", provenance.git_commit())
-        out_dir = self.root / "trials" / claim.phase
-        out_dir = (out_dir / slugify(variant) if claim.phase == TUNE else out_dir) / f"{trial.number:04d}"
+        out_dir = trial_dir(
+            self.root, claim.phase, trial.number, slugify(variant) if claim.phase == TUNE else None
+        )
         tags = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()]
         from harness.trial import run_trial
 

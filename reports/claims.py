@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from harness.study import ClaimSpec, StudySpec, Value
+from harness.study.spec import ClaimSpec, StudySpec, Value
 from reports.stats import LEVEL, diff_ci, examples, metric_range, variant_values
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"

@@ -16,8 +16,10 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from harness.probes import AttentionSample
-from harness.study import EVAL, TUNE, StudySpec, optuna_study_name, study_dir, trial_variant
+from harness import artifacts
+from harness.artifacts import AttentionSample
+from harness.study.queue import EVAL, TUNE, optuna_study_name, trial_variant
+from harness.study.spec import StudySpec
 
 # Cost figures a trial may store as user attributes next to params and wall_time.
 COST_COLUMNS = ["params", "wall_time", "tokens_per_sec", "peak_mem_mb", "steps"]
@@ -86,14 +88,14 @@ def examples_column(split: str) -> str:
 
 def read_artifacts(t: optuna.trial.FrozenTrial, spec: StudySpec, runs_root: str | Path) -> TrialArtifacts:
     """A trial's artifacts from the study's Optuna artifact store (the trial's 'artifacts' user attr maps
-    each file's path to its artifact id), else from its folder runs/<study>/trials/eval/<NNNN>/; whatever
-    is missing stays empty. Read: metrics.json (holds history and per_length), history.json,
-    per_length.json and the attention samples attention/probe<i>_<split>.npz; checkpoints are left alone."""
+    each file's path to its artifact id), else from its own folder (harness.artifacts.trial_dir); whatever
+    is missing stays empty. Read: the metrics file (holds history and per_length) and the attention
+    samples; checkpoints are left alone."""
     files: dict[str, Path] = {}
-    folder = study_dir(spec, runs_root) / "trials" / EVAL / f"{t.number:04d}"
+    folder = artifacts.trial_dir(artifacts.study_dir(spec.slug, runs_root), EVAL, t.number)
     if folder.is_dir():
         files.update({p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if _wanted(p.name)})
-    store_dir = study_dir(spec, runs_root) / "artifacts"
+    store_dir = artifacts.artifact_dir(spec.slug, runs_root)
     with tempfile.TemporaryDirectory(prefix="report-artifacts-") as scratch:
         if store_dir.is_dir():
             store = optuna.artifacts.FileSystemArtifactStore(str(store_dir))
@@ -112,20 +114,16 @@ def read_artifacts(t: optuna.trial.FrozenTrial, spec: StudySpec, runs_root: str 
 
 
 def _wanted(name: str) -> bool:
-    return name in ("metrics.json", "history.json", "per_length.json") or name.endswith(".npz")
+    return name == artifacts.METRICS or name.endswith(".npz")
 
 
 def _parse_artifacts(files: dict[str, Path]) -> TrialArtifacts:
     out = TrialArtifacts()
-    if "metrics.json" in files:
-        result = _read_json(files["metrics.json"])
+    if artifacts.METRICS in files:
+        result = _read_json(files[artifacts.METRICS])
         out.history = result.get("history") or []
         out.per_length = result.get("per_length") or []
         out.cost = {k: result[k] for k in COST_COLUMNS if isinstance(result.get(k), (int, float))}
-    if "history.json" in files:
-        out.history = _read_json(files["history.json"]) or out.history
-    if "per_length.json" in files:
-        out.per_length = _read_json(files["per_length.json"]) or out.per_length
     for name in sorted(n for n in files if n.endswith(".npz")):
         try:
             out.attention.append(AttentionSample.load(files[name]))

@@ -14,8 +14,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from harness.artifacts import AttentionSample  # noqa: E402
 from harness.metrics import alignment_error_rate  # noqa: E402
-from harness.probes import AttentionSample  # noqa: E402
 from reports.stats import MetricRange, examples, mean_ci, metric_range, pareto_front  # noqa: E402
 
 # Variant names are user text: never parse them as mathtext.

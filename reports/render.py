@@ -20,9 +20,10 @@ import pandas as pd
 import yaml
 from jinja2 import Environment, PackageLoader
 
-from harness import tracking
+from harness import artifacts, tracking
 from harness.provenance import environment
-from harness.study import StudySpec, study_dir, study_progress, tune_metric
+from harness.study.queue import study_progress
+from harness.study.spec import StudySpec, tune_metric
 from reports import claims, plots, stats
 from reports.collect import StudyData, collect
 
@@ -259,7 +260,7 @@ def build_report(
 ) -> Path:
     """Reads the study from `storage` (and its artifacts under runs_root) and writes the report to `out`
     (default runs/<study>/report/); returns that folder."""
-    out_dir = Path(out) if out else study_dir(spec, runs_root) / "report"
+    out_dir = Path(out) if out else artifacts.report_dir(spec.slug, runs_root)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = collect(spec, storage, runs_root)
     summary = variant_summary(data)
@@ -287,7 +288,9 @@ def build_report(
     )
     if tracking.resolve_mode(wandb_mode) == "online":
         try:
-            log_summary_run(spec, summary, out_dir, list(figs), "online", study_dir(spec, runs_root))
+            log_summary_run(
+                spec, summary, out_dir, list(figs), "online", artifacts.study_dir(spec.slug, runs_root)
+            )
         except Exception as e:  # the report is written; W&B is a copy of it and must not undo it
             warnings.warn(f"W&B: the report summary run failed ({type(e).__name__}: {e})", stacklevel=2)
     return out_dir

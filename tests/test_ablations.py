@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.study import bundled_studies_dir, load_study
+from harness.study.spec import bundled_studies_dir, load_study
 from harness.trial import run_trial
 
 STUDIES = sorted(bundled_studies_dir().glob("*.yaml"))

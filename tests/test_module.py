@@ -8,8 +8,9 @@ import pytest
 import torch
 from lightning.pytorch.loggers import WandbLogger
 
+from harness.artifacts import AttentionSample
 from harness.config import load_config
-from harness.probes import AttentionSample, heatmap
+from harness.probes import heatmap
 from harness.trial import build_trainer, peak_rss_mb, resolve_precision, run_trial
 from models.module import EOS_ID, Seq2SeqModule, lr_lambda, token_cross_entropy
 

@@ -29,7 +29,9 @@ from test_workers import tiny_spec
 import harness.trial
 import harness.workers
 from harness import tracking
-from harness.study import EVAL, grid_point, load_phase_study, load_study, open_storage, prepare_study
+from harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study
+from harness.study.spec import load_study
+from harness.study.storage import open_storage
 from harness.workers import run_worker
 from models.module import Seq2SeqModule
 from reports.render import build_report

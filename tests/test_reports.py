@@ -13,8 +13,10 @@ import pandas as pd
 import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 
-from harness.probes import AttentionSample
-from harness.study import StudySpec, open_storage, optuna_study_name, prepare_study, study_dir
+from harness.artifacts import AttentionSample, study_dir
+from harness.study.queue import optuna_study_name, prepare_study
+from harness.study.spec import StudySpec
+from harness.study.storage import open_storage
 from harness.workers import run_worker
 from reports import collect, plots, stats
 from reports.render import _md_cell, build_report, log_summary_run, variant_summary
@@ -68,8 +70,8 @@ def synthetic_study(tmp_path: Path, name: str = STUDY_NAME, variants: dict | Non
     storage = optuna.storages.InMemoryStorage()
     study = optuna.create_study(study_name=optuna_study_name(spec), storage=storage, direction="maximize")
     study.set_user_attr("spec", spec.model_dump(mode="json"))
-    store = optuna.artifacts.FileSystemArtifactStore(str(study_dir(spec, runs) / "artifacts"))
-    (study_dir(spec, runs) / "artifacts").mkdir(parents=True)
+    store = optuna.artifacts.FileSystemArtifactStore(str(study_dir(spec.slug, runs) / "artifacts"))
+    (study_dir(spec.slug, runs) / "artifacts").mkdir(parents=True)
     states = states if states is not None else {
         ("pos_encoding=none,norm=pre", 0): "FAIL", ("pos_encoding=none,norm=pre", 2): "RUNNING",
         ("pos_encoding=none,norm=post", 2): "WAITING", ("pos_encoding=sinusoidal,norm=pre", 2): "PRUNED",
@@ -107,7 +109,7 @@ def synthetic_study(tmp_path: Path, name: str = STUDY_NAME, variants: dict | Non
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 continue
             value = float(np.clip(quality + rng.normal(0, 0.03), 0, 1))
-            folder = study_dir(spec, runs) / "trials" / "eval" / f"{trial.number:04d}"
+            folder = study_dir(spec.slug, runs) / "trials" / "eval" / f"{trial.number:04d}"
             write_trial_files(folder, value, positional)
             if trial.number == 0:  # kept only in the artifact store, as the harness uploads them
                 artifacts = {rel: optuna.artifacts.upload_artifact(artifact_store=store, file_path=str(folder / rel),
@@ -212,7 +214,7 @@ def test_artifacts_come_from_the_store_or_the_trial_folder(synthetic):
     spec, storage, runs, _ = synthetic
     trials = {t.number: t for t in collect.eval_trials(spec, storage)}
     from_store = collect.read_artifacts(trials[0], spec, runs)
-    assert not (study_dir(spec, runs) / "trials" / "eval" / "0000").exists()
+    assert not (study_dir(spec.slug, runs) / "trials" / "eval" / "0000").exists()
     from_folder = collect.read_artifacts(trials[1], spec, runs)
     for art in (from_store, from_folder):
         assert [row["step"] for row in art.history] == [10, 20, 30]
@@ -246,7 +248,7 @@ def test_report_of_a_tiny_real_study(tmp_path):
     spec = prepare_study(spec, storage)
     run_worker(spec, storage, runs, "disabled")
     # The trial folders go: the report reads the artifact store.
-    for folder in (study_dir(spec, runs) / "trials" / "eval").iterdir():
+    for folder in (study_dir(spec.slug, runs) / "trials" / "eval").iterdir():
         for path in sorted(folder.rglob("*"), reverse=True):
             path.unlink() if path.is_file() else path.rmdir()
     out = build_report(spec, storage, runs)
@@ -317,3 +319,33 @@ def test_figures_skip_what_has_no_data():
         plots.probe_aer(no_attention)
     )
     assert plots.probe_aer(attention_sample(aligned=True)) == 0.0
+
+
+def test_reports_import_neither_torch_nor_lightning():
+    """Building a report reads arrays and tables only; torch and Lightning would add seconds to every
+    `ablate report`. Every module of reports/, imported in a fresh interpreter."""
+    import pkgutil
+    import subprocess
+    import sys
+
+    import reports
+
+    modules = sorted(f"reports.{m.name}" for m in pkgutil.iter_modules(reports.__path__))
+    assert {"reports.collect", "reports.stats", "reports.plots", "reports.claims", "reports.render"} <= set(
+        modules
+    )
+    check = (f"import sys, {', '.join(modules)}; "
+             "loaded = [m for m in ('torch', 'lightning') if m in sys.modules]; "
+             "assert not loaded, f'reports imported {loaded}'")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_study_spec_reads_without_optuna():
+    """The study file is validated before the storage is touched: the spec module needs no Optuna."""
+    import subprocess
+    import sys
+
+    check = "import sys, harness.study.spec; assert 'optuna' not in sys.modules, 'optuna imported'"
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from harness.study import StudySpec
+from harness.study.spec import StudySpec
 from reports import claims, stats
 from reports.claims import CONTRADICTED, INCONCLUSIVE, REPRODUCED
 

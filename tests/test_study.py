@@ -16,17 +16,9 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import ConfigError
-from harness.study import (
-    EVAL,
-    HeartbeatSpec,
-    StudySpec,
-    grid_point,
-    load_phase_study,
-    load_study,
-    open_storage,
-    prepare_study,
-    study_progress,
-)
+from harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, study_progress
+from harness.study.spec import HeartbeatSpec, StudySpec, load_study
+from harness.study.storage import open_storage
 from harness.workers import Worker
 
 

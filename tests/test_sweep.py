@@ -88,6 +88,7 @@ def test_sweep_writes_report_and_report_rebuilds_from_storage(tmp_path):
     shutil.rmtree(runs / "tiny" / "trials")
     proc = ablate("report", "tiny", "--out", str(runs))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"report built in \d+\.\d s:", proc.stderr), proc.stderr  # the console writes to stderr
     rebuilt = pd.read_csv(report / "results.csv")
     pd.testing.assert_frame_equal(rebuilt, df)
 

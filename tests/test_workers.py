@@ -7,15 +7,10 @@ import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 from optuna.trial import TrialState
 
-from harness.study import (
-    EVAL,
-    StudySpec,
-    artifact_store,
-    download_trial_files,
-    load_phase_study,
-    open_storage,
-    prepare_study,
-)
+from harness.artifacts import artifact_store, download_trial_files
+from harness.study.queue import EVAL, load_phase_study, prepare_study
+from harness.study.spec import StudySpec
+from harness.study.storage import open_storage
 from harness.workers import run_worker
 
 
@@ -45,7 +40,7 @@ def test_diverging_variant_fails_with_its_reason_and_the_rest_completes(tmp_path
 
     # The trial's folder comes back from the artifact store alone.
     restored = download_trial_files(
-        trials["ok"], artifact_store(spec, tmp_path / "runs"), tmp_path / "restored"
+        trials["ok"], artifact_store(spec.slug, tmp_path / "runs"), tmp_path / "restored"
     )
     files = {p.relative_to(restored).as_posix() for p in restored.rglob("*") if p.is_file()}
     assert {"config.json", "metrics.json", "checkpoints/best.ckpt", "checkpoints/last.ckpt"} <= files

@@ -1,0 +1,124 @@
+"""Where a study's and a trial's outputs live, under one name each; the trial that writes them and the report
+that reads them both go through here.
+
+    runs/<study>/                   study_dir (the study's folder name: StudySpec.slug)
+        study.db                    the default SQLite storage (default_storage_url)
+        artifacts/                  Optuna's artifact store: every trial's files, recorded in the storage
+        report/                     report.html, report.md, results.csv, figures
+        wandb/                      W&B's run folders (wandb.init(dir=runs/<study>) adds the wandb/)
+        trials/eval/<NNNN>/         one folder per trial (trial_dir); tune trials under trials/tune/<variant>/
+            config.json             the trial's full config
+            metrics.json            metrics, history, per-length accuracy, cost
+            checkpoints/{best,last}.ckpt
+            attention/probe<i>_<split>.npz    AttentionSample.save / load
+            data/                   vocabularies and tokenizers
+
+Paths take plain names (a folder name, a phase, a trial number), so nothing here depends on the study spec.
+Numpy only besides Optuna's artifact store: reading artifacts needs no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from optuna.artifacts import FileSystemArtifactStore, download_artifact, upload_artifact
+
+STUDY_DB = "study.db"
+CONFIG = "config.json"
+METRICS = "metrics.json"
+CHECKPOINTS = "checkpoints"
+BEST_CHECKPOINT = "best"  # ModelCheckpoint's filename, without .ckpt
+LAST_CHECKPOINT = "last.ckpt"
+ATTENTION = "attention"
+DATA = "data"
+
+
+def study_dir(slug: str, runs_root: str | Path = "runs") -> Path:
+    return Path(runs_root) / slug
+
+
+def default_storage_url(slug: str, runs_root: str | Path = "runs") -> str:
+    return f"sqlite:///{(study_dir(slug, runs_root) / STUDY_DB).resolve()}"
+
+
+def trial_dir(root: Path, phase: str, number: int, variant_folder: str | None = None) -> Path:
+    """A trial's own folder under the study folder `root`: trials/<phase>/[<variant_folder>/]<NNNN>."""
+    folder = root / "trials" / phase
+    return (folder / variant_folder if variant_folder else folder) / f"{number:04d}"
+
+
+def artifact_dir(slug: str, runs_root: str | Path = "runs") -> Path:
+    return study_dir(slug, runs_root) / "artifacts"
+
+
+def report_dir(slug: str, runs_root: str | Path = "runs") -> Path:
+    return study_dir(slug, runs_root) / "report"
+
+
+def attention_file(index: int, split: str) -> str:
+    """A probe's sample, relative to the trial folder."""
+    return f"{ATTENTION}/probe{index}_{split}.npz"
+
+
+def artifact_store(slug: str, runs_root: str | Path = "runs") -> FileSystemArtifactStore:
+    """Per-trial files (metrics and history, per-length results, attention samples, checkpoints) live in
+    an Optuna FileSystemArtifactStore next to the study; trials record them in the storage."""
+    path = artifact_dir(slug, runs_root)
+    path.mkdir(parents=True, exist_ok=True)
+    return FileSystemArtifactStore(path)
+
+
+def upload_trial_files(trial, folder: Path, store) -> dict[str, str]:
+    """Uploads every file under `folder`; returns {path relative to folder: artifact id}, which the trial
+    keeps as its 'artifacts' user attr (Optuna's own record keeps only the file's base name)."""
+    ids = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        ids[path.relative_to(folder).as_posix()] = upload_artifact(
+            artifact_store=store, file_path=str(path), study_or_trial=trial
+        )
+    return ids
+
+
+def download_trial_files(trial, store, dest: str | Path) -> Path:
+    """Restores a finished trial's files (as they were in its folder) under `dest`."""
+    dest = Path(dest)
+    for rel, artifact_id in trial.user_attrs.get("artifacts", {}).items():
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        download_artifact(artifact_store=store, file_path=str(target), artifact_id=artifact_id)
+    return dest
+
+
+@dataclass
+class AttentionSample:
+    """One probe example's attention. weights[kind] is (layers, heads, rows, cols) for kind in
+    encoder (src x src), decoder (tgt_out x tgt_in) and cross (tgt_out x src)."""
+
+    split: str
+    src: list[str]  # source tokens, EOS included
+    tgt_in: list[str]  # decoder inputs: BOS + target
+    tgt_out: list[str]  # what each decoder step predicts: target + EOS
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    alignment: np.ndarray = field(
+        default_factory=lambda: np.zeros((0, 2), dtype=np.int64)
+    )  # (src, tgt) pairs
+
+    def axes(self, kind: str) -> tuple[list[str], list[str]]:
+        """Row and column labels of a weight matrix of `kind`."""
+        return {"encoder": (self.src, self.src), "decoder": (self.tgt_out, self.tgt_in),
+                "cross": (self.tgt_out, self.src)}[kind]  # fmt: skip
+
+    def save(self, path: str | Path) -> None:
+        arrays = {f"weights_{kind}": w for kind, w in self.weights.items()}
+        np.savez_compressed(
+            path, split=np.array(self.split), src=np.array(self.src), tgt_in=np.array(self.tgt_in),
+            tgt_out=np.array(self.tgt_out), alignment=self.alignment, **arrays,
+        )  # fmt: skip
+
+    @classmethod
+    def load(cls, path: str | Path) -> AttentionSample:
+        with np.load(path, allow_pickle=False) as f:
+            weights = {key.removeprefix("weights_"): f[key] for key in f.files if key.startswith("weights_")}
+            return cls(str(f["split"]), f["src"].tolist(), f["tgt_in"].tolist(), f["tgt_out"].tolist(),
+                       weights, f["alignment"])  # fmt: skip

@@ -1,0 +1,219 @@
+"""A study in Optuna: one study per phase and variant, every trial queued once, tuning, progress.
+
+One Optuna study per phase and variant: `<name>:eval` holds the grid (variant x seed), `<name>:tune:<variant>`
+the tuning trials of one variant. Every trial that must run is enqueued up front as a WAITING trial, once, by
+the process that created the eval study; workers claim WAITING trials (the storage's WAITING -> RUNNING
+transition is atomic) and stop when none is left, so each grid point runs exactly once however many join.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import optuna
+from optuna.trial import TrialState
+
+from harness.config import ConfigError
+from harness.study.spec import StudySpec, Value, tune_metric
+
+EVAL, TUNE = "eval", "tune"
+
+
+def optuna_study_name(spec: StudySpec, phase: str = EVAL, variant: str | None = None) -> str:
+    return f"{spec.name}:{phase}" if variant is None else f"{spec.name}:{phase}:{variant}"
+
+
+def grid_point(variant: str, seed: int) -> str:
+    """The identity of one eval trial: retries of a grid point share it (user attr 'grid_point')."""
+    return f"{variant}/seed={seed}"
+
+
+def suggest(trial, key: str, space: dict[str, list[Value]]) -> Value:
+    """Samples one tuned key from its `tune.params` range through the trial's sampler."""
+    ((kind, args),) = space.items()
+    if kind == "choice":
+        return trial.suggest_categorical(key, args)
+    if kind == "int":
+        return trial.suggest_int(key, *args)
+    return trial.suggest_float(key, *args, log=kind == "log_uniform")
+
+
+def tune_sampler(spec: StudySpec, variant: str):
+    """TPE, seeded per variant; the constant liar keeps concurrent workers from sampling the same point."""
+    assert spec.tune is not None
+    startup = max(2, min(10, spec.tune.trials // 3))
+    return optuna.samplers.TPESampler(
+        n_startup_trials=startup, multivariate=True, constant_liar=True,
+        seed=zlib.crc32(f"{spec.name}:{variant}".encode()),
+    )  # fmt: skip
+
+
+def tune_pruner(spec: StudySpec):
+    """Hyperband over training steps (validations report at global steps), the median rule, or none."""
+    assert spec.tune is not None
+    train = spec.config_for(next(iter(spec.variant_overrides().values())), spec.seeds[0]).train
+    if spec.tune.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(
+            min_resource=train.val_every, max_resource=max(train.max_steps, train.val_every)
+        )
+    if spec.tune.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=train.val_every)
+    return optuna.pruners.NopPruner()
+
+
+def load_phase_study(spec: StudySpec, storage, phase: str, variant: str | None = None):
+    if phase == EVAL:
+        return optuna.load_study(study_name=optuna_study_name(spec), storage=storage)
+    return optuna.load_study(
+        study_name=optuna_study_name(spec, TUNE, variant), storage=storage,
+        sampler=tune_sampler(spec, variant), pruner=tune_pruner(spec),
+    )  # fmt: skip
+
+
+def prepare_study(spec: StudySpec, storage, wait_s: float = 30.0) -> StudySpec:
+    """Creates the study's Optuna studies and queues every trial once; returns the spec to run.
+
+    The process whose create_study succeeds (study names are unique in the storage) queues the trials and
+    then marks the eval study 'queued'; any other process waits for that mark. The spec stored with the
+    study is the one every worker runs, so all of them run the same configs."""
+    name = optuna_study_name(spec)
+    try:
+        study = optuna.create_study(study_name=name, storage=storage, direction=spec.metric.direction)
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=name, storage=storage)
+        deadline = time.monotonic() + wait_s
+        while "queued" not in study.user_attrs and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if "queued" not in study.user_attrs:
+            # Its creator died while queuing: queue what is missing (those it queued are kept).
+            _queue_trials(spec, storage, study)
+        return StudySpec.model_validate(study.user_attrs["spec"])
+    # The spec travels with the storage, so `ablate report` and joining workers need nothing else.
+    study.set_user_attr("spec", spec.model_dump(mode="json"))
+    _queue_trials(spec, storage, study)
+    return spec
+
+
+def _queue_trials(spec: StudySpec, storage, eval_study) -> None:
+    if "spec" not in eval_study.user_attrs:
+        eval_study.set_user_attr("spec", spec.model_dump(mode="json"))
+    variants = spec.variant_overrides()
+    if spec.tune:
+        direction = tune_metric(spec).direction
+        for variant in variants:
+            tune = optuna.create_study(
+                study_name=optuna_study_name(spec, TUNE, variant), storage=storage, direction=direction,
+                load_if_exists=True,
+            )  # fmt: skip
+            # Empty WAITING trials: each claimed one gets its parameters from TPE when it starts.
+            for _ in range(spec.tune.trials - len(tune.get_trials(deepcopy=False))):
+                tune.enqueue_trial({}, user_attrs={"variant": variant, "phase": TUNE})
+    queued = {t.user_attrs.get("grid_point") for t in eval_study.get_trials(deepcopy=False)}
+    for variant, overrides in variants.items():
+        for seed in spec.seeds:
+            point = grid_point(variant, seed)
+            if point not in queued:
+                eval_study.enqueue_trial(
+                    {"variant": variant, "seed": seed},
+                    user_attrs={"grid_point": point, "phase": EVAL, "factors": overrides},
+                )
+    eval_study.set_user_attr("queued", len(variants) * len(spec.seeds))
+
+
+def trial_variant(trial) -> str | None:
+    """A trial's variant, whether it has started (params) or still waits (its fixed params, its attrs)."""
+    return (
+        trial.params.get("variant")
+        or trial.system_attrs.get("fixed_params", {}).get("variant")
+        or trial.user_attrs.get("variant")
+    )
+
+
+def best_tuned_params(spec: StudySpec, storage, variant: str) -> tuple[dict[str, Value], int]:
+    """The tuned keys of a variant's best complete tune trial and that trial's number; ConfigError when none
+    of its tune trials completed."""
+    study = load_phase_study(spec, storage, TUNE, variant)
+    try:
+        best = study.best_trial
+    except ValueError:
+        raise ConfigError(f"tune: no trial of variant {variant!r} completed") from None
+    return dict(best.params), best.number
+
+
+def load_spec_from_storage(storage, name: str) -> StudySpec:
+    study = optuna.load_study(study_name=f"{name}:{EVAL}", storage=storage)
+    return StudySpec.model_validate(study.user_attrs["spec"])
+
+
+def stored_study_names(storage) -> list[str]:
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+    return [n.removesuffix(f":{EVAL}") for n in names if n.endswith(f":{EVAL}")]
+
+
+# Progress ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class VariantProgress:
+    """One variant's trials by state, counting each retried trial once (its latest copy)."""
+
+    variant: str
+    tune_total: int = 0
+    tune_done: int = 0  # complete, pruned or failed for good
+    total: int = 0  # eval grid points: seeds
+    done: int = 0
+    running: int = 0
+    failed: int = 0
+    pruned: int = 0
+    elapsed_s: float = 0.0  # time spent in this variant's trials so far, all phases
+    finished_s: list[float] = field(default_factory=list)  # durations of its finished trials
+
+    @property
+    def remaining(self) -> int:
+        return self.tune_total - self.tune_done + self.total - self.done - self.failed - self.pruned
+
+    @property
+    def finished(self) -> bool:
+        return self.remaining == 0
+
+
+def study_progress(spec: StudySpec, storage) -> list[VariantProgress]:
+    """Per variant: how far tuning and the eval grid are, from the storage alone."""
+    rows = {v: VariantProgress(v, total=len(spec.seeds)) for v in spec.variant_overrides()}
+    studies = [(EVAL, load_phase_study(spec, storage, EVAL))]
+    if spec.tune:
+        studies += [(TUNE, optuna.load_study(study_name=optuna_study_name(spec, TUNE, v), storage=storage))
+                    for v in rows]  # fmt: skip
+    now = datetime.now()
+    for phase, study in studies:
+        trials = study.get_trials(deepcopy=False)
+        retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+        for t in trials:
+            row = rows.get(trial_variant(t) or "")
+            if row is None or t.number in retried:
+                continue
+            if t.datetime_start is not None:
+                seconds = ((t.datetime_complete or now) - t.datetime_start).total_seconds()
+                row.elapsed_s += seconds
+                if t.state.is_finished():
+                    row.finished_s.append(seconds)
+            if phase == TUNE:
+                row.tune_total += 1
+                row.tune_done += t.state.is_finished()
+                continue
+            row.done += t.state == TrialState.COMPLETE
+            row.running += t.state == TrialState.RUNNING
+            row.failed += t.state == TrialState.FAIL
+            row.pruned += t.state == TrialState.PRUNED
+    return list(rows.values())
+
+
+def time_left_s(rows: list[VariantProgress], workers: int) -> float | None:
+    """Remaining trials x the mean duration of finished ones, shared by `workers`; None before any finished."""
+    durations = [s for r in rows for s in r.finished_s]
+    if not durations:
+        return None
+    return sum(r.remaining for r in rows) * (sum(durations) / len(durations)) / max(1, workers)

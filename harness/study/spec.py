@@ -1,0 +1,292 @@
+"""Study files: YAML -> validated StudySpec -> named variants x seeds.
+
+A study either crosses `factors` (a full grid: every combination is a variant) or lists named `variants`
+(each a set of dotted overrides, e.g. comparing families that share no factor). Every variant's config is
+built and validated before anything runs. Pydantic only: reading a study needs no Optuna.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harness.config import ConfigError, ExperimentConfig, build_config, format_validation_error, read_yaml
+
+Value = str | int | float | bool
+
+
+class MetricSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = "test/seq_acc"
+    direction: Literal["maximize", "minimize"] = "maximize"
+
+
+class ClaimSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    text: str
+    compare: dict[str, Value]
+    to: dict[str, Value]
+    metric: str | None = None
+    expect: Literal["lower", "higher", "similar"]
+    margin: float = 0.0
+
+
+class TuneSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    # {train.lr: {log_uniform: [1e-4, 3e-3]}}, {train.warmup_steps: {int: [0, 500]}}, {x: {choice: [...]}}
+    params: dict[str, dict[Literal["log_uniform", "uniform", "int", "choice"], list[Value]]]
+    trials: int = 8
+    pruner: Literal["hyperband", "median", "none"] = "hyperband"
+    metric: MetricSpec | None = None  # default: the study metric measured on the validation split
+
+
+class HeartbeatSpec(BaseModel):
+    """How a dead worker is noticed: a running trial records a heartbeat every `interval` seconds; one whose
+    last heartbeat is older than `grace` seconds is failed and queued again. Stored with the study, so every
+    worker, wherever it runs, uses the same periods."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    interval: int = Field(15, ge=1)
+    grace: int = Field(60, ge=1)
+
+    @model_validator(mode="after")
+    def _grace(self) -> HeartbeatSpec:
+        if self.grace <= self.interval:
+            raise ValueError(f"grace: must exceed interval={self.interval} (got {self.grace})")
+        return self
+
+
+class StudySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = ""
+    base: dict[str, Any] = Field(default_factory=dict)
+    factors: dict[str, list[Value]] = Field(default_factory=dict)
+    variants: dict[str, dict[str, Value]] = Field(default_factory=dict)
+    fixed: dict[str, Value] = Field(default_factory=dict)
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    tune: TuneSpec | None = None
+    metric: MetricSpec = MetricSpec()
+    baseline: dict[str, Value] | str | None = None
+    claims: list[ClaimSpec] = Field(default_factory=list)
+    budget: dict[str, Value] = Field(default_factory=dict)  # train.* limits applied to every trial
+    heartbeat: HeartbeatSpec = HeartbeatSpec()
+    profile: str | None = None  # the profile of the study file this spec was built with
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("must list at least one seed")
+        if len(set(v)) != len(v):
+            raise ValueError(f"must not repeat a seed (got {v})")
+        return v
+
+    @model_validator(mode="after")
+    def _grid(self) -> StudySpec:
+        if self.factors and self.variants:
+            raise ValueError("factors: give either factors (a grid) or variants (named), not both")
+        return self
+
+    @property
+    def slug(self) -> str:
+        """The study's folder name under runs/: safe on every filesystem, whatever the name holds."""
+        return slugify(self.name)
+
+    def variant_overrides(self) -> dict[str, dict[str, Value]]:
+        """Variant name -> its dotted overrides, in grid order."""
+        if self.variants:
+            return {name: dict(o) for name, o in self.variants.items()}
+        if not self.factors:
+            return {"base": {}}
+        keys = list(self.factors)
+        out = {}
+        for values in itertools.product(*self.factors.values()):
+            overrides = dict(zip(keys, values))
+            out[variant_name(overrides)] = overrides
+        return out
+
+    def config_for(
+        self, overrides: dict[str, Value], seed: int, extra: dict[str, Any] | None = None
+    ) -> ExperimentConfig:
+        """The full config of one trial: base, then budget and fixed keys, the variant, tuned params, seed."""
+        return build_config(
+            self.base, {**self.budget, **self.fixed, **overrides, **(extra or {}), "seed": seed}
+        )
+
+    def baseline_variant(self) -> str | None:
+        """The name of the variant the report compares against."""
+        variants = self.variant_overrides()
+        if self.baseline is None:
+            return next(iter(variants))
+        if isinstance(self.baseline, str):
+            return self.baseline
+        for name, overrides in variants.items():
+            if all(overrides.get(k) == v for k, v in self.baseline.items()):
+                return name
+        return None
+
+
+def slugify(name: str) -> str:
+    """A folder name safe on every filesystem, whatever the name holds."""
+    return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", name).strip("._") or "study"
+
+
+def variant_name(overrides: dict[str, Value]) -> str:
+    """'model.pos_encoding=none,model.norm=pre' -> 'pos_encoding=none,norm=pre'."""
+    return ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()) or "base"
+
+
+def apply_profile(tree: dict[str, Any], profile: str | None, where: str) -> dict[str, Any]:
+    """Study files size their runs per machine in `profiles` (e.g. `cpu` and `gpu`); the first listed is the
+    default. A profile's keys are config keys (added to `fixed`) or study keys: `seeds`, `factors.<key>`.
+    Any other profile than the default runs as its own study, `<name>-<profile>`."""
+    profiles = tree.pop("profiles", None) or {}
+    if not isinstance(profiles, dict):
+        raise ConfigError(f"{where}: profiles: expected a mapping of profile names to overrides")
+    if profile is None:
+        if not profiles:
+            return tree
+        profile = next(iter(profiles))
+    if profile not in profiles:
+        raise ConfigError(
+            f"{where}: profiles: no profile {profile!r} (the file has: {', '.join(profiles) or 'none'})"
+        )
+    tree = {**tree, "fixed": dict(tree.get("fixed") or {}), "profile": profile}
+    factors = dict(tree.get("factors") or {})
+    for key, value in (profiles[profile] or {}).items():
+        if key == "seeds":
+            tree["seeds"] = value
+        elif key.startswith("factors."):
+            factors[key.removeprefix("factors.")] = value
+        else:
+            tree["fixed"][key] = value
+    if factors:
+        tree["factors"] = factors
+    if profile != next(iter(profiles)):
+        tree["name"] = f"{tree.get('name')}-{profile}"
+    return tree
+
+
+def load_study(path: str | Path, profile: str | None = None) -> StudySpec:
+    """Reads and validates a study file (with one of its profiles), including every variant's config;
+    ConfigError otherwise."""
+    path = resolve_study_path(path)
+    tree = apply_profile(read_yaml(path), profile, str(path))
+    try:
+        spec = StudySpec.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {format_validation_error(e)}") from None
+    validate_spec(spec, str(path))
+    return spec
+
+
+def validate_spec(spec: StudySpec, where: str) -> None:
+    """Checks every key and builds every variant's config once, so a bad study fails before anything runs."""
+    known = {*ExperimentConfig().flat(), "preset"}
+
+    def check_keys(section: str, keys) -> None:
+        for key in keys:
+            if key not in known:
+                raise ConfigError(f"{where}: {section}.{key}: unknown config key")
+
+    for key, values in spec.factors.items():
+        check_keys("factors", [key])
+        if not values:
+            raise ConfigError(f"{where}: factors.{key}: empty list of values (the grid would be empty)")
+    for name, overrides in spec.variants.items():
+        check_keys(f"variants.{name}", overrides)
+    check_keys("fixed", spec.fixed)
+    check_keys("budget", spec.budget)
+    variants = spec.variant_overrides()
+    for name, overrides in variants.items():
+        try:
+            spec.config_for(overrides, spec.seeds[0])
+        except ConfigError as e:
+            raise ConfigError(f"{where}: variant {name!r}: {e}") from None
+    if spec.tune:
+        validate_tune(spec, spec.tune, where)
+    if isinstance(spec.baseline, dict) and spec.baseline_variant() is None:
+        raise ConfigError(f"{where}: baseline: no variant matches {spec.baseline}")
+    if isinstance(spec.baseline, str) and spec.baseline not in variants:
+        raise ConfigError(f"{where}: baseline: unknown variant {spec.baseline!r}")
+
+
+def bundled_studies_dir() -> Path:
+    """The ablations/ folder shipped with the package (also the checkout's own)."""
+    import ablations
+
+    return Path(next(iter(ablations.__path__)))
+
+
+def resolve_study_path(path: str | Path) -> Path:
+    """A path as given, or the name of a bundled study ('quickstart' -> ablations/quickstart.yaml)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    bundled = bundled_studies_dir() / f"{p.stem}.yaml"
+    if p.parent == Path(".") and bundled.is_file():
+        return bundled
+    raise ConfigError(f"{path}: no such study file")
+
+
+def validate_tune(spec: StudySpec, tune: TuneSpec, where: str) -> None:
+    """Each tuned key is a config key outside the factors, with one well-formed range whose ends (or
+    choices) make valid configs."""
+    first = next(iter(spec.variant_overrides().values()))
+    varied = {k for overrides in spec.variant_overrides().values() for k in overrides}
+    if not tune.params:
+        raise ConfigError(f"{where}: tune.params: name at least one config key to tune")
+    if tune.trials < 1:
+        raise ConfigError(f"{where}: tune.trials: must be a positive integer (got {tune.trials})")
+    for key, space in tune.params.items():
+        at = f"{where}: tune.params.{key}"
+        if key not in ExperimentConfig().flat():
+            raise ConfigError(f"{at}: unknown config key")
+        if key in varied:
+            raise ConfigError(f"{at}: is a factor of the study; a variant cannot both fix and tune it")
+        if len(space) != 1:
+            raise ConfigError(f"{at}: give exactly one of log_uniform, uniform, int, choice")
+        ((kind, args),) = space.items()
+        if kind == "choice" and not args:
+            raise ConfigError(f"{at}: choice: empty list of values")
+        if kind != "choice":
+            numeric = all(isinstance(a, int | float) and not isinstance(a, bool) for a in args)
+            if len(args) != 2 or not numeric or not args[0] < args[1]:
+                raise ConfigError(f"{at}: {kind}: expected [low, high] with low < high (got {args})")
+            if kind == "int" and not all(isinstance(a, int) for a in args):
+                raise ConfigError(f"{at}: int: bounds must be integers (got {args})")
+            if kind == "log_uniform" and args[0] <= 0:
+                raise ConfigError(f"{at}: log_uniform: bounds must be positive (got {args})")
+        for value in args:
+            try:
+                spec.config_for(first, spec.seeds[0], {key: value})
+            except ConfigError as e:
+                raise ConfigError(f"{at}: {value!r} makes an invalid config ({e})") from None
+
+
+def tune_metric(spec: StudySpec) -> MetricSpec:
+    """What tuning optimizes: `tune.metric`, else the study metric on the validation split (tuning must not
+    see the test sets); for metrics only computed on test splits (BLEU), the validation loss."""
+    assert spec.tune is not None
+    if spec.tune.metric is not None:
+        return spec.tune.metric
+    name = spec.metric.name.rsplit("/", 1)[-1]
+    if name in VALIDATION_METRICS:
+        return MetricSpec(name=f"val/{name}", direction=spec.metric.direction)
+    return MetricSpec(name="val/loss", direction="minimize")
+
+
+VALIDATION_METRICS = ("loss", "ppl", "seq_acc", "tok_acc")  # what Seq2SeqModule logs at each validation

@@ -1,0 +1,93 @@
+"""The Optuna storage of a study: opening it (SQLite file or database server), SQLite's locking, and the
+heartbeat that fails and re-queues the trials of dead workers."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+from sqlalchemy import event
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError
+
+from harness.config import ConfigError
+from harness.study.spec import HeartbeatSpec
+
+CONNECT_TIMEOUT_S = 10  # an unreachable database server is reported, not waited on
+SCHEMA_ATTEMPTS = 10
+MAX_RETRIES = 3  # a grid point whose worker keeps dying (killed, out of host memory) is given up after this
+
+
+def open_storage(url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = HeartbeatSpec()):
+    """An RDBStorage with a heartbeat: the RUNNING trial of a killed worker is failed once its heartbeat is
+    `heartbeat.grace` seconds old, and re-queued as a WAITING copy (RetryHeartbeatStaleTrialCallback)."""
+    sqlite = url.startswith("sqlite:///")
+    if sqlite:
+        db = Path(url.removeprefix("sqlite:///"))
+        if create_dir:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        elif not db.is_file():
+            raise ConfigError(f"storage {url}: no such database")
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():  # the heartbeat is flagged experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                storage = optuna.storages.RDBStorage(
+                    url, engine_kwargs={"connect_args": connect_args(url)},
+                    heartbeat_interval=heartbeat.interval, grace_period=heartbeat.grace,
+                    heartbeat_stale_trial_callback=retry_callback(MAX_RETRIES),
+                )  # fmt: skip
+            break
+        except (OperationalError, IntegrityError, ProgrammingError, ArgumentError, ModuleNotFoundError) as e:
+            reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+            # Workers that open a new database at the same moment all create Optuna's tables; the losers
+            # hit a table, type or version row another just made. Opening again finds the schema there.
+            lost_race = isinstance(e, IntegrityError | ProgrammingError) or "already exists" in reason
+            if not lost_race or attempt == SCHEMA_ATTEMPTS - 1:
+                raise ConfigError(f"storage {url}: cannot open ({reason})") from None
+            time.sleep(0.2 * (attempt + 1))
+    if sqlite:
+        serialize_sqlite_transactions(storage.engine)
+    return storage
+
+
+def connect_args(url: str) -> dict[str, Any]:
+    """Driver options: SQLite waits for the write lock (several local workers share the file); network
+    databases give up connecting after CONNECT_TIMEOUT_S."""
+    if url.startswith("sqlite"):
+        return {"timeout": 60}
+    if url.startswith(("postgresql", "mysql")):
+        return {"connect_timeout": CONNECT_TIMEOUT_S}
+    return {}
+
+
+def retry_callback(max_retry: int | None):
+    """Queues a WAITING copy of a failed trial (same params and attrs); the copy's system attr
+    'retry_history' lists the trials it replaces."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+
+
+def serialize_sqlite_transactions(engine) -> None:
+    """Makes Optuna's read-then-write transactions atomic across processes on SQLite.
+
+    Claiming a WAITING trial reads its state and writes RUNNING in one transaction. PostgreSQL and MySQL lock
+    the row (SELECT ... FOR UPDATE); SQLite ignores FOR UPDATE and pysqlite only begins the transaction at
+    the first write, so two workers could both read WAITING and both claim the trial. BEGIN IMMEDIATE takes
+    the database's write lock when the transaction starts (others wait up to the busy timeout). WAL lets
+    readers that hold no transaction proceed meanwhile."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None  # pysqlite must not issue its own deferred BEGIN
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
+        dbapi_connection.execute("PRAGMA busy_timeout=60000")
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened while Optuna created its tables predate the listeners
