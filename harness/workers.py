@@ -31,6 +31,7 @@ from optuna_integration import PyTorchLightningPruningCallback
 
 from harness import provenance, tracking
 from harness.artifacts import artifact_store, study_dir, trial_dir, upload_trial_files
+from harness.study.looks import queue_next_look
 from harness.study.queue import (
     EVAL,
     TUNE,
@@ -139,16 +140,16 @@ class Worker:
         self.tune = {v: load_phase_study(spec, storage, TUNE, v) for v in self.variants} if spec.tune else {}
 
     def run(self) -> None:
-        """Runs trials until nothing is queued or running; waits while eval trials wait for tuning elsewhere,
-        and while other workers' trials run: one whose worker died is queued again once its heartbeat is
-        stale, and somebody must be left to run it."""
+        """Runs trials until nothing is queued or running and no claim wants more seeds (study.looks); waits
+        while eval trials wait for tuning elsewhere, and while other workers' trials run: one whose worker
+        died is queued again once its heartbeat is stale, and somebody must be left to run it."""
         while True:
             claim = self.claim()
             if claim is not None:
                 self.run_claimed(claim)
             elif self.anything_pending():
                 time.sleep(POLL_S)
-            else:
+            elif not queue_next_look(self.spec, self.storage):
                 return
 
     def studies(self) -> list[optuna.Study]:
@@ -239,14 +240,14 @@ class Worker:
         callbacks: list[L.Callback] = [DivergenceGuard()]
         if claim.phase == TUNE:
             assert spec.tune is not None
-            seed = spec.seeds[0]
+            seed = spec.seed_pool[0]
             extra = {key: suggest(trial, key, space) for key, space in spec.tune.params.items()}
             callbacks.append(StepPruning(trial, monitor=self.metric_name(claim)))
             name = f"{variant}-seed{seed}-tune{trial.number}"
         else:
             # The stored fixed params make these return the queued grid point, recorded as trial params.
             variant = trial.suggest_categorical("variant", list(self.variants))
-            seed = trial.suggest_categorical("seed", spec.seeds)
+            seed = trial.suggest_categorical("seed", spec.seed_pool)
             extra = {}
             if spec.tune:
                 extra, best_number = best_tuned_params(spec, self.storage, variant)

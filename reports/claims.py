@@ -78,7 +78,11 @@ class ClaimResult:
             return f"look {self.look + 1} of {self.looks} ({at})"
         if self.budget_spent:
             return f"budget spent ({at})"
-        return f"open: look {self.look + 1} of {self.looks} running" if self.running else "open: more seeds queued"
+        return (
+            f"open: look {self.look + 1} of {self.looks} running"
+            if self.running
+            else "open: more seeds queued"
+        )
 
 
 def matching_variants(overrides: dict[str, dict[str, Value]], selector: dict[str, Value]) -> list[str]:
@@ -179,6 +183,7 @@ def judge(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame) -> ClaimResult:
     running (its trials then give a provisional verdict); see the module docstring."""
     level = look_level(spec)
     result = evaluate(spec, claim, df, level)
+    result.looks, result.running = len(spec.seed_looks), True  # until its first look's seeds are queued
     variants = result.compare + result.to
     for look in range(len(spec.seed_looks)):
         rows = _look_trials(spec, df, variants, look)
