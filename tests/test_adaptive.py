@@ -15,9 +15,10 @@ from optuna.trial import TrialState
 from pydantic import ValidationError
 from test_postgres import postgres_url  # noqa: F401  (a fixture)
 
+from harness.config import ConfigError
 from harness.study import looks
 from harness.study.queue import EVAL, load_phase_study, prepare_study
-from harness.study.spec import StudySpec
+from harness.study.spec import StudySpec, load_study
 from harness.study.storage import open_storage
 from reports import claims
 from reports.claims import INCONCLUSIVE, REPRODUCED
@@ -61,6 +62,20 @@ def test_the_study_file_takes_a_seed_range_or_a_list():
                            ({"min": 2, "max": 4, "every": 1}, "every")):  # fmt: skip
         with pytest.raises(ValidationError, match=message):
             adaptive_spec(seeds)
+
+
+@pytest.mark.parametrize(
+    "seeds, message",
+    [("{min: 1, max: 4}", "seeds.min: Input should be greater than or equal to 2"),
+     ("{min: 3, max: 2}", "seeds.max: must be at least min=3 (got 2)"),
+     ("{min: 2, max: 4, every: 1}", "seeds.every: unknown config key"), ("{min: 2}", "seeds.max: Field required")],
+)  # fmt: skip
+def test_a_bad_seed_range_is_named_in_one_line(tmp_path, seeds, message):
+    study = tmp_path / "bad.yaml"
+    study.write_text(f"name: bad\nvariants: {{a: {{preset: lstm}}}}\nseeds: {seeds}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_study(study)
+    assert str(caught.value) == f"{study}: {message}"
 
 
 def table(values: dict[str, list[float]], states: dict[tuple[str, int], str] | None = None) -> pd.DataFrame:

@@ -10,9 +10,18 @@ from __future__ import annotations
 import itertools
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from harness.config import ConfigError, ExperimentConfig, build_config, format_validation_error, read_yaml
 
@@ -76,6 +85,14 @@ class AdaptiveSeeds(BaseModel):
         return self
 
 
+# A mapping is a seed range, anything else a list: errors then speak of the form the user wrote. The tags
+# are not identifiers, so error locations leave them out ('seeds.min: ...').
+SeedsField = Annotated[
+    Annotated[list[int], Tag("seed-list")] | Annotated[AdaptiveSeeds, Tag("seed-range")],
+    Discriminator(lambda v: "seed-range" if isinstance(v, dict | AdaptiveSeeds) else "seed-list"),
+]
+
+
 class StudySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -85,7 +102,7 @@ class StudySpec(BaseModel):
     factors: dict[str, list[Value]] = Field(default_factory=dict)
     variants: dict[str, dict[str, Value]] = Field(default_factory=dict)
     fixed: dict[str, Value] = Field(default_factory=dict)
-    seeds: list[int] | AdaptiveSeeds = Field(default_factory=lambda: [0])
+    seeds: SeedsField = Field(default_factory=lambda: [0])
     tune: TuneSpec | None = None
     metric: MetricSpec = MetricSpec()
     baseline: dict[str, Value] | str | None = None
