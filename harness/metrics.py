@@ -1,5 +1,6 @@
 """Scores of decoded outputs: exact match, token accuracy, accuracy by target length, BLEU / chrF
-(sacrebleu) for text tasks, and the alignment error rate of attention against gold alignments.
+(sacrebleu) for text tasks, and the alignment error rate of attention against gold alignments; and which
+of them, by name, a configuration's trials report (`produced_metrics`).
 
 Prediction rows are (prediction ids, target ids) as Seq2SeqModule.predictions[split] holds them;
 ids after EOS, padding and BOS are ignored, so raw decoder output works as well as trimmed rows."""
@@ -14,6 +15,8 @@ from typing import Any
 import numpy as np
 import sacrebleu
 
+from harness.config import ExperimentConfig
+from harness.tasks import ALIGNED_TASKS, GENERATED_TASKS, TEXT_TASKS
 from harness.tasks.base import TaskData, Vocab
 
 Row = tuple[Sequence[int], Sequence[int]]  # (prediction ids, target ids)
@@ -119,3 +122,29 @@ def alignment_error_rate(
         predicted += len(hard)
         sure += len(links)
     return 1 - 2 * hits / (predicted + sure) if predicted + sure else math.nan
+
+
+# Every split's teacher-forced loss / perplexity and greedy (or beam) exact match and token accuracy.
+EVERY_SPLIT = ("loss", "ppl", "seq_acc", "tok_acc")
+
+
+def produced_metrics(cfg: ExperimentConfig) -> set[str]:
+    """The `split/name` metrics a trial of `cfg` reports (run_trial): EVERY_SPLIT on `val` and the test
+    splits (`test_long` only where the task makes one); on the test splits BLEU / chrF for text tasks, AER
+    where the task has gold alignments and the model cross-attends, rank collapse for Transformers (of the
+    encoder only where one is built)."""
+    task, model = cfg.task, cfg.model
+    long_split = (task.name in GENERATED_TASKS and task.long_max_len > task.max_len) or (
+        task.name == "parallel" and task.max_tokens is not None
+    )
+    test_splits = ["test", "test_long"] if long_split else ["test"]
+    transformer = model.arch == "transformer"
+    cross_attends = model.cross_attention if transformer else model.attention != "none"
+    names = list(EVERY_SPLIT)
+    if task.name in TEXT_TASKS:
+        names += ["bleu", "chrf"]
+    if task.name in ALIGNED_TASKS and cross_attends:
+        names.append("aer")
+    if transformer:
+        names += ["rank_collapse_decoder", *(["rank_collapse_encoder"] if model.cross_attention else [])]
+    return {f"val/{n}" for n in EVERY_SPLIT} | {f"{split}/{n}" for split in test_splits for n in names}

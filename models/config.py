@@ -39,6 +39,7 @@ class ModelConfig(BaseModel):
     pos_base: float = 10000.0
     max_positions: int = 512
     residual: bool = True
+    ffn: bool = True  # false: no feed-forward sublayers (pure attention when residual is false too)
     norm: Literal["post", "pre", "none", "rms_pre"] = "post"
     causal_mask: bool = True
     cross_attention: bool = True

@@ -2,8 +2,8 @@
 
 Each switch in ModelConfig is resolved to a module (or nn.Identity) here in __init__, so forward reads
 straight through: scale -> MultiHeadAttention.scale, pos_encoding -> the added encoding / Rotary / ALiBi,
-norm -> where the LayerNorms sit, residual -> Sublayer.residual, causal_mask / cross_attention ->
-DecoderLayer, qkv_projections -> Identity projections in MultiHeadAttention.
+norm -> where the LayerNorms sit, residual -> Sublayer.residual, ffn -> the feed-forward Sublayer or Skip,
+causal_mask / cross_attention -> DecoderLayer, qkv_projections -> Identity projections in MultiHeadAttention.
 
 With `cross_attention: false` nothing of the source reaches the decoder: it is a language model of the
 target, the control that shows how much a task needs the source (no encoder layers are built).
@@ -57,6 +57,17 @@ class FeedForward(nn.Module):
         return self.net(x), None
 
 
+class Skip(nn.Module):
+    """A removed sublayer: the stream passes unchanged."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return x, None
+
+
+def feed_forward(cfg: ModelConfig) -> nn.Module:
+    return Sublayer(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout), cfg) if cfg.ffn else Skip()
+
+
 class SelfAttention(nn.Module):
     def __init__(self, attn: MultiHeadAttention, causal: bool):
         super().__init__()
@@ -107,7 +118,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, make_attention):
         super().__init__()
         self.self_attn = Sublayer(SelfAttention(make_attention(), causal=False), cfg)
-        self.ff = Sublayer(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout), cfg)
+        self.ff = feed_forward(cfg)
 
     def forward(self, x, padding, need_weights=False):
         x, weights = self.self_attn(x, padding, need_weights)
@@ -122,7 +133,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn = (
             Sublayer(CrossAttention(make_attention(positional=False)), cfg) if cfg.cross_attention else None
         )
-        self.ff = Sublayer(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout), cfg)
+        self.ff = feed_forward(cfg)
 
     def forward(self, x, padding, memory, memory_padding, need_weights=False, cache: Cache | None = None):
         x, self_weights = self.self_attn(x, padding, need_weights, cache)

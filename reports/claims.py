@@ -10,8 +10,8 @@ factors). Each compare variant is paired with the `to` variant that has the same
 of mean(compare) - mean(to): the effect averaged over the other factors. Otherwise (named variants)
 the trials of each side are pooled and the effect is mean(compare) - mean(to) over the pooled seeds.
 The 95% CI is stats.diff_ci's: every variant's seeds are independent runs, each variant's interval
-respects the metric's range, and MOVER adds them at the Welch-Satterthwaite critical value of the whole
-effect, so the CI of a difference of accuracies stays within [-1, 1].
+respects the metric's range, and MOVER adds them up, so the CI of a difference of accuracies stays
+within [-1, 1].
 
 Verdict, with d = compare - to, CI [lo, hi] and margin m >= 0 (the smallest effect that counts):
   expect lower:   reproduced if hi < -m; contradicted if lo > -m; inconclusive otherwise.
@@ -23,13 +23,35 @@ contradicted when the whole CI lies on the other side of it (the data rule out a
 A side with fewer than two seeds has no CI, so its claim is inconclusive.
 
 Looks. With adaptive seeds (`seeds: {min, max, step}`) a claim is judged at up to K looks, after min,
-min + step, ..., max seeds per variant; the first look whose verdict is reproduced or contradicted decides
-it, and later seeds (run for other claims) do not reopen it. Each look's CI has level 1 - 0.05/K
-(Bonferroni over the K looks fixed in advance), so the chance that any look's CI misses the true effect,
-and with it the chance of a wrong verdict at whichever look stops, is at most 0.05 whatever the stopping
-rule. A study with a list of seeds has one look at level 0.95. The sweep asks `seeds_wanted` which
-variants need the next look's seeds: those of claims still open; the report and the sweep both read these
-verdicts, so the queue stops exactly where the report says a claim was decided."""
+min + step, ..., max seeds per variant; the first look whose verdict is not inconclusive (reproduced,
+contradicted, or uninformative: more seeds cannot change it) decides it, and later seeds, run for other
+claims, do not reopen it. Each look's CI has level 1 - 0.05/K (Bonferroni over the K looks fixed in
+advance), so the chance that any look's CI misses the true effect, and with it the chance of a wrong
+verdict at whichever look stops, is at most 0.05 whatever the stopping rule. A study with a list of seeds
+has one look at level 0.95. The sweep asks `seeds_wanted` which variants need the next look's seeds:
+those of claims still open; the report and the sweep both read these verdicts, so the queue stops exactly
+where the report says a claim was decided.
+
+Selectors match a variant's settings: its overrides plus the model keys its preset sets (the variant's
+preset, else the study base's), so `model.arch: lstm` selects the variants of `preset: lstm-bahdanau`.
+A claim's `within` selects both sides within a sub-grid.
+
+Interaction claims (`versus`). Δ = (compare - to on the claim's metric and `within`) - (compare - to on
+versus.metric and versus.within): one difference compared with another, e.g. the drop from test to
+test_long with and without attention. Each of the four cells is a per-seed value (the mean over the
+cell's variants at that seed). Where all four cells hold the same two or more seeds, the contrast is
+formed per seed and its CI is the Student t CI of their mean (stats.mean_ci): paired by seed, as the
+seeds share their data. Otherwise the cells are independent groups and the CI is Welch's
+(stats.diff_ci of the pairs (compare, to) and (to', compare'), doubled). Either CI is cut to the range a
+difference of differences can take: ±2 (high - low) for a metric in [low, high] (stats.metric_range). The
+verdict rule is the one above.
+
+Uninformative. Some outcomes say nothing about the claim, whatever the CI:
+  ceiling / floor: a `similar` claim whose two sides both have means within the margin of the metric's
+    upper (lower) bound (stats.metric_range): they are similar because neither can move;
+  cannot learn: with `chance` given, a side whose 95% CI of the mean lies wholly on the chance side of it
+    (upper bound below chance for metrics where higher is better, lower bound above it for loss,
+    perplexity and AER): a comparison against a model that learned nothing of the task."""
 
 from __future__ import annotations
 
@@ -38,12 +60,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from harness.study.spec import ClaimSpec, StudySpec, Value
-from reports.stats import LEVEL, diff_ci, examples, metric_range, variant_values
+from harness.study.spec import ClaimSpec, StudySpec, Value, variant_settings
+from reports.stats import LEVEL, diff_ci, examples, mean_ci, metric_range, seed_values, variant_values
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+CEILING, FLOOR, UNLEARNT = "uninformative (ceiling)", "uninformative (floor)", "uninformative (cannot learn)"
 MIN_SEEDS = 2
 FINISHED = ("COMPLETE", "FAIL", "PRUNED")  # trial states that will not change
+LOWER_IS_BETTER = ("loss", "ppl", "aer")  # metric names (after the split) where a better model scores less
 
 
 @dataclass
@@ -62,6 +86,12 @@ class ClaimResult:
     diff: float = np.nan
     ci_low: float = np.nan
     ci_high: float = np.nan
+    # Interaction claims: the second difference's metric, the two differences, whether paired by seed.
+    versus_metric: str | None = None
+    diff_first: float = np.nan
+    diff_versus: float = np.nan
+    paired_by_seed: bool = False
+    variants: list[str] = field(default_factory=list)  # every variant the claim compares, both arms
     level: float = LEVEL
     look: int = 0  # the look these numbers come from (0-based)
     decided: bool = False  # reproduced or contradicted at a look whose seeds all finished
@@ -87,6 +117,14 @@ class ClaimResult:
 
 def matching_variants(overrides: dict[str, dict[str, Value]], selector: dict[str, Value]) -> list[str]:
     return [name for name, o in overrides.items() if all(k in o and o[k] == v for k, v in selector.items())]
+
+
+def claim_sides(
+    settings: dict[str, dict[str, Value]], claim: ClaimSpec, within: dict[str, Value]
+) -> tuple[list[str], list[str]]:
+    """The compare and to variants of a claim within a sub-grid; compare's are left out of to."""
+    compare = matching_variants(settings, {**claim.compare, **within})
+    return compare, [v for v in matching_variants(settings, {**claim.to, **within}) if v not in compare]
 
 
 def verdict(lo: float, hi: float, expect: str, margin: float) -> str:
@@ -120,10 +158,11 @@ def _pairs(
 
 def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float = LEVEL) -> ClaimResult:
     """The claim's verdict on the completed trials in `df`, with CIs at `level`."""
-    metric = claim.metric or spec.metric.name
-    overrides = spec.variant_overrides()
-    compare = matching_variants(overrides, claim.compare)
-    to = [v for v in matching_variants(overrides, claim.to) if v not in compare]
+    if claim.versus is not None:
+        return evaluate_interaction(spec, claim, df, level)
+    ((metric, within),) = claim.arms(spec.metric.name)
+    overrides = variant_settings(spec)
+    compare, to = claim_sides(overrides, claim, within)
     result = ClaimResult(claim, metric, INCONCLUSIVE, "", compare, to, level=level)
     if not compare or not to:
         side = "compare" if not compare else "to"
@@ -150,7 +189,109 @@ def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float =
         return result
     result.verdict = verdict(result.ci_low, result.ci_high, claim.expect, claim.margin)
     result.reason = _reason(result)
+    if not _uninformative(result, [("compare", compare, pooled_c), ("to", to, pooled_t)]):
+        _at_bound(result)
     return result
+
+
+def _cells(
+    spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame
+) -> tuple[list[tuple[str, list[str], str]], list[pd.Series]]:
+    """An interaction's four cells, (label, variants, metric) each, in the order compare, to, compare',
+    to', and each cell's values by seed: at every seed all its variants have, their mean."""
+    settings = variant_settings(spec)
+    cells, series = [], []
+    for arm, (arm_metric, within) in enumerate(claim.arms(spec.metric.name)):
+        values = seed_values(df, arm_metric)
+        suffix = "" if arm == 0 else "'"
+        for side, variants in zip(("compare", "to"), claim_sides(settings, claim, within)):
+            cells.append((side + suffix, variants, arm_metric))
+            columns = [values[v] for v in variants if v in values]
+            found = pd.concat(columns, axis=1).dropna() if len(columns) == len(variants) and columns else None
+            series.append(found.mean(axis=1) if found is not None else pd.Series(dtype=float))
+    return cells, series
+
+
+def evaluate_interaction(
+    spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float = LEVEL
+) -> ClaimResult:
+    """Δ = (compare - to) - (compare' - to'), see the module docstring."""
+    cells, (c1, t1, c2, t2) = _cells(spec, claim, df)
+    metric, versus_metric = cells[0][2], cells[2][2]
+    result = ClaimResult(
+        claim, metric, INCONCLUSIVE, "", cells[0][1], cells[1][1], versus_metric=versus_metric, level=level
+    )
+    empty = [label for (label, variants, _), s in zip(cells, (c1, t1, c2, t2)) if not variants]
+    if empty:
+        result.reason = f"no variant matches {', '.join(empty)}"
+        return result
+    result.n_compare, result.n_to = min(len(c1), len(c2)), min(len(t1), len(t2))
+    result.mean_compare, result.mean_to = c1.mean() - c2.mean(), t1.mean() - t2.mean()
+    result.diff_first, result.diff_versus = c1.mean() - t1.mean(), c2.mean() - t2.mean()
+    seeds = sorted(c1.index)
+    result.paired_by_seed = len(seeds) >= MIN_SEEDS and all(sorted(s.index) == seeds for s in (t1, c2, t2))
+    if result.paired_by_seed:
+        contrast = (c1 - t1 - c2 + t2).to_numpy()
+        result.diff, (lo, hi) = float(contrast.mean()), mean_ci(contrast, level=level)
+    else:
+        cell_pairs = [(c1.to_numpy(), t1.to_numpy()), (t2.to_numpy(), c2.to_numpy())]
+        estimate, lo, hi = diff_ci(cell_pairs, level=level)
+        result.diff, lo, hi = 2 * estimate, 2 * lo, 2 * hi
+    # (a - b) - (c - d) with a, b in [low, high] and c, d in [low', high'] lies in
+    # [(low - high) - (high' - low'), (high - low) + (high' - low')].
+    first, second = metric_range(metric), metric_range(versus_metric)
+    spread = (first.high - first.low) + (second.high - second.low)
+    result.ci_low, result.ci_high = max(lo, -spread), min(hi, spread)
+    fewest = min(len(s) for s in (c1, t1, c2, t2))
+    if fewest < MIN_SEEDS:
+        result.reason = f"a cell has {fewest} completed seed(s); a verdict needs {MIN_SEEDS}"
+        return result
+    result.verdict = verdict(result.ci_low, result.ci_high, claim.expect, claim.margin)
+    result.reason = (
+        f"Δ = ({result.diff_first:.3g} on {metric}) - ({result.diff_versus:.3g} on {versus_metric}); "
+        + _reason(result)
+    )
+    sides = [(label, variants, s.to_numpy()) for (label, variants, _), s in zip(cells, (c1, t1, c2, t2))]
+    _uninformative(result, sides)
+    return result
+
+
+def cannot_learn(values: np.ndarray, metric: str, chance: float) -> bool:
+    """Whether the 95% CI of the mean lies wholly on the chance side of `chance` (see the module doc)."""
+    lo, hi = mean_ci(values)
+    if metric.rsplit("/", 1)[-1] in LOWER_IS_BETTER:
+        return bool(lo > chance)
+    return bool(hi < chance)
+
+
+def _uninformative(result: ClaimResult, sides: list[tuple[str, list[str], np.ndarray]]) -> bool:
+    """With `chance` given: marks the claim uninformative when a side cannot learn the task."""
+    chance = result.claim.chance
+    if chance is None:
+        return False
+    metric = result.metric
+    unlearnt = [f"{label} ({', '.join(variants)})" for label, variants, values in sides
+                if len(values) and cannot_learn(values, metric, chance)]  # fmt: skip
+    if unlearnt:
+        result.verdict = UNLEARNT
+        result.reason = f"{'; '.join(unlearnt)}: 95% CI of the mean on the chance side of {chance:g}"
+    return bool(unlearnt)
+
+
+def _at_bound(result: ClaimResult) -> bool:
+    """A `similar` claim whose two sides both sit within the margin of the metric's bound."""
+    rng, m = metric_range(result.metric), abs(result.claim.margin)
+    if result.claim.expect != "similar":
+        return False
+    means = (result.mean_compare, result.mean_to)
+    if all(x >= rng.high - m for x in means):
+        result.verdict, bound = CEILING, f"the upper bound {rng.high:g}"
+    elif all(x <= rng.low + m for x in means):
+        result.verdict, bound = FLOOR, f"the lower bound {rng.low:g}"
+    else:
+        return False
+    result.reason = f"both means lie within the margin {m:g} of {bound}: neither side can move"
+    return True
 
 
 def _reason(r: ClaimResult) -> str:
@@ -162,6 +303,14 @@ def _reason(r: ClaimResult) -> str:
     if r.verdict == CONTRADICTED:
         return f"{ci} rules out an effect {bound}"
     return f"{ci} straddles the margin (expected {bound})"
+
+
+def claim_variants(spec: StudySpec, claim: ClaimSpec) -> list[str]:
+    """Every variant a claim compares: both sides of each of its arms."""
+    settings = variant_settings(spec)
+    found = [v for _, within in claim.arms(spec.metric.name) for side in claim_sides(settings, claim, within)
+             for v in side]  # fmt: skip
+    return list(dict.fromkeys(found))
 
 
 def look_level(spec: StudySpec) -> float:
@@ -184,13 +333,14 @@ def judge(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame) -> ClaimResult:
     level = look_level(spec)
     result = evaluate(spec, claim, df, level)
     result.looks, result.running = len(spec.seed_looks), True  # until its first look's seeds are queued
-    variants = result.compare + result.to
+    variants = claim_variants(spec, claim)
     for look in range(len(spec.seed_looks)):
         rows = _look_trials(spec, df, variants, look)
         if rows is None:
             break
         result = evaluate(spec, claim, rows, level)
         result.look, result.looks, result.seeds = look, len(spec.seed_looks), spec.seed_looks[look]
+        result.variants = variants
         finished = rows["state"].isin(FINISHED).all()
         result.decided = finished and result.verdict != INCONCLUSIVE
         result.budget_spent = finished and not result.decided and look == len(spec.seed_looks) - 1
@@ -208,7 +358,7 @@ def seeds_wanted(spec: StudySpec, results: list[ClaimResult]) -> dict[str, int]:
         if r.decided or r.budget_spent or r.running or not (r.compare and r.to):
             continue
         count = spec.seed_looks[r.look + 1]
-        for variant in r.compare + r.to:
+        for variant in r.variants:
             wanted[variant] = max(wanted.get(variant, 0), count)
     return wanted
 

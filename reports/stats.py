@@ -36,13 +36,18 @@ from reports.collect import examples_column
 LEVEL = 0.95
 
 
-def variant_values(df: pd.DataFrame, metric: str) -> dict[str, np.ndarray]:
-    """Variant -> its finite metric values, one per seed, from completed trials."""
+def seed_values(df: pd.DataFrame, metric: str) -> dict[str, pd.Series]:
+    """Variant -> its finite metric values indexed by seed, from completed trials."""
     if metric not in df:
         return {}
     done = df[(df["state"] == "COMPLETE") & np.isfinite(pd.to_numeric(df[metric], errors="coerce"))]
     done = done.sort_values("trial").drop_duplicates(["variant", "seed"], keep="last")
-    return {v: g[metric].to_numpy(dtype=float) for v, g in done.groupby("variant", sort=False)}
+    return {v: g.set_index("seed")[metric].astype(float) for v, g in done.groupby("variant", sort=False)}
+
+
+def variant_values(df: pd.DataFrame, metric: str) -> dict[str, np.ndarray]:
+    """Variant -> its finite metric values, one per seed, from completed trials."""
+    return {v: s.to_numpy() for v, s in seed_values(df, metric).items()}
 
 
 @dataclass(frozen=True)

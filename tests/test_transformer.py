@@ -11,7 +11,7 @@ from torch import nn
 from models.attention import MultiHeadAttention
 from models.config import ModelConfig
 from models.diagnostics import attention_entropy, layer_diagnostics, rank_collapse
-from models.transformer import Transformer
+from models.transformer import FeedForward, Transformer
 
 VOCAB = 11  # 4 specials + 7 symbols
 PAD, BOS = 0, 1
@@ -195,6 +195,19 @@ def test_residual_switch_removes_the_skip(residual):
     torch.testing.assert_close(memory, embedded if residual else torch.zeros_like(embedded))
 
 
+@torch.no_grad()
+def test_ffn_switch_without_residuals_leaves_pure_attention():
+    """Dong et al. 2021's self-attention network: each layer's output is its attention's alone."""
+    model = build(ffn=False, residual=False, norm="none", dropout=0.0)
+    assert not any(isinstance(m, FeedForward) for m in model.modules())
+    src, _ = batch()
+    memory, padding, _ = model.encode(src)
+    x = model._embed(model.src_embed, src)
+    for layer in model.encoder:
+        x, _ = layer.self_attn.fn(x, padding)
+    torch.testing.assert_close(memory, x)
+
+
 def norms(model: Transformer, kind: type[nn.Module]) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, kind)]
 
@@ -230,6 +243,7 @@ SWITCHES = [
     ("pos_encoding", ["none", "sinusoidal", "learned", "rope", "alibi"]),
     ("pos_base", [100.0]),
     ("residual", [True, False]),
+    ("ffn", [True, False]),
     ("norm", ["post", "pre", "none", "rms_pre"]),
     ("heads", [1, 4]),
     ("layers", [1, 3]),

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from harness.config import ConfigError, ExperimentConfig, build_config, format_validation_error, read_yaml
+from models.config import PRESETS
 
 Value = str | int | float | bool
 
@@ -34,14 +35,52 @@ class MetricSpec(BaseModel):
     direction: Literal["maximize", "minimize"] = "maximize"
 
 
+class ClaimSource(BaseModel):
+    """Where the literature states a claim: the paper, where in it (table, figure or section) and what it
+    reports there, with its numbers where it gives them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    paper: str
+    where: str
+    reports: str
+
+
+class ClaimVersus(BaseModel):
+    """The second difference of an interaction claim: the claim's compare - to again, measured on another
+    metric or within another sub-grid; either defaults to the claim's own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    metric: str | None = None
+    within: dict[str, Value] | None = None
+
+
 class ClaimSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     text: str
     compare: dict[str, Value]
     to: dict[str, Value]
     metric: str | None = None
+    within: dict[str, Value] = Field(default_factory=dict)  # both sides within this sub-grid
+    versus: ClaimVersus | None = None  # an interaction: (compare - to) minus (compare - to) on versus
     expect: Literal["lower", "higher", "similar"]
     margin: float = 0.0
+    chance: float | None = None  # the metric's value for a model that learned nothing of the task
+    source: ClaimSource | None = None
+    confounds: str = ""  # what the study cannot separate from the claimed factor
+
+    @model_validator(mode="after")
+    def _versus(self) -> ClaimSpec:
+        v = self.versus
+        if v is not None and v.metric in (None, self.metric) and v.within in (None, self.within):
+            raise ValueError("versus: give another metric or another within (both differences are the same)")
+        return self
+
+    def arms(self, study_metric: str) -> list[tuple[str, dict[str, Value]]]:
+        """(metric, sub-grid) of the claim's difference, then of its `versus` difference for an interaction."""
+        first = (self.metric or study_metric, self.within)
+        if self.versus is None:
+            return [first]
+        return [first, (self.versus.metric or first[0], self.versus.within or self.within)]
 
 
 class TuneSpec(BaseModel):
@@ -201,10 +240,23 @@ def variant_name(overrides: dict[str, Value]) -> str:
     return ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()) or "base"
 
 
+def variant_settings(spec: StudySpec) -> dict[str, dict[str, Value]]:
+    """Variant -> its overrides plus the `model.*` keys its preset (or the base's) sets, overrides winning:
+    what a claim's selector matches, so `model.arch: lstm` selects the variants of `preset: lstm-bahdanau`."""
+    base_preset = spec.base.get("preset")
+    settings = {}
+    for name, overrides in spec.variant_overrides().items():
+        preset = overrides.get("preset", base_preset)
+        implied = {f"model.{k}": v for k, v in PRESETS.get(str(preset), {}).items()}
+        settings[name] = {**implied, **overrides}
+    return settings
+
+
 def apply_profile(tree: dict[str, Any], profile: str | None, where: str) -> dict[str, Any]:
     """Study files size their runs per machine in `profiles` (e.g. `cpu` and `gpu`); the first listed is the
-    default. A profile's keys are config keys (added to `fixed`) or study keys: `seeds`, `factors.<key>`.
-    Any other profile than the default runs as its own study, `<name>-<profile>`."""
+    default. A profile's keys are config keys (added to `fixed`) or study keys: `seeds`, `factors.<key>`,
+    and `claims` (more claims, for findings only that profile's scale can test). Any other profile than the
+    default runs as its own study, `<name>-<profile>`."""
     profiles = tree.pop("profiles", None) or {}
     if not isinstance(profiles, dict):
         raise ConfigError(f"{where}: profiles: expected a mapping of profile names to overrides")
@@ -221,6 +273,8 @@ def apply_profile(tree: dict[str, Any], profile: str | None, where: str) -> dict
     for key, value in (profiles[profile] or {}).items():
         if key == "seeds":
             tree["seeds"] = value
+        elif key == "claims":
+            tree["claims"] = [*(tree.get("claims") or []), *(value or [])]
         elif key.startswith("factors."):
             factors[key.removeprefix("factors.")] = value
         else:

@@ -42,6 +42,12 @@ TASKS: dict[str, tuple[Callable[[TaskConfig, int], TaskData], str]] = {
         "hf_config, tokenizer (char | word | bpe), bpe_vocab_size, min_tokens, max_tokens, max_examples, n_valid/n_test",
     ),
 }
+# What a task's data carries beyond token pairs, known before any is built (the metrics a study may name
+# depend on it): text scored with BLEU / chrF (TaskData.is_text), gold word alignments (Example.alignment).
+TEXT_TASKS = frozenset({"synth_mt", "parallel"})
+ALIGNED_TASKS = frozenset({"copy", "reverse", "sort", "recall", "synth_mt"})
+# Tasks whose lengths come from task.min_len / max_len / test_max_len (test_long beyond max_len).
+GENERATED_TASKS = frozenset({"copy", "reverse", "sort", "addition", "recall", "synth_mt"})
 
 
 def build_task(cfg: TaskConfig, seed: int) -> TaskData:
@@ -53,4 +59,6 @@ def build_task(cfg: TaskConfig, seed: int) -> TaskData:
     return data
 
 
-__all__ = ["SPLITS", "TASKS", "Example", "TaskData", "Vocab", "build_task"]
+__all__ = [
+    "ALIGNED_TASKS", "GENERATED_TASKS", "SPLITS", "TASKS", "TEXT_TASKS", "Example", "TaskData", "Vocab", "build_task",
+]  # fmt: skip

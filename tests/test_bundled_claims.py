@@ -1,0 +1,66 @@
+"""Every bundled claim names its source, and only variants and metrics its study produces; the metrics a
+configuration produces (harness.metrics.produced_metrics) are what a trial of it reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.config import build_config, read_yaml
+from harness.metrics import produced_metrics
+from harness.study.spec import bundled_studies_dir, load_study, variant_settings
+from harness.tasks import ALIGNED_TASKS, GENERATED_TASKS, TASKS, TEXT_TASKS
+from harness.trial import run_trial
+from reports.claims import claim_sides
+
+STUDIES = sorted(bundled_studies_dir().glob("*.yaml"))
+PROFILES = [
+    (path, profile) for path in STUDIES for profile in (read_yaml(path).get("profiles") or {None: {}})
+]
+
+
+@pytest.mark.parametrize("path,profile", PROFILES, ids=[f"{p.stem}-{prof}" for p, prof in PROFILES])
+def test_bundled_claims_cite_their_source_and_name_what_the_study_produces(path, profile):
+    spec = load_study(path, profile)
+    settings, overrides = variant_settings(spec), spec.variant_overrides()
+    for claim in spec.claims:
+        source = claim.source
+        assert source is not None, f"{path.name}: {claim.text!r} names no source"
+        assert all(part.strip() for part in (source.paper, source.where, source.reports)), claim.text
+        for arm_metric, within in claim.arms(spec.metric.name):
+            compare, to = claim_sides(settings, claim, within)
+            assert compare and to, f"{path.name}: {claim.text!r} within {within} matches no variant"
+            for variant in compare + to:
+                produced = produced_metrics(spec.config_for(overrides[variant], spec.seeds[0]))
+                assert arm_metric in produced, f"{path.name}: variant {variant} reports no {arm_metric}"
+
+
+TINY = {"task": {"n_train": 48, "n_valid": 8, "n_test": 8, "min_len": 5, "max_len": 6},
+        "model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 16, "dropout": 0.0},
+        "train": {"batch_size": 16, "max_steps": 2, "val_every": 2}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "preset,task,model",
+    [
+        ("transformer", "reverse", {}),  # test_long, rank collapse of both stacks
+        ("transformer", "synth_mt", {"cross_attention": False}),  # text, no encoder, no cross-attention
+        ("lstm-bahdanau", "synth_mt", {}),  # text with gold alignments: AER
+        ("lstm", "synth_mt", {"test_max_len": 6}),  # no attention: no AER; no test_long
+    ],
+)
+def test_produced_metrics_are_what_a_trial_reports(preset, task, model, single_thread):
+    task_keys = {k: v for k, v in model.items() if k.startswith("test_")}
+    tree = {"preset": preset, **TINY, "task": {**TINY["task"], "name": task, **task_keys},
+            "model": {**TINY["model"], **{k: v for k, v in model.items() if k not in task_keys}}}  # fmt: skip
+    cfg = build_config(tree)
+    reported = {k for k in run_trial(cfg).metrics if k.split("/")[0] in ("val", "test", "test_long")}
+    assert reported == produced_metrics(cfg)
+
+
+def test_task_traits_match_the_data_the_tasks_build():
+    for name in GENERATED_TASKS:
+        data = TASKS[name][0](build_config({"task": {"name": name, "n_train": 8, "n_valid": 4, "n_test": 4,
+                                                     "min_len": 5, "max_len": 6}}).task, 0)  # fmt: skip
+        assert data.is_text == (name in TEXT_TASKS), name
+        assert all(ex.alignment is not None for ex in data.splits["test"]) == (name in ALIGNED_TASKS), name
+        assert data.splits["test_long"], f"{name}: test_max_len defaults beyond max_len"

@@ -1,0 +1,249 @@
+"""Claim forms against hand computations: interactions (paired by seed and not), uninformative outcomes
+(ceiling, floor, a side that cannot learn), selectors resolved through presets, sources, profile claims."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from harness.config import ConfigError
+from harness.study.spec import StudySpec, apply_profile, load_study, variant_settings
+from reports import claims
+from reports.claims import CEILING, CONTRADICTED, FLOOR, INCONCLUSIVE, REPRODUCED, UNLEARNT
+from reports.render import build_report
+
+SHORT, LONG = "test/tok_acc", "test_long/tok_acc"
+SOURCE = {
+    "paper": "Bahdanau et al. 2015",
+    "where": "Sec. 5.1, Fig. 2",
+    "reports": "RNNencdec drops with length",
+}
+
+
+def trials(cells: dict[tuple[str, int], dict[str, float]]) -> pd.DataFrame:
+    """A trial table as collect.trials_frame gives it: one completed trial per (variant, seed)."""
+    rows = [{"trial": i, "variant": v, "seed": seed, "state": "COMPLETE", **metrics}
+            for i, ((v, seed), metrics) in enumerate(cells.items())]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def named_spec(claim: dict, seeds=(0, 1, 2)) -> StudySpec:
+    return StudySpec.model_validate({
+        "name": "bottleneck", "seeds": list(seeds),
+        "variants": {"plain": {"preset": "lstm"}, "attn": {"preset": "lstm-bahdanau"}},
+        "claims": [{"text": "t", "compare": {"preset": "lstm"}, "to": {"preset": "lstm-bahdanau"}, **claim}],
+    })  # fmt: skip
+
+
+def degradation(short_c, long_c, short_t, long_t) -> pd.DataFrame:
+    """Per seed: the model without attention (plain) and with it (attn), in and beyond training lengths."""
+    cells = {}
+    for seed, values in enumerate(zip(short_c, long_c, short_t, long_t)):
+        cells[("plain", seed)] = {SHORT: values[0], LONG: values[1]}
+        cells[("attn", seed)] = {SHORT: values[2], LONG: values[3]}
+    return trials(cells)
+
+
+def t_interval(x: np.ndarray) -> tuple[float, float]:
+    return sps.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=sps.sem(x))
+
+
+INTERACTION = {"metric": LONG, "versus": {"metric": SHORT}, "source": SOURCE}
+
+
+def test_interaction_of_two_metrics_is_paired_by_seed():
+    short_c, long_c = [0.90, 0.92, 0.94], [0.40, 0.45, 0.44]
+    short_t, long_t = [1.00, 0.99, 1.00], [0.70, 0.72, 0.71]
+    df = degradation(short_c, long_c, short_t, long_t)
+    contrast = (np.array(long_c) - long_t) - (np.array(short_c) - short_t)  # [-0.20, -0.20, -0.21]
+    spec = named_spec({**INTERACTION, "expect": "lower", "margin": 0.05})
+    (result,) = claims.evaluate_all(spec, df)
+    assert result.paired_by_seed and (result.compare, result.to) == (["plain"], ["attn"])
+    assert result.metric == LONG and result.versus_metric == SHORT
+    assert result.diff == pytest.approx(contrast.mean())
+    assert (result.ci_low, result.ci_high) == pytest.approx(t_interval(contrast))
+    assert result.diff_first == pytest.approx(np.mean(long_c) - np.mean(long_t))
+    assert result.diff_versus == pytest.approx(np.mean(short_c) - np.mean(short_t))
+    assert result.verdict == REPRODUCED and result.claim.source.paper == "Bahdanau et al. 2015"
+
+    # The same data against the opposite expectation, and against a margin the contrast cannot reach.
+    assert claims.evaluate_all(named_spec({**INTERACTION, "expect": "higher"}), df)[0].verdict == CONTRADICTED
+    far = named_spec({**INTERACTION, "expect": "lower", "margin": 0.5})
+    assert claims.evaluate_all(far, df)[0].verdict == CONTRADICTED
+
+
+def test_interaction_with_seed_noise_is_inconclusive():
+    # Per-seed contrasts -0.30, -0.10, +0.05: the t-interval with 2 df reaches both sides of -0.05.
+    df = degradation([0.9, 0.9, 0.9], [0.4, 0.6, 0.75], [1.0, 1.0, 1.0], [0.8, 0.8, 0.8])
+    (result,) = claims.evaluate_all(named_spec({**INTERACTION, "expect": "lower", "margin": 0.05}), df)
+    assert result.diff == pytest.approx(np.mean([-0.30, -0.10, 0.05]))
+    assert result.ci_low < -0.05 < result.ci_high and result.verdict == INCONCLUSIVE
+
+
+def test_an_interactions_interval_stays_within_its_own_range():
+    # Per-seed contrasts -1.5 and +1.0: the t-interval with 1 df spans ±16; accuracies allow [-2, 2].
+    df = degradation([1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [1.0, 0.5])
+    (result,) = claims.evaluate_all(named_spec({**INTERACTION, "expect": "lower"}, seeds=(0, 1)), df)
+    assert result.diff == pytest.approx(-0.25) and (result.ci_low, result.ci_high) == (-2.0, 2.0)
+    assert result.verdict == INCONCLUSIVE
+
+
+def grid_spec(claim: dict, seeds=(0, 1)) -> StudySpec:
+    return StudySpec.model_validate({
+        "name": "scaling", "seeds": list(seeds),
+        "factors": {"model.d_model": [16, 256], "model.scale": ["sqrt", "none"]},
+        "claims": [{"text": "the scaling gap grows with d_k", "compare": {"model.scale": "none"},
+                    "to": {"model.scale": "sqrt"}, "within": {"model.d_model": 256},
+                    "versus": {"within": {"model.d_model": 16}}, "expect": "lower", "margin": 0.1, **claim}],
+    })  # fmt: skip
+
+
+GRID = {
+    ("d_model=256,scale=none", 0): 0.01, ("d_model=256,scale=none", 1): 0.03,
+    ("d_model=256,scale=sqrt", 0): 0.80, ("d_model=256,scale=sqrt", 1): 0.84,
+    ("d_model=16,scale=none", 0): 0.30, ("d_model=16,scale=none", 1): 0.28,
+    ("d_model=16,scale=sqrt", 0): 0.70, ("d_model=16,scale=sqrt", 1): 0.74,
+}  # fmt: skip
+
+
+def test_interaction_of_two_sub_grids_pairs_shared_seeds():
+    df = trials({key: {"test/seq_acc": x} for key, x in GRID.items()})
+    (result,) = claims.evaluate_all(grid_spec({}), df)
+    contrast = np.array([(0.01 - 0.80) - (0.30 - 0.70), (0.03 - 0.84) - (0.28 - 0.74)])
+    assert result.paired_by_seed and result.diff == pytest.approx(contrast.mean())
+    assert (result.ci_low, result.ci_high) == pytest.approx(t_interval(contrast))
+    assert result.compare == ["d_model=256,scale=none"] and result.to == ["d_model=256,scale=sqrt"]
+    assert result.verdict == REPRODUCED
+
+
+def test_interaction_without_shared_seeds_is_welchs_interval_of_four_groups():
+    # The d_model=16 cells ran seeds 2 and 3: nothing to pair, four independent groups.
+    shifted = {(v, seed + 2 if v.startswith("d_model=16") else seed): x for (v, seed), x in GRID.items()}
+    df = trials({key: {"test/seq_acc": x} for key, x in shifted.items()})
+    (result,) = claims.evaluate_all(grid_spec({}), df)
+    groups = [
+        np.array([GRID[(v, 0)], GRID[(v, 1)]])
+        for v in (
+            "d_model=256,scale=none",
+            "d_model=256,scale=sqrt",
+            "d_model=16,scale=none",
+            "d_model=16,scale=sqrt",
+        )
+    ]
+    estimate = (groups[0].mean() - groups[1].mean()) - (groups[2].mean() - groups[3].mean())
+    terms = [g.var(ddof=1) / len(g) for g in groups]
+    dof = sum(terms) ** 2 / sum(t**2 / (len(g) - 1) for t, g in zip(terms, groups))
+    half = sps.t.ppf(0.975, dof) * np.sqrt(sum(terms))
+    assert not result.paired_by_seed and result.diff == pytest.approx(estimate)  # fmt: skip
+    assert (result.ci_low, result.ci_high) == pytest.approx((estimate - half, estimate + half))
+
+
+def test_an_interaction_cell_without_variants_or_seeds_is_inconclusive():
+    df = trials({key: {"test/seq_acc": x} for key, x in GRID.items()})
+    missing = grid_spec({"versus": {"within": {"model.d_model": 64}}})
+    assert "no variant matches compare', to'" in claims.evaluate_all(missing, df)[0].reason
+    one_seed = trials({(v, s): {"test/seq_acc": x} for (v, s), x in GRID.items() if s == 0})
+    (result,) = claims.evaluate_all(grid_spec({}), one_seed)
+    assert result.verdict == INCONCLUSIVE and "1 completed seed" in result.reason
+
+
+def test_similar_claims_at_the_metrics_bounds_are_uninformative():
+    similar = {"metric": SHORT, "expect": "similar", "margin": 0.05}
+    ceiling = degradation([0.99, 1.0, 0.98], [0, 0, 0], [1.0, 1.0, 0.99], [0, 0, 0])
+    (result,) = claims.evaluate_all(named_spec(similar), ceiling)
+    assert result.verdict == CEILING and "upper bound 1" in result.reason
+    floor = degradation([0.01, 0.0, 0.02], [0, 0, 0], [0.0, 0.0, 0.01], [0, 0, 0])
+    assert claims.evaluate_all(named_spec(similar), floor)[0].verdict == FLOOR
+    # Off the bounds the same claim is decided as before.
+    middle = degradation([0.70, 0.71, 0.72], [0, 0, 0], [0.70, 0.72, 0.71], [0, 0, 0])
+    assert claims.evaluate_all(named_spec(similar), middle)[0].verdict == REPRODUCED
+
+
+def test_a_comparison_against_a_side_that_cannot_learn_is_uninformative():
+    higher = {"metric": SHORT, "expect": "lower", "margin": 0.1, "chance": 0.1}
+    # attn (the to side) learned; plain sits at 0.00-0.02, its whole CI below chance 0.1.
+    df = degradation([0.0, 0.02, 0.01], [0, 0, 0], [0.9, 0.92, 0.91], [0, 0, 0])
+    (result,) = claims.evaluate_all(named_spec(higher), df)
+    assert result.verdict == UNLEARNT and result.reason.startswith("compare (plain)")
+    # Without a stated chance level the same data reproduce the claim.
+    assert claims.evaluate_all(named_spec({**higher, "chance": None}), df)[0].verdict == REPRODUCED
+    # A side whose CI reaches above chance can learn.
+    learns = degradation([0.0, 0.3, 0.1], [0, 0, 0], [0.9, 0.92, 0.91], [0, 0, 0])
+    assert claims.evaluate_all(named_spec(higher), learns)[0].verdict != UNLEARNT
+    # For a loss, a model that cannot learn stays above chance.
+    loss = trials({("plain", s): {"val/loss": x} for s, x in enumerate([2.3, 2.31, 2.29])}
+                  | {("attn", s): {"val/loss": x} for s, x in enumerate([0.1, 0.12, 0.11])})  # fmt: skip
+    spec = named_spec({"metric": "val/loss", "expect": "higher", "chance": 2.0})
+    assert claims.evaluate_all(spec, loss)[0].verdict == UNLEARNT
+
+
+def test_selectors_match_the_model_keys_a_preset_sets():
+    spec = StudySpec.model_validate({
+        "name": "scan", "seeds": [0, 1],
+        "factors": {"preset": ["lstm", "lstm-bahdanau", "transformer"], "task.split": ["simple", "length"]},
+        "claims": [{"text": "RNNs fail on length", "compare": {"model.arch": "lstm", "task.split": "length"},
+                    "to": {"model.arch": "lstm", "task.split": "simple"}, "expect": "lower", "margin": 0.3}],
+    })  # fmt: skip
+    settings = variant_settings(spec)
+    assert settings["preset=lstm-bahdanau,split=simple"]["model.attention"] == "additive"
+    values = {"simple": [0.95, 0.97], "length": [0.10, 0.14]}
+    df = trials({(f"preset={p},split={s}", seed): {"test/seq_acc": x} for p in ("lstm", "lstm-bahdanau", "transformer")
+                 for s, xs in values.items() for seed, x in enumerate(xs)})  # fmt: skip
+    (result,) = claims.evaluate_all(spec, df)
+    assert result.compare == ["preset=lstm,split=length", "preset=lstm-bahdanau,split=length"]
+    assert result.to == ["preset=lstm,split=simple", "preset=lstm-bahdanau,split=simple"]
+    assert result.paired and result.verdict == REPRODUCED
+    # A key the variant overrides wins over its preset's value.
+    named = StudySpec.model_validate(
+        {"name": "n", "variants": {"nopos": {"preset": "transformer", "model.pos_encoding": "none"}}}
+    )
+    assert variant_settings(named)["nopos"]["model.pos_encoding"] == "none"
+
+
+def test_claim_schema_checks_sources_and_interactions():
+    claim = {"text": "t", "compare": {"preset": "lstm"}, "to": {"preset": "lstm-bahdanau"}, "expect": "lower"}
+    with pytest.raises(ValueError, match="reports"):
+        named_spec({"expect": "lower", "source": {"paper": "p", "where": "w"}})
+    with pytest.raises(ValueError, match="versus: give another metric or another within"):
+        named_spec({"expect": "lower", "metric": SHORT, "versus": {"metric": SHORT}})
+    assert named_spec({"expect": "lower"}).claims[0].source is None  # optional for a user's own study
+    assert StudySpec.model_validate({"name": "n", "claims": [claim]}).claims[0].versus is None
+
+
+def test_a_profile_adds_its_own_claims(tmp_path):
+    extra = {"text": "only at scale", "compare": {"preset": "lstm"}, "to": {"preset": "lstm-bahdanau"},
+             "expect": "lower", "source": SOURCE}  # fmt: skip
+    tree = {"name": "s", "variants": {"plain": {"preset": "lstm"}, "attn": {"preset": "lstm-bahdanau"}},
+            "claims": [{**extra, "text": "everywhere"}],
+            "profiles": {"cpu": {}, "gpu": {"train.max_steps": 10, "claims": [extra]}}}  # fmt: skip
+    assert [c["text"] for c in apply_profile(dict(tree), "cpu", "s.yaml")["claims"]] == ["everywhere"]
+    assert [c["text"] for c in apply_profile(dict(tree), "gpu", "s.yaml")["claims"]] == [
+        "everywhere",
+        "only at scale",
+    ]
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: s\nvariants: {a: {preset: lstm}}\nclaims: [{text: t, compare: {}, to: {}, expect: up}]\n"
+    )
+    with pytest.raises(ConfigError, match=r"claims\.0\.expect"):
+        load_study(path)
+
+
+def test_the_report_prints_each_claims_source_beside_its_verdict(tmp_path, monkeypatch):
+    import test_reports  # the constructed study of the report tests, with this claim in place of theirs
+
+    source = {"paper": "Vaswani et al. 2017", "where": "Sec. 3.5", "reports": "positions <must> be injected"}
+    claim = {**test_reports.CLAIM, "source": source, "confounds": "a 2-layer <model>"}
+    monkeypatch.setattr(test_reports, "CLAIM", claim)
+    spec, storage, runs = test_reports.synthetic_study(tmp_path)
+    out = build_report(spec, storage, runs)
+    md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| Without positions"))
+    cells = [c.strip() for c in row.split(" | ")]
+    assert cells[1] == "**inconclusive**"
+    assert cells[2] == "Vaswani et al. 2017, Sec. 3.5: positions &lt;must&gt; be injected"
+    assert "Confounds: a 2-layer &lt;model&gt;" in cells[0]
+    assert "Vaswani et al. 2017, Sec. 3.5: positions &lt;must&gt; be injected</td>" in html
+    assert 'class="inconclusive">inconclusive</td>' in html
