@@ -4,6 +4,7 @@ One Optuna study per phase and variant: `<name>:eval` holds the grid (variant x 
 the tuning trials of one variant. Every trial that must run is enqueued up front as a WAITING trial, once, by
 the process that created the eval study; workers claim WAITING trials (the storage's WAITING -> RUNNING
 transition is atomic) and stop when none is left, so each grid point runs exactly once however many join.
+With adaptive seeds only the first look's seeds are queued up front; study.looks queues the later ones.
 """
 
 from __future__ import annotations
