@@ -176,7 +176,8 @@ def sweep(
     )
 
     slots = worker_slots(workers, gpus, per_device)
-    console.print(f"[bold]{spec.name}[/]: {len(spec.variant_overrides())} variants x {len(spec.seeds)} seeds"
+    seeds = f"{spec.adaptive.min}-{spec.adaptive.max} adaptive" if spec.adaptive else len(spec.seed_pool)
+    console.print(f"[bold]{spec.name}[/]: {len(spec.variant_overrides())} variants x {seeds} seeds"
                   f"{f', {spec.tune.trials} tune trials per variant' if spec.tune else ''}; "
                   f"{len(slots)} worker(s), storage {url}, W&B {mode}")  # fmt: skip
     procs = spawn_workers(spec.name, url, out, mode, slots, artifacts)
@@ -321,7 +322,9 @@ def status(
     storage: StorageOption = None,
     out: RunsOption = Path("runs"),
 ) -> None:
-    """Progress of a study, per variant: done, running, failed, pruned, time spent and left."""
+    """Progress of a study, per variant: done, running, failed, pruned, time spent and left; with adaptive
+    seeds, each claim's look and verdict."""
+    from harness.study.looks import next_look
     from harness.study.queue import study_progress, time_left_s
 
     spec, store = _stored_study("status", study, storage, out)
@@ -336,12 +339,32 @@ def status(
                       _duration(r.elapsed_s))  # fmt: skip
     out_console = Console()
     out_console.print(table)
+    if spec.adaptive:
+        out_console.print(looks_table(spec, store))
     running = sum(r.running for r in rows)
     left = time_left_s(rows, running)
-    if all(r.finished for r in rows):
+    if spec.adaptive and all(r.finished for r in rows) and next_look(spec, store) is not None:
+        out_console.print("between looks: a worker queues the next look's seeds when it runs")
+    elif all(r.finished for r in rows):
         out_console.print("finished")
     elif left is not None:
         out_console.print(f"about {_duration(left)} left with {max(1, running)} worker(s) running")
+
+
+def looks_table(spec, store) -> Table:
+    """Adaptive seeds: per claim, the look it stands at (seeds per variant) and its verdict so far."""
+    from harness.study.looks import judge
+    from harness.study.queue import EVAL, load_phase_study
+
+    results = judge(spec, load_phase_study(spec, store, EVAL).get_trials(deepcopy=False))
+    looks = " ".join(map(str, spec.seed_looks))
+    table = Table(title=f"looks at {looks} seeds per variant, claim CIs at {100 * results[0].level:.1f}%"
+                  if results else f"looks at {looks} seeds per variant")  # fmt: skip
+    for column in ("claim", "look", "seeds", "verdict", "decided"):
+        table.add_column(column, justify="right" if column in ("look", "seeds") else "left")
+    for r in results:
+        table.add_row(r.claim.text, f"{r.look + 1}/{r.looks}", str(r.seeds), r.verdict, r.decision)
+    return table
 
 
 def _duration(seconds: float) -> str:

@@ -32,6 +32,7 @@ from harness import compat, provenance, signals, tracking
 from harness.artifacts import CHECKPOINTS, artifact_store, study_dir, trial_dir, upload_trial_files
 from harness.callbacks import DivergenceGuard, ReportValidation, StepPruning, TrialFailed
 from harness.checkpoints import RESUME_ATTR, Preempted, StoredCheckpoints, fetch
+from harness.study.looks import queue_next_look
 from harness.study.queue import (
     EVAL,
     TUNE,
@@ -102,10 +103,11 @@ class Worker:
         self.stopped: str | None = None  # why the worker stopped before the study was done (one line)
 
     def run(self) -> None:
-        """Runs trials until nothing is queued or running; waits while eval trials wait for tuning elsewhere,
-        and while other workers' trials run: one whose worker died is queued again once its heartbeat is
-        stale, and somebody must be left to run it. `finished_last` says whether this worker's last trial
-        left nothing pending: then it finished the study. Stops early after a stop signal or a full disk."""
+        """Runs trials until nothing is queued or running and no claim wants more seeds (study.looks); waits
+        while eval trials wait for tuning elsewhere, and while other workers' trials run: one whose worker
+        died is queued again once its heartbeat is stale, and somebody must be left to run it.
+        `finished_last` says whether this worker's last trial left nothing pending: then it finished the
+        study. Stops early after a stop signal or a full disk."""
         while self.stopped is None:
             if signals.received():
                 self.stopped = f"{signals.received().name}: no trial was running; stopped"
@@ -116,7 +118,7 @@ class Worker:
                 self.finished_last = not self.anything_pending()
             elif self.anything_pending():
                 time.sleep(POLL_S)
-            else:
+            elif not queue_next_look(self.spec, self.storage):
                 return
 
     def studies(self) -> list[optuna.Study]:
@@ -218,7 +220,7 @@ class Worker:
         callbacks: list[L.Callback] = [DivergenceGuard()]
         if claim.phase == TUNE:
             assert spec.tune is not None
-            seed = spec.seeds[0]
+            seed = spec.seed_pool[0]
             extra = {key: suggest(trial, key, space) for key, space in spec.tune.params.items()}
             callbacks.append(StepPruning(trial, monitor=self.metric_name(claim)))
             name = f"{variant}-seed{seed}-tune{trial.number}"

@@ -9,9 +9,9 @@ factors). Each compare variant is paired with the `to` variant that has the same
 `to` keys are applied; when every compare variant finds its partner, the effect is the mean over pairs
 of mean(compare) - mean(to): the effect averaged over the other factors. Otherwise (named variants)
 the trials of each side are pooled and the effect is mean(compare) - mean(to) over the pooled seeds.
-The 95% CI is a Welch t-interval: every variant's seeds are independent runs, so the variance of the
-effect is the sum of s^2/n over all the variants involved, divided by (number of pairs)^2, and its
-degrees of freedom are Welch-Satterthwaite's over those terms (stats.diff_ci).
+The 95% CI is stats.diff_ci's: every variant's seeds are independent runs, each variant's interval
+respects the metric's range, and MOVER adds them up, so the CI of a difference of accuracies stays
+within [-1, 1].
 
 Verdict, with d = compare - to, CI [lo, hi] and margin m >= 0 (the smallest effect that counts):
   expect lower:   reproduced if hi < -m; contradicted if lo > -m; inconclusive otherwise.
@@ -21,6 +21,16 @@ Verdict, with d = compare - to, CI [lo, hi] and margin m >= 0 (the smallest effe
 So a claim is reproduced only when the whole CI clears the margin in the claimed direction, and
 contradicted when the whole CI lies on the other side of it (the data rule out an effect that large).
 A side with fewer than two seeds has no CI, so its claim is inconclusive.
+
+Looks. With adaptive seeds (`seeds: {min, max, step}`) a claim is judged at up to K looks, after min,
+min + step, ..., max seeds per variant; the first look whose verdict is not inconclusive (reproduced,
+contradicted, or uninformative: more seeds cannot change it) decides it, and later seeds, run for other
+claims, do not reopen it. Each look's CI has level 1 - 0.05/K (Bonferroni over the K looks fixed in
+advance), so the chance that any look's CI misses the true effect, and with it the chance of a wrong
+verdict at whichever look stops, is at most 0.05 whatever the stopping rule. A study with a list of seeds
+has one look at level 0.95. The sweep asks `seeds_wanted` which variants need the next look's seeds:
+those of claims still open; the report and the sweep both read these verdicts, so the queue stops exactly
+where the report says a claim was decided.
 
 Selectors match a variant's settings: its overrides plus the model keys its preset sets (the variant's
 preset, else the study base's), so `model.arch: lstm` selects the variants of `preset: lstm-bahdanau`.
@@ -51,11 +61,12 @@ import numpy as np
 import pandas as pd
 
 from harness.study.spec import ClaimSpec, StudySpec, Value, variant_settings
-from reports.stats import diff_ci, mean_ci, metric_range, seed_values, variant_values
+from reports.stats import LEVEL, diff_ci, examples, mean_ci, metric_range, seed_values, variant_values
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
 CEILING, FLOOR, UNLEARNT = "uninformative (ceiling)", "uninformative (floor)", "uninformative (cannot learn)"
 MIN_SEEDS = 2
+FINISHED = ("COMPLETE", "FAIL", "PRUNED")  # trial states that will not change
 LOWER_IS_BETTER = ("loss", "ppl", "aer")  # metric names (after the split) where a better model scores less
 
 
@@ -80,6 +91,28 @@ class ClaimResult:
     diff_first: float = np.nan
     diff_versus: float = np.nan
     paired_by_seed: bool = False
+    variants: list[str] = field(default_factory=list)  # every variant the claim compares, both arms
+    level: float = LEVEL
+    look: int = 0  # the look these numbers come from (0-based)
+    decided: bool = False  # reproduced or contradicted at a look whose seeds all finished
+    budget_spent: bool = False  # still inconclusive after the last look's seeds finished
+    running: bool = False  # the look's trials have not all finished: a provisional verdict
+    looks: int = 1  # how many looks the study plans
+    seeds: int = 0  # seeds per variant at this look
+
+    @property
+    def decision(self) -> str:
+        """When the verdict was reached, for the report: 'look 1 of 3 (2 seeds, 98.3% CIs)', or why not."""
+        at = f"{self.seeds} seeds, {self.level:.1%} CIs".replace(".0%", "%")
+        if self.decided:
+            return f"look {self.look + 1} of {self.looks} ({at})"
+        if self.budget_spent:
+            return f"budget spent ({at})"
+        return (
+            f"open: look {self.look + 1} of {self.looks} running"
+            if self.running
+            else "open: more seeds queued"
+        )
 
 
 def matching_variants(overrides: dict[str, dict[str, Value]], selector: dict[str, Value]) -> list[str]:
@@ -123,13 +156,14 @@ def _pairs(
     return pairs
 
 
-def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame) -> ClaimResult:
+def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float = LEVEL) -> ClaimResult:
+    """The claim's verdict on the completed trials in `df`, with CIs at `level`."""
     if claim.versus is not None:
-        return evaluate_interaction(spec, claim, df)
+        return evaluate_interaction(spec, claim, df, level)
     ((metric, within),) = claim.arms(spec.metric.name)
     overrides = variant_settings(spec)
     compare, to = claim_sides(overrides, claim, within)
-    result = ClaimResult(claim, metric, INCONCLUSIVE, "", compare, to)
+    result = ClaimResult(claim, metric, INCONCLUSIVE, "", compare, to, level=level)
     if not compare or not to:
         side = "compare" if not compare else "to"
         result.reason = f"no variant matches {side}: {getattr(claim, side)}"
@@ -146,7 +180,9 @@ def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame) -> ClaimResult
     result.n_compare, result.n_to = len(pooled_c), len(pooled_t)
     result.mean_compare = pooled_c.mean() if len(pooled_c) else np.nan
     result.mean_to = pooled_t.mean() if len(pooled_t) else np.nan
-    result.diff, result.ci_low, result.ci_high = diff_ci(groups)
+    result.diff, result.ci_low, result.ci_high = diff_ci(
+        groups, metric_range(metric), examples(df, metric), level
+    )
     fewest = min(min(len(a), len(b)) for a, b in groups)
     if fewest < MIN_SEEDS:
         result.reason = f"a variant has {fewest} completed seed(s) of {metric}; a verdict needs {MIN_SEEDS}"
@@ -176,12 +212,14 @@ def _cells(
     return cells, series
 
 
-def evaluate_interaction(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame) -> ClaimResult:
+def evaluate_interaction(
+    spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float = LEVEL
+) -> ClaimResult:
     """Δ = (compare - to) - (compare' - to'), see the module docstring."""
     cells, (c1, t1, c2, t2) = _cells(spec, claim, df)
     metric, versus_metric = cells[0][2], cells[2][2]
     result = ClaimResult(
-        claim, metric, INCONCLUSIVE, "", cells[0][1], cells[1][1], versus_metric=versus_metric
+        claim, metric, INCONCLUSIVE, "", cells[0][1], cells[1][1], versus_metric=versus_metric, level=level
     )
     empty = [label for (label, variants, _), s in zip(cells, (c1, t1, c2, t2)) if not variants]
     if empty:
@@ -194,9 +232,10 @@ def evaluate_interaction(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame) ->
     result.paired_by_seed = len(seeds) >= MIN_SEEDS and all(sorted(s.index) == seeds for s in (t1, c2, t2))
     if result.paired_by_seed:
         contrast = (c1 - t1 - c2 + t2).to_numpy()
-        result.diff, (lo, hi) = float(contrast.mean()), mean_ci(contrast)
+        result.diff, (lo, hi) = float(contrast.mean()), mean_ci(contrast, level=level)
     else:
-        estimate, lo, hi = diff_ci([(c1.to_numpy(), t1.to_numpy()), (t2.to_numpy(), c2.to_numpy())])
+        cell_pairs = [(c1.to_numpy(), t1.to_numpy()), (t2.to_numpy(), c2.to_numpy())]
+        estimate, lo, hi = diff_ci(cell_pairs, level=level)
         result.diff, lo, hi = 2 * estimate, 2 * lo, 2 * hi
     # (a - b) - (c - d) with a, b in [low, high] and c, d in [low', high'] lies in
     # [(low - high) - (high' - low'), (high - low) + (high' - low')].
@@ -257,7 +296,7 @@ def _at_bound(result: ClaimResult) -> bool:
 
 def _reason(r: ClaimResult) -> str:
     m, expect = abs(r.claim.margin), r.claim.expect
-    ci = f"95% CI of compare - to [{r.ci_low:.3g}, {r.ci_high:.3g}]"
+    ci = f"CI of compare - to [{r.ci_low:.3g}, {r.ci_high:.3g}]"
     bound = {"lower": f"below {-m:.3g}", "higher": f"above {m:.3g}", "similar": f"within ±{m:.3g}"}[expect]
     if r.verdict == REPRODUCED:
         return f"{ci} lies {bound}"
@@ -266,5 +305,63 @@ def _reason(r: ClaimResult) -> str:
     return f"{ci} straddles the margin (expected {bound})"
 
 
+def claim_variants(spec: StudySpec, claim: ClaimSpec) -> list[str]:
+    """Every variant a claim compares: both sides of each of its arms."""
+    settings = variant_settings(spec)
+    found = [v for _, within in claim.arms(spec.metric.name) for side in claim_sides(settings, claim, within)
+             for v in side]  # fmt: skip
+    return list(dict.fromkeys(found))
+
+
+def look_level(spec: StudySpec) -> float:
+    """The confidence level of each look: 1 - 0.05 / (number of looks)."""
+    return 1 - (1 - LEVEL) / len(spec.seed_looks)
+
+
+def _look_trials(spec: StudySpec, df: pd.DataFrame, variants: list[str], look: int) -> pd.DataFrame | None:
+    """The trials of `variants` whose seeds the look covers, or None when some of those seeds were never
+    queued (the look was not reached)."""
+    seeds = spec.seed_pool[: spec.seed_looks[look]]
+    rows = df[df["variant"].isin(variants) & df["seed"].isin(seeds)]
+    queued = rows.groupby("variant")["seed"].nunique()
+    return rows if all(queued.get(v, 0) == len(seeds) for v in variants) else None
+
+
+def judge(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame) -> ClaimResult:
+    """The claim at each look in turn, until one decides it, the next was not reached, or one is still
+    running (its trials then give a provisional verdict); see the module docstring."""
+    level = look_level(spec)
+    result = evaluate(spec, claim, df, level)
+    result.looks, result.running = len(spec.seed_looks), True  # until its first look's seeds are queued
+    variants = claim_variants(spec, claim)
+    for look in range(len(spec.seed_looks)):
+        rows = _look_trials(spec, df, variants, look)
+        if rows is None:
+            break
+        result = evaluate(spec, claim, rows, level)
+        result.look, result.looks, result.seeds = look, len(spec.seed_looks), spec.seed_looks[look]
+        result.variants = variants
+        finished = rows["state"].isin(FINISHED).all()
+        result.decided = finished and result.verdict != INCONCLUSIVE
+        result.budget_spent = finished and not result.decided and look == len(spec.seed_looks) - 1
+        result.running = not finished
+        if result.decided or not finished:
+            break
+    return result
+
+
+def seeds_wanted(spec: StudySpec, results: list[ClaimResult]) -> dict[str, int]:
+    """Variant -> how many seeds the next look needs, for the variants of claims still open after a look
+    whose trials all finished; empty when no claim can use more seeds."""
+    wanted: dict[str, int] = {}
+    for r in results:
+        if r.decided or r.budget_spent or r.running or not (r.compare and r.to):
+            continue
+        count = spec.seed_looks[r.look + 1]
+        for variant in r.variants:
+            wanted[variant] = max(wanted.get(variant, 0), count)
+    return wanted
+
+
 def evaluate_all(spec: StudySpec, df: pd.DataFrame) -> list[ClaimResult]:
-    return [evaluate(spec, claim, df) for claim in spec.claims]
+    return [judge(spec, claim, df) for claim in spec.claims]

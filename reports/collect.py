@@ -58,8 +58,9 @@ def _grid_point(t: optuna.trial.FrozenTrial) -> tuple[Any, Any]:
 
 def trials_frame(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> pd.DataFrame:
     """Columns: trial, variant, seed, state, one per factor key and tuned key (dotted), the cost columns,
-    one per metric (named split/metric), fail_reason, retry_of (the failed trial this one retries),
-    resumed_from_step (0: started afresh), start and end times. Cost figures a trial did not store as user attributes are filled from its metrics.json
+    one per metric (named split/metric), one per split's example count (examples/split), fail_reason,
+    retry_of (the failed trial this one retries), resumed_from_step (0: started afresh), start and end times.
+    Cost figures a trial did not store as user attributes are filled from its metrics.json
     artifact by `collect`."""
     overrides = spec.variant_overrides()
     rows = []
@@ -72,6 +73,7 @@ def trials_frame(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> pd.
             **{c: attrs.get(c) for c in COST_COLUMNS},
             **attrs.get("tuned", {}),
             **attrs.get("metrics", {}),
+            **{examples_column(split): n for split, n in (attrs.get("split_sizes") or {}).items()},
             "fail_reason": attrs.get("fail_reason"),
             "retry_of": (t.system_attrs.get("retry_history") or [None])[-1],
             "resumed_from_step": attrs.get("resumed_from_step", 0),
@@ -88,6 +90,11 @@ def trials_frame(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> pd.
         "resumed_from_step",
     ]
     return pd.DataFrame(rows, columns=list(dict.fromkeys(columns + [k for r in rows for k in r])))
+
+
+def examples_column(split: str) -> str:
+    """The trial table's column of how many examples a split held (the trial's 'split_sizes')."""
+    return f"examples/{split}"
 
 
 def read_artifacts(

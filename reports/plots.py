@@ -1,7 +1,8 @@
 """Seaborn figures for a study report. Each function returns a matplotlib Figure, or None when the study
-holds nothing to draw (no completed trial, no artifact of that kind). Bands and error bars are 95%
-Student t CIs of the mean across seeds, the same stats.mean_ci the tables report; with one seed they
-vanish and the mean is drawn alone."""
+holds nothing to draw (no completed trial, no artifact of that kind). Every figure shows each seed's value
+as a point. Bands and error bars are the 95% CIs of the mean across seeds that the tables report
+(stats.mean_ci, inside the metric's range); with one seed they vanish and the mean is drawn alone. The axis
+of a bounded metric spans its whole range."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import seaborn as sns  # noqa: E402
 
 from harness.artifacts import AttentionSample  # noqa: E402
 from reports.attention import cross_attention, draw, probe_aer  # noqa: E402
-from reports.stats import mean_ci, pareto_front  # noqa: E402
+from reports.stats import MetricRange, examples, mean_ci, metric_range, pareto_front  # noqa: E402
 
 # Variant names are user text: never parse them as mathtext.
 plt.rcParams["text.parse_math"] = False
 sns.set_theme(style="whitegrid", context="paper")
+RANGE_PAD = 0.04  # share of a bounded range left free above and below it
 
 
 def _done(df: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -30,50 +32,89 @@ def _done(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     return done.dropna(subset=[metric])
 
 
+def _errorbar(df: pd.DataFrame, metric: str):
+    """seaborn's errorbar: the tables' CI of the mean over seeds."""
+    rng, n_examples = metric_range(metric), examples(df, metric)
+    return lambda values: mean_ci(np.asarray(values), rng, n_examples)
+
+
+def _show_range(ax, rng: MetricRange) -> None:
+    """A bounded metric's axis covers its range; one bounded below starts at its bound."""
+    if rng.bounded:
+        pad = RANGE_PAD * (rng.high - rng.low)
+        ax.set_ylim(rng.low - pad, rng.high + pad)
+    elif np.isfinite(rng.low):
+        ax.set_ylim(bottom=rng.low)
+
+
 def metric_by_variant(df: pd.DataFrame, metric: str, order: list[str]) -> plt.Figure | None:
     """Mean with 95% CI per variant, every seed drawn as a point."""
     done = _done(df, metric)
     if done.empty:
         return None
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(order)), 3.8))
-    sns.pointplot(data=done, x="variant", y=metric, order=order, errorbar=mean_ci, linestyle="none", ax=ax,
-                  color="#08306b", capsize=0.15, markers="D")  # fmt: skip
+    sns.pointplot(data=done, x="variant", y=metric, order=order, errorbar=_errorbar(df, metric), linestyle="none",
+                  ax=ax, color="#08306b", capsize=0.15, markers="D")  # fmt: skip
     sns.stripplot(data=done, x="variant", y=metric, order=order, ax=ax, color="#6baed6", size=5, jitter=0.12)
     ax.set_xlabel("")
     ax.tick_params(axis="x", rotation=25)
+    _show_range(ax, metric_range(metric))
     fig.tight_layout()
     return fig
 
 
 def metric_by_factor(df: pd.DataFrame, metric: str, factor: str, others: list[str]) -> plt.Figure | None:
     """Point plot of the metric over one factor's levels, faceted by a second factor and coloured by a
-    third when the grid has them."""
+    third when the grid has them; every seed drawn as a small point."""
     done = _done(df, metric)
     if done.empty or factor not in done:
         return None
     done = done.astype({k: str for k in [factor, *others] if k in done})
     col = others[0] if others else None
     hue = others[1] if len(others) > 1 else None
-    grid = sns.catplot(data=done, kind="point", x=factor, y=metric, col=col, hue=hue, errorbar=mean_ci,
-                       capsize=0.1, dodge=0.2 if hue else False, height=3.4, aspect=1.1,
-                       col_wrap=min(3, done[col].nunique()) if col else None)  # fmt: skip
+    levels = list(dict.fromkeys(done[factor]))
+    grid = sns.catplot(data=done, kind="point", x=factor, y=metric, col=col, hue=hue, order=levels,
+                       errorbar=_errorbar(df, metric), capsize=0.1, dodge=0.2 if hue else False, height=3.4,
+                       aspect=1.1, col_wrap=min(3, done[col].nunique()) if col else None)  # fmt: skip
+    grid.map_dataframe(sns.stripplot, x=factor, y=metric, hue=hue, order=levels, jitter=0.08, size=3.5, alpha=0.7,
+                       zorder=3, legend=False, **({} if hue else {"color": "#6baed6"}))  # fmt: skip
     grid.set_titles("{col_var} = {col_name}" if col else "")
+    for ax in grid.axes.flat:
+        _show_range(ax, metric_range(metric))
     return grid.figure
 
 
-def learning_curves(history: pd.DataFrame, columns: list[str], order: list[str]) -> plt.Figure | None:
-    """One panel per logged scalar in `columns` against the training step, a line per variant."""
+def _mean_curves(ax, rows: pd.DataFrame, x: str, y: str, hue_order: list[str], n_column: str) -> None:
+    """Per variant: the mean over seeds against x with its CI band (stats.mean_ci, with the fewest examples
+    of `n_column` at that x; 0 where unknown), and each seed's value as a faint point."""
+    rng = metric_range(y)
+    for variant, colour in zip(hue_order, sns.color_palette(n_colors=len(hue_order))):
+        own = rows[rows["variant"] == variant]
+        points = [(at, g[y].mean(), *mean_ci(g[y].to_numpy(float), rng, int(g[n_column].min()) or None))
+                  for at, g in own.groupby(x)]  # fmt: skip
+        at, mean, lo, hi = (np.array(column, dtype=float) for column in zip(*points))
+        ax.plot(at, mean, marker="o", markersize=3, color=colour, label=variant)
+        ax.fill_between(at, lo, hi, color=colour, alpha=0.2, lw=0)
+        ax.scatter(own[x], own[y], s=5, color=colour, alpha=0.35, lw=0)
+    _show_range(ax, rng)
+
+
+def learning_curves(
+    history: pd.DataFrame, columns: list[str], order: list[str], trials: pd.DataFrame
+) -> plt.Figure | None:
+    """One panel per logged scalar in `columns` against the training step, a line per variant; the
+    example counts behind each scalar come from the trial table."""
     columns = [c for c in columns if c in history and history[c].notna().any()]
     if history.empty or not columns:
         return None
     fig, axes = plt.subplots(1, len(columns), figsize=(5.2 * len(columns), 3.8), squeeze=False)
     hue_order = [v for v in order if v in set(history["variant"])]
     for ax, column in zip(axes[0], columns):
-        sns.lineplot(data=history.dropna(subset=[column]), x="step", y=column, hue="variant",
-                     hue_order=hue_order, errorbar=mean_ci, marker="o", markersize=3, ax=ax)  # fmt: skip
+        rows = history.dropna(subset=[column]).assign(examples=examples(trials, column) or 0)
+        _mean_curves(ax, rows, "step", column, hue_order, "examples")
         ax.set_title(column)
-        if ax is not axes[0][-1] and ax.get_legend():
-            ax.get_legend().remove()
+        ax.set_xlabel("step")
+    axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -97,13 +138,11 @@ def accuracy_by_length(
     if merged is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    hue_order = [v for v in order if v in set(merged["variant"])]
-    sns.lineplot(data=merged, x="length", y="seq_acc", hue="variant", hue_order=hue_order, errorbar=mean_ci,
-                 marker="o", ax=ax)  # fmt: skip
+    _mean_curves(ax, merged, "length", "seq_acc", [v for v in order if v in set(merged["variant"])], "n")
     if train_max_len is not None and merged["length"].max() > train_max_len:
         ax.axvspan(train_max_len + 0.5, merged["length"].max() + 0.5, color="#999999", alpha=0.15, lw=0)
         ax.text(train_max_len + 0.6, 1.02, "beyond training", fontsize=8, color="#555555")
-    ax.set_ylim(-0.02, 1.08)
+    ax.legend(fontsize=8)
     ax.set_xlabel("target length (tokens)")
     ax.set_ylabel("exact match")
     fig.tight_layout()
@@ -132,8 +171,11 @@ def attention_maps(samples: dict[str, list[AttentionSample]]) -> plt.Figure | No
     return fig
 
 
-def quality_vs_cost(summary: pd.DataFrame, metric: str, maximize: bool) -> plt.Figure | None:
-    """Variant means with 95% CIs against parameters and training time; the Pareto front joined."""
+def quality_vs_cost(
+    summary: pd.DataFrame, df: pd.DataFrame, metric: str, maximize: bool
+) -> plt.Figure | None:
+    """Variant means with 95% CIs against parameters and training time, every trial drawn as a faint point;
+    the Pareto front joined."""
     costs = [c for c in ("params", "wall_time") if c in summary and summary[c].notna().any()]
     points = summary.dropna(subset=["mean"])
     if points.empty or not costs:
@@ -143,6 +185,10 @@ def quality_vs_cost(summary: pd.DataFrame, metric: str, maximize: bool) -> plt.F
         p = points.dropna(subset=[cost]).sort_values(cost)
         err = np.abs(np.vstack([p["mean"] - p["ci_low"], p["ci_high"] - p["mean"]]))
         ax.errorbar(p[cost], p["mean"], yerr=np.nan_to_num(err), fmt="o", color="#08306b", capsize=3)
+        seeds = _done(df, metric)
+        ax.scatter(
+            pd.to_numeric(seeds[cost], errors="coerce"), seeds[metric], s=8, color="#6baed6", alpha=0.6
+        )
         for _, r in p.iterrows():
             ax.annotate(
                 str(r["variant"]), (r[cost], r["mean"]), fontsize=7, xytext=(4, 4), textcoords="offset points"
@@ -151,6 +197,7 @@ def quality_vs_cost(summary: pd.DataFrame, metric: str, maximize: bool) -> plt.F
         ax.step(front[cost], front["mean"], where="post", color="#e6550d", lw=1.2, label="Pareto front")
         ax.set_xlabel({"params": "parameters", "wall_time": "training time per trial (s)"}[cost])
         ax.set_ylabel(metric)
+        _show_range(ax, metric_range(metric))
         if p[cost].min() > 0 and p[cost].max() / p[cost].min() > 20:
             ax.set_xscale("log")
         ax.legend(fontsize=8)

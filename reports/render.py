@@ -137,16 +137,20 @@ def figures(
         others = [k for k in factors if k != factor]
         made[f"metric_by_{short_name(factor)}"] = (
             plots.metric_by_factor(df, metric, factor, others),
-            f"{metric} by {factor}" + (f", faceted by {others[0]}" if others else "") + ": mean with 95% CI.",
+            f"{metric} by {factor}"
+            + (f", faceted by {others[0]}" if others else "")
+            + ": mean with 95% CI, one point per seed.",
         )
     split_metric = metric.split("/", 1)[-1]
     made["learning_curves"] = (
-        plots.learning_curves(data.history, list(dict.fromkeys([f"val/{split_metric}", "val/loss"])), order),
-        "Validation curves by training step: mean over seeds with a 95% CI band.",
+        plots.learning_curves(
+            data.history, list(dict.fromkeys([f"val/{split_metric}", "val/loss"])), order, df
+        ),
+        "Validation curves by training step: mean over seeds with a 95% CI band, one point per seed.",
     )
     made["accuracy_by_length"] = (
         plots.accuracy_by_length(data.per_length, order, train_max_len(data)),
-        "Exact match against target length (test splits), mean over seeds with 95% CI; "
+        "Exact match against target length (test splits), mean over seeds with 95% CI, one point per seed; "
         "shaded: lengths longer than any training example.",
     )
     made["attention"] = (
@@ -155,8 +159,9 @@ def figures(
         "variants; red squares: gold alignment; AER of the attention argmax in each title.",
     )
     made["quality_vs_cost"] = (
-        plots.quality_vs_cost(summary, metric, maximize),
-        "Quality against cost per variant (mean, 95% CI); the line joins the Pareto front.",
+        plots.quality_vs_cost(summary, df, metric, maximize),
+        "Quality against cost per variant (mean, 95% CI; light points: single trials); the line joins "
+        "the Pareto front.",
     )
     made["param_importances"] = (
         plots.param_importances(importances),
@@ -194,7 +199,7 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
     wall = pd.to_numeric(df["wall_time"], errors="coerce")
     started, completed = pd.to_datetime(df["started"]).dropna(), pd.to_datetime(df["completed"]).dropna()
     return {
-        "grid": len(spec.variant_overrides()) * len(spec.seeds),
+        "grid": len(df[["variant", "seed"]].drop_duplicates()),  # the grid points queued
         "states": df["state"].value_counts().to_dict(),
         "tune_trials": sum(len(t) for t in data.tune.values()),
         "resumed": int((pd.to_numeric(done["resumed_from_step"], errors="coerce") > 0).sum()),
@@ -210,7 +215,8 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
         ),  # fmt: skip
         "best_config": data.configs.get(overall["trial"], {}) if overall else {},
         "best_trial": overall,
-        "seeds": spec.seeds,
+        "seeds": seeds_text(spec),
+        "seeds_run": seeds_run(spec, df),
         "recorded": data.recorded,
         "environment": environment(),
         "total_time": float(wall.sum()) if wall.notna().any() else None,
@@ -221,6 +227,22 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
         "params": summary[["variant", "params"]].dropna().to_dict("records"),
         "spec_yaml": yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, allow_unicode=True),
     }
+
+
+def seeds_text(spec: StudySpec) -> str:
+    """The study's seeds: '0, 1, 2', or 'adaptive: 2 to 4 per variant (3 looks)'."""
+    if spec.adaptive is None:
+        return ", ".join(map(str, spec.seed_pool))
+    return f"adaptive: {spec.adaptive.min} to {spec.adaptive.max} per variant ({len(spec.seed_looks)} looks)"
+
+
+def seeds_run(spec: StudySpec, df: pd.DataFrame) -> str:
+    """How many seeds each variant completed: '3 variants x 2 seeds', or per variant when they differ."""
+    done = df[df["state"] == "COMPLETE"].drop_duplicates(["variant", "seed"]).groupby("variant").size()
+    counts = {v: int(done.get(v, 0)) for v in spec.variant_overrides()}
+    if len(set(counts.values())) == 1:
+        return f"{len(counts)} variants × {next(iter(counts.values()))} seeds"
+    return ", ".join(f"{v} {n}" for v, n in counts.items()) + " seeds"
 
 
 def _num(x, digits: int = 3) -> str:
@@ -279,6 +301,7 @@ def build_report(
         "baseline": spec.baseline_variant(),
         "summary": summary.sort_values("rank", na_position="last").to_dict("records"),
         "claims": claims.evaluate_all(spec, data.trials),
+        "look_level": claims.look_level(spec),
         "progress": [asdict(row) for row in study_progress(spec, storage)],
         "trials": trial_rows(data.trials),
         "importances": importances.to_dict("records"),

@@ -1,7 +1,23 @@
-"""Statistics of a study's table: per-variant summaries with Student t CIs of the mean; differences to
-the baseline with Welch t CIs (Welch-Satterthwaite df), Welch and permutation p-values, Holm's
-correction and Hedges' g; ranks; and the Pareto front. CIs are t-intervals, not bootstraps: with the
-2-5 seeds a study has, a percentile bootstrap of a mean is about [min, max] of the seeds, far too narrow.
+"""Statistics of a study's table: per-variant summaries with CIs of the mean over seeds; differences to
+the baseline with their CIs, Welch and permutation p-values, Holm's correction and Hedges' g; ranks; and
+the Pareto front.
+
+Every interval respects its metric's range (METRIC_RANGES, the one list plots and claims read too):
+- bounded metrics (accuracies, AER and rank collapse in [0, 1]; BLEU and chrF in [0, 100]): the Wilson
+  score interval with the between-seed variance kept (quasi-binomial). A seed's value is a proportion of
+  the n test examples; the seeds' variance s^2, as a multiple of p(1 - p) and never below the binomial
+  1/n, sets an effective sample size k p(1 - p)/s^2, as for proportions from clustered survey data (Korn
+  & Graubard 1998). The interval lies in the range and around the mean, and seeds all at 0 (or 1) still
+  get the binomial width of k * n examples rather than none. Critical value: Student t with k - 1 df; for
+  a difference the dispersion s^2/(p(1 - p)) is pooled over the variants compared, with sum(k - 1) df
+  (the p(1 - p) factor already lets a variant near 0 vary less than one near 0.5);
+- metrics bounded below (loss >= 0, perplexity >= 1): the t-interval of log(mean - low) (delta method);
+- anything else: Student's t-interval.
+For these two, a difference takes the Welch-Satterthwaite df. A difference's interval combines the two
+sides' intervals by MOVER (Zou & Donner 2008), so a difference of accuracies stays in [-1, 1]; with
+symmetric t-intervals MOVER is exactly Welch's interval. They are
+t-intervals, not bootstraps: with 2-5 seeds a percentile bootstrap of a mean is about [min, max] of the
+seeds, far too narrow. One seed gives no interval.
 
 One value per (variant, seed) enters: the latest completed trial of that grid point, so a retried
 trial is never counted twice."""
@@ -14,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
+
+from reports.collect import examples_column
 
 LEVEL = 0.95
 
@@ -39,6 +57,14 @@ class MetricRange:
     low: float = -math.inf
     high: float = math.inf
 
+    @property
+    def bounded(self) -> bool:
+        return math.isfinite(self.low) and math.isfinite(self.high)
+
+    def difference(self) -> MetricRange:
+        """The range of a difference of two such values (or of two averages of them): [low - high, high - low]."""
+        return MetricRange(self.low - self.high, self.high - self.low)
+
 
 UNBOUNDED = MetricRange()
 # The one list of metric ranges, by the name after the split ("test/seq_acc" -> "seq_acc"); a name ending in
@@ -48,6 +74,8 @@ METRIC_RANGES = {
     "rank_collapse_": MetricRange(0.0, 1.0), "bleu": MetricRange(0.0, 100.0), "chrf": MetricRange(0.0, 100.0),
     "loss": MetricRange(0.0), "ppl": MetricRange(1.0),
 }  # fmt: skip
+# A metric's split, as its name spells it, -> the split whose example count trials record (split_sizes).
+SPLIT_OF_PREFIX = {"val": "valid"}
 
 
 def metric_range(metric: str) -> MetricRange:
@@ -59,37 +87,122 @@ def metric_range(metric: str) -> MetricRange:
     return UNBOUNDED
 
 
-def _t_interval(estimate: float, groups: list[np.ndarray], scale: float, level: float) -> tuple[float, float]:
-    """estimate ± t · scale · sqrt(sum of s^2/n over the groups), with Welch-Satterthwaite df over the
-    groups of two or more values; zero-width when there is no variance (equal values, one value a group)."""
-    # Equal values count as exactly no variance: np.var leaves ~1e-34 of rounding on them.
-    terms = [((np.var(g, ddof=1) if np.ptp(g) else 0.0) / len(g), len(g) - 1) for g in groups if len(g) > 1]
+def examples(df: pd.DataFrame, metric: str) -> int | None:
+    """The fewest examples any completed trial measured `metric` on ("test/seq_acc": the test split), or
+    None where trials did not record it."""
+    split = metric.rsplit("/", 1)[0] if "/" in metric else ""
+    column = examples_column(SPLIT_OF_PREFIX.get(split, split))
+    if column not in df:
+        return None
+    counts = pd.to_numeric(df.loc[df["state"] == "COMPLETE", column], errors="coerce").dropna()
+    return int(counts.min()) if len(counts) and counts.min() > 0 else None
+
+
+def _spread(values: np.ndarray) -> float:
+    """The sample variance; exactly 0 for equal values (np.var leaves ~1e-34 of rounding on them)."""
+    return float(np.var(values, ddof=1)) if np.ptp(values) else 0.0
+
+
+def _dispersion(units: list[np.ndarray], n_examples: int | None) -> float:
+    """The quasi-binomial dispersion per seed, Var(seed's value) / (p(1 - p)), pooled over the groups
+    (Pearson: sum of (k - 1) s^2 / (p(1 - p)) over sum of (k - 1)) and never below the binomial 1/n of
+    n_examples (0 without a count). A group at p = 0 or 1 has no spread to add."""
+    pooled = sum((len(u) - 1) * _spread(u) / (u.mean() * (1 - u.mean())) for u in units if 0 < u.mean() < 1)
+    return max(pooled / sum(len(u) - 1 for u in units), 1 / n_examples if n_examples else 0.0)
+
+
+def _wilson(unit: np.ndarray, dispersion: float, q: float) -> tuple[float, float]:
+    """Wilson's score interval of the mean p of k proportions at the effective sample size k / dispersion
+    (Kish's design effect) and critical value q: inside [0, 1], around p, and at p = 0 or 1 as wide as
+    the binomial interval of k * n examples."""
+    p = float(unit.mean())
+    if dispersion == 0:
+        return (p, p)
+    size = len(unit) / dispersion
+    center = (p + q**2 / (2 * size)) / (1 + q**2 / size)
+    half = q / (1 + q**2 / size) * math.sqrt(p * (1 - p) / size + q**2 / (4 * size**2))
+    return (max(0.0, center - half), min(1.0, center + half))
+
+
+def _log_scale(values: np.ndarray, low: float, q: float) -> tuple[float, float]:
+    """t-interval of log(mean - low) by the delta method: (mean - low) * exp(±q * se / (mean - low)) + low.
+    Stays above `low`, holds the mean, and is the plain t-interval when se is small against the mean."""
+    excess = float(values.mean()) - low
+    se = math.sqrt(_spread(values) / len(values))
+    if excess <= 0 or se == 0:
+        return (float(values.mean()), float(values.mean()))
+    factor = math.exp(q * se / excess)
+    return (low + excess / factor, low + excess * factor)
+
+
+def _t_quantile(level: float, df: float) -> float:
+    return float(sps.t.ppf((1 + level) / 2, df))
+
+
+def _welch_df(groups: list[np.ndarray]) -> float:
+    """Welch-Satterthwaite df of sum(s^2/n) over the groups (n - 1 for one group); when no group varies
+    at all, the pooled sum(n - 1)."""
+    terms = [(_spread(g) / len(g), len(g) - 1) for g in groups]
     variance = sum(v for v, _ in terms)
-    if variance == 0:
-        return (float(estimate), float(estimate))
-    df = variance**2 / sum(v**2 / dof for v, dof in terms)
-    half = sps.t.ppf((1 + level) / 2, df) * scale * np.sqrt(variance)
-    return (float(estimate - half), float(estimate + half))
+    return variance**2 / sum(v**2 / dof for v, dof in terms) if variance > 0 else sum(d for _, d in terms)
 
 
-def mean_ci(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    """Student t CI of the mean (n - 1 df); a single value gives a zero-width interval at that value,
-    none gives NaN."""
+def _intervals(
+    groups: list[np.ndarray], rng: MetricRange, n_examples: int | None, level: float
+) -> list[tuple[float, float]]:
+    """Each group's CI of its mean, all at one critical value (see the module doc). Bounded metrics: Wilson
+    with the dispersion pooled over the groups and sum(k - 1) df. Others: the t-interval (on the log scale
+    above a lower bound) at the Welch-Satterthwaite df of the groups."""
+    if rng.bounded:
+        width = rng.high - rng.low
+        units = [(g - rng.low) / width for g in groups]
+        dispersion, q = _dispersion(units, n_examples), _t_quantile(level, sum(len(u) - 1 for u in units))
+        return [
+            (rng.low + lo * width, rng.low + hi * width)
+            for lo, hi in (_wilson(u, dispersion, q) for u in units)
+        ]
+    q = _t_quantile(level, _welch_df(groups))
+    if math.isfinite(rng.low):
+        return [_log_scale(g, rng.low, q) for g in groups]
+    halves = [q * math.sqrt(_spread(g) / len(g)) for g in groups]
+    return [(float(g.mean() - h), float(g.mean() + h)) for g, h in zip(groups, halves)]
+
+
+def mean_ci(
+    values: np.ndarray, rng: MetricRange = UNBOUNDED, n_examples: int | None = None, level: float = LEVEL
+) -> tuple[float, float]:
+    """The CI of the mean over seeds, inside the metric's range; NaN with fewer than two values (one seed
+    says nothing of the spread between seeds)."""
     values = np.asarray(values, dtype=float)
-    if len(values) == 0:
+    if len(values) < 2:
         return (np.nan, np.nan)
-    return _t_interval(values.mean(), [values], 1.0, level)
+    return _intervals([values], rng, n_examples, level)[0]
 
 
-def diff_ci(pairs: list[tuple[np.ndarray, np.ndarray]], level: float = LEVEL) -> tuple[float, float, float]:
-    """The mean over the k pairs of mean(a) - mean(b), and its Welch t CI: all groups are independent
-    runs, so the variance is sum(s^2/n over the 2k groups) / k^2, with Welch-Satterthwaite df. Empty
-    groups make it NaN."""
+def diff_ci(
+    pairs: list[tuple[np.ndarray, np.ndarray]],
+    rng: MetricRange = UNBOUNDED,
+    n_examples: int | None = None,
+    level: float = LEVEL,
+) -> tuple[float, float, float]:
+    """The mean over the k pairs of mean(a) - mean(b), and its CI by MOVER (Zou & Donner 2008; for one
+    pair of proportions Newcombe's hybrid score interval): each variant's interval (_intervals, one
+    critical value for all) gives the distances its mean may move down and up, and those distances,
+    weighted 1/k, add in quadrature. With symmetric t-intervals this is exactly Welch's interval; with
+    the range-respecting ones the difference stays inside [low - high, high - low]. The estimate is NaN
+    when a group is empty, the interval when a group has fewer than two values."""
     if not pairs or any(len(a) == 0 or len(b) == 0 for a, b in pairs):
         return (np.nan, np.nan, np.nan)
-    estimate = float(np.mean([np.mean(a) - np.mean(b) for a, b in pairs]))
     groups = [np.asarray(g, dtype=float) for pair in pairs for g in pair]
-    return (estimate, *_t_interval(estimate, groups, 1 / len(pairs), level))
+    weights = [sign / len(pairs) for _ in pairs for sign in (1.0, -1.0)]
+    estimate = float(sum(w * g.mean() for w, g in zip(weights, groups)))
+    if min(len(g) for g in groups) < 2:
+        return (estimate, np.nan, np.nan)
+    down, up = 0.0, 0.0
+    for w, g, (lo, hi) in zip(weights, groups, _intervals(groups, rng, n_examples, level)):
+        below, above = (g.mean() - lo) * abs(w), (hi - g.mean()) * abs(w)
+        down, up = (down + below**2, up + above**2) if w > 0 else (down + above**2, up + below**2)
+    return (estimate, estimate - math.sqrt(down), estimate + math.sqrt(up))
 
 
 def welch_p(a: np.ndarray, b: np.ndarray) -> float:
@@ -142,21 +255,22 @@ def summarize(
     df: pd.DataFrame, metric: str, order: list[str], baseline: str | None, direction: str = "maximize"
 ) -> pd.DataFrame:
     """One row per variant in `order`: n, mean, std, 95% CI; against the baseline: diff (variant -
-    baseline) with its Welch t CI, Welch and permutation p-values, p (Welch where defined, else the
+    baseline) with its CI, Welch and permutation p-values, p (Welch where defined, else the
     permutation test), p_holm (Holm across the non-baseline variants) and Hedges' g; and rank (1 = best
     mean in the metric's direction)."""
     values = variant_values(df, metric)
+    rng, n_examples = metric_range(metric), examples(df, metric)
     base = values.get(baseline, np.array([]))
     rows = []
     for variant in order:
         v = values.get(variant, np.array([]))
-        lo, hi = mean_ci(v)
+        lo, hi = mean_ci(v, rng, n_examples)
         row = {"variant": variant, "n": len(v), "mean": v.mean() if len(v) else np.nan,
                "std": v.std(ddof=1) if len(v) > 1 else np.nan, "ci_low": lo, "ci_high": hi,
                "diff": np.nan, "diff_ci_low": np.nan, "diff_ci_high": np.nan, "p_welch": np.nan,
                "p_perm": np.nan, "p": np.nan, "g": np.nan}  # fmt: skip
         if variant != baseline and len(base):
-            row["diff"], row["diff_ci_low"], row["diff_ci_high"] = diff_ci([(v, base)])
+            row["diff"], row["diff_ci_low"], row["diff_ci_high"] = diff_ci([(v, base)], rng, n_examples)
             row["p_welch"], row["p_perm"] = welch_p(v, base), permutation_p(v, base)
             row["p"] = row["p_welch"] if np.isfinite(row["p_welch"]) else row["p_perm"]
             row["g"] = hedges_g(v, base)

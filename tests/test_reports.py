@@ -327,6 +327,30 @@ def test_figure_error_bars_are_the_table_cis():
     plots.plt.close("all")
 
 
+def test_figure_bands_and_bars_stay_inside_the_metric_range():
+    """Seeds near 1 (where a t-band crosses 1) and losses near 0 (where it goes negative): every band and
+    error bar stays in range, the accuracy axis spans [0, 1], and each seed is drawn as a point."""
+    from matplotlib.collections import PathCollection, PolyCollection
+
+    seeds = [("a", 1.0), ("a", 0.9), ("b", 0.02), ("b", 0.0), ("b", 0.0)]
+    trials = pd.DataFrame([{"trial": t, "variant": v, "seed": t, "state": "COMPLETE", "test/seq_acc": x,
+                            "examples/valid": 300, "examples/test": 500} for t, (v, x) in enumerate(seeds)])  # fmt: skip
+    history = pd.DataFrame([{"trial": t, "variant": v, "seed": t, "step": step, "val/seq_acc": x * step / 2,
+                             "val/loss": (1 - x) / step} for t, (v, x) in enumerate(seeds) for step in (1, 2)])  # fmt: skip
+    accuracy, loss = plots.learning_curves(history, ["val/seq_acc", "val/loss"], ["a", "b"], trials).axes
+    for ax, (low, high) in ((accuracy, (0, 1)), (loss, (0, np.inf))):
+        bands = [c.get_paths()[0].vertices[:, 1] for c in ax.collections if isinstance(c, PolyCollection)]
+        assert len(bands) == 2 and all(((b >= low) & (b <= high)).all() for b in bands)
+        points = sum(len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection))
+        assert points == len(history)  # one point per seed and step
+    assert accuracy.get_ylim()[0] < 0 and accuracy.get_ylim()[1] > 1 and loss.get_ylim()[0] == 0
+    ax = plots.metric_by_variant(trials, "test/seq_acc", ["a", "b"]).axes[0]
+    bars = np.concatenate([line.get_ydata() for line in ax.lines[1:]])
+    assert np.nanmin(bars) >= 0 and np.nanmax(bars) <= 1 and ax.get_ylim()[0] < 0 < 1 < ax.get_ylim()[1]
+    assert sum(len(c.get_offsets()) for c in ax.collections) == len(trials)  # one point per seed
+    plots.plt.close("all")
+
+
 def test_figures_skip_what_has_no_data():
     no_trials = pd.DataFrame(columns=["trial", "variant", "seed", "state", "test/seq_acc"])
     failed = pd.DataFrame(
@@ -335,7 +359,7 @@ def test_figures_skip_what_has_no_data():
     for df in (no_trials, failed):
         assert plots.metric_by_variant(df, "test/seq_acc", ["a"]) is None
         assert plots.metric_by_factor(df, "test/seq_acc", "model.norm", []) is None
-    assert plots.learning_curves(pd.DataFrame(), ["val/seq_acc"], ["a"]) is None
+    assert plots.learning_curves(pd.DataFrame(), ["val/seq_acc"], ["a"], no_trials) is None
     assert plots.accuracy_by_length(pd.DataFrame(), ["a"], 5) is None
     # An LSTM without attention has no cross-attention map to draw or score.
     no_attention = AttentionSample("test", SRC, ["<s>", *TGT[:-1]], TGT, {}, ALIGNMENT)

@@ -15,12 +15,15 @@ from reports import claims, stats
 from reports.claims import CONTRADICTED, INCONCLUSIVE, REPRODUCED
 
 METRIC = "test/seq_acc"
+UNBOUNDED = "test/score"  # no range in stats.METRIC_RANGES
 
 
-def table(values: dict[str, list[float]], extra: list[dict] | None = None) -> pd.DataFrame:
+def table(
+    values: dict[str, list[float]], extra: list[dict] | None = None, metric: str = METRIC
+) -> pd.DataFrame:
     """A trial table as collect.trials_frame gives it: one completed trial per (variant, seed)."""
     rows = [
-        {"trial": 0, "variant": v, "seed": seed, "state": "COMPLETE", METRIC: x}
+        {"trial": 0, "variant": v, "seed": seed, "state": "COMPLETE", metric: x}
         for v, xs in values.items()
         for seed, x in enumerate(xs)
     ]
@@ -34,8 +37,9 @@ def test_welch_and_difference_match_scipy_on_a_constructed_table():
     base = [0.50, 0.55, 0.70, 0.90]
     worse = [0.10, 0.20, 0.30, 0.40]
     same = [0.52, 0.61, 0.68, 0.80]
-    df = table({"base": base, "worse": worse, "same": same})
-    summary = stats.summarize(df, METRIC, ["base", "worse", "same"], "base").set_index("variant")
+    # An unbounded metric: its intervals are the textbook t and Welch intervals.
+    df = table({"base": base, "worse": worse, "same": same}, metric=UNBOUNDED)
+    summary = stats.summarize(df, UNBOUNDED, ["base", "worse", "same"], "base").set_index("variant")
 
     for name, values in (("worse", worse), ("same", same)):
         row = summary.loc[name]
@@ -58,7 +62,7 @@ def test_welch_and_difference_match_scipy_on_a_constructed_table():
     assert summary.loc["worse", "p_holm"] == pytest.approx(min(1, 2 * p_worse))
     assert summary.loc["same", "p_holm"] == pytest.approx(max(min(1, 2 * p_worse), p_same))
     assert summary["rank"].tolist() == [1, 3, 2]  # base 0.6625 > same 0.6525 > worse 0.25
-    ranked_min = stats.summarize(df, METRIC, ["base", "worse", "same"], "base", direction="minimize")
+    ranked_min = stats.summarize(df, UNBOUNDED, ["base", "worse", "same"], "base", direction="minimize")
     assert ranked_min["rank"].tolist() == [3, 1, 2]
 
 
@@ -100,7 +104,7 @@ def test_mean_ci_is_the_student_t_interval(values):
 
 
 def test_mean_ci_degenerate_groups():
-    assert stats.mean_ci(np.array([0.7])) == (0.7, 0.7)
+    assert all(math.isnan(x) for x in stats.mean_ci(np.array([0.7])))  # one seed: no spread, no interval
     assert all(math.isnan(x) for x in stats.mean_ci(np.array([])))
     lo, hi = stats.mean_ci(np.array([0.1, 0.1, 0.1]))  # equal values: no spread, not a rounding-wide one
     assert lo == hi == pytest.approx(0.1)
@@ -128,11 +132,9 @@ def test_diff_ci_pools_pairs_with_welch_satterthwaite_df():
     df = (14 / 3) ** 2 / (1**2 / 1 + (4 / 3) ** 2 / 2 + (4 / 3) ** 2 / 2 + 1**2 / 1)  # 98/17
     half = sps.t.ppf(0.975, df) * math.sqrt(variance)
     assert stats.diff_ci(pairs) == pytest.approx((2.0, 2.0 - half, 2.0 + half), rel=1e-12)
-    # A single value has no variance and adds no df term: only the other side's 1/3 with 2 df is left.
-    half = sps.t.ppf(0.975, 2) * math.sqrt(1 / 3)
-    assert stats.diff_ci([(np.array([5.0]), np.array([1.0, 2, 3]))]) == pytest.approx(
-        (3.0, 3 - half, 3 + half)
-    )
+    # A single value says nothing of its side's spread: the difference has an estimate but no interval.
+    diff, lo, hi = stats.diff_ci([(np.array([5.0]), np.array([1.0, 2, 3]))])
+    assert diff == 3.0 and math.isnan(lo) and math.isnan(hi)
     assert all(math.isnan(x) for x in stats.diff_ci([(np.array([1.0]), np.array([]))]))
     assert all(math.isnan(x) for x in stats.diff_ci([]))
 
@@ -157,7 +159,7 @@ def test_summary_counts_completed_grid_points_once():
     summary = stats.summarize(df, METRIC, ["a", "b", "never-ran"], "a").set_index("variant")
     assert summary.loc["a", "n"] == 2 and summary.loc["a", "mean"] == pytest.approx(0.6)
     assert summary.loc["b", "n"] == 1 and math.isnan(summary.loc["b", "std"])
-    assert summary.loc["b", "ci_low"] == summary.loc["b", "ci_high"] == 0.5  # one seed: no interval
+    assert math.isnan(summary.loc["b", "ci_low"]) and math.isnan(summary.loc["b", "ci_high"])  # one seed
     assert math.isnan(summary.loc["b", "p_welch"])
     assert summary.loc["never-ran", "n"] == 0 and pd.isna(summary.loc["never-ran", "rank"])
 
@@ -254,7 +256,7 @@ def test_two_values_a_side_are_enough_for_every_test():
     # Pooled variance 0.5, correction 1 - 3 / (4 * 4 - 9) = 4/7: g = -10 / sqrt(0.5) * 4/7.
     assert stats.hedges_g(a, b) == pytest.approx(-10 / math.sqrt(0.5) * 4 / 7)
     est, lo, hi = stats.diff_ci([(np.array([1.0, 2.0, 3.0]), np.array([2.0]))])  # a one-value group
-    assert est == pytest.approx(0.0) and lo < 0 < hi
+    assert est == pytest.approx(0.0) and math.isnan(lo) and math.isnan(hi)  # one seed says nothing of spread
 
 
 def test_welch_p_needs_variance_on_one_side_only():
@@ -353,7 +355,7 @@ def test_claim_reason_names_the_ci_and_the_bound(expect, margin, verdict, says):
                       "to": {"model.pos_encoding": "sinusoidal"}, "expect": expect, "margin": margin})  # fmt: skip
     (result,) = claims.evaluate_all(spec, table(GRID_TABLE))
     assert result.verdict == verdict
-    assert result.reason == f"95% CI of compare - to [{result.ci_low:.3g}, {result.ci_high:.3g}] {says}"
+    assert result.reason == f"CI of compare - to [{result.ci_low:.3g}, {result.ci_high:.3g}] {says}"
 
 
 def claim_of(factors: dict, claim: dict, values: dict[str, list[float]]):
@@ -405,3 +407,136 @@ def test_claim_with_a_variant_that_never_completed():
     spec = grid_spec({**NO_POSITIONS, "to": {"model.pos_encoding": "rope"}})
     result = claims.evaluate_all(spec, table(missing))[0]
     assert result.reason == "no variant matches to: {'model.pos_encoding': 'rope'}"
+
+
+# Intervals inside the metric's range ---------------------------------------------------------------------
+
+ACC = stats.metric_range(METRIC)
+T1 = sps.t.ppf(0.975, 1)  # the critical value of two seeds
+
+
+def on_score_boundary(p: float, size: float, q: float, x: float) -> bool:
+    """Wilson's interval is {x : (p - x)^2 <= q^2 x (1 - x) / size}: its ends solve the equality."""
+    return (p - x) ** 2 == pytest.approx(q**2 * x * (1 - x) / size, rel=1e-9, abs=1e-12)
+
+
+def wilson_by_hand(p: float, size: float, q: float) -> tuple[float, float]:
+    center = (p + q**2 / (2 * size)) / (1 + q**2 / size)
+    half = q / (1 + q**2 / size) * math.sqrt(p * (1 - p) / size + q**2 / (4 * size**2))
+    return center - half, center + half
+
+
+def test_metric_ranges_come_from_the_names():
+    assert stats.metric_range("test/seq_acc") == stats.metric_range("test_long/tok_acc") == ACC
+    assert (ACC.low, ACC.high) == (0.0, 1.0)
+    for name in ("test/aer", "test/rank_collapse_encoder", "test/rank_collapse_decoder"):
+        assert stats.metric_range(name) == ACC
+    assert (stats.metric_range("test/bleu").high, stats.metric_range("test/chrf").high) == (100.0, 100.0)
+    assert (stats.metric_range("val/loss").low, stats.metric_range("val/loss").high) == (0.0, math.inf)
+    assert stats.metric_range("test/ppl").low == 1.0
+    assert not stats.metric_range("test/score").bounded and math.isinf(stats.metric_range("test/score").low)
+    assert ACC.difference() == stats.MetricRange(-1.0, 1.0)
+
+
+def test_accuracy_seeds_at_089_095_by_hand():
+    lo, hi = stats.mean_ci(np.array([0.89, 0.95]), ACC, 500)
+    p, s2 = 0.92, np.var([0.89, 0.95], ddof=1)
+    size = 2 * p * (1 - p) / s2  # the seeds vary far more than 500 examples would: their variance rules
+    assert (lo, hi) == pytest.approx(wilson_by_hand(p, size, T1), rel=1e-12)
+    assert on_score_boundary(p, size, T1, lo) and on_score_boundary(p, size, T1, hi)
+    assert 0 < lo < p < hi < 1  # the t-interval would be [0.539, 1.301]
+    assert sps.t.interval(0.95, 1, loc=p, scale=sps.sem([0.89, 0.95]))[1] > 1
+
+
+def test_accuracy_seeds_at_zero_get_the_binomial_width_of_all_examples():
+    lo, hi = stats.mean_ci(np.array([0.0, 0.0]), ACC, 500)
+    # Wilson at 0 successes of 2 x 500 examples: [0, q^2 / (N + q^2)].
+    assert (lo, hi) == pytest.approx((0.0, T1**2 / (1000 + T1**2)), rel=1e-12)
+    assert stats.mean_ci(np.array([0.0, 0.0, 0.0]), ACC, 500)[1] < hi  # more seeds, narrower
+    assert stats.mean_ci(np.array([0.0, 0.0]), ACC) == (0.0, 0.0)  # no example count known: no width to give
+
+
+def test_accuracy_seeds_at_one_and_099_stay_below_one():
+    lo, hi = stats.mean_ci(np.array([1.0, 0.99]), ACC, 500)
+    p, s2 = 0.995, np.var([1.0, 0.99], ddof=1)
+    size = 2 * p * (1 - p) / s2
+    assert on_score_boundary(p, size, T1, lo) and on_score_boundary(p, size, T1, hi)
+    assert 0 < lo < p < hi < 1
+
+
+def test_a_single_seed_has_no_interval_on_any_scale():
+    for rng in (ACC, stats.metric_range("val/loss"), stats.metric_range("test/score")):
+        assert all(math.isnan(x) for x in stats.mean_ci(np.array([0.4]), rng, 500))
+
+
+def test_bleu_is_an_accuracy_on_a_0_100_scale():
+    lo, hi = stats.mean_ci(np.array([89.0, 95.0]), stats.metric_range("test/bleu"), 500)
+    assert (lo / 100, hi / 100) == pytest.approx(stats.mean_ci(np.array([0.89, 0.95]), ACC, 500), rel=1e-12)
+
+
+def test_wilson_approaches_the_t_interval_away_from_the_bounds():
+    values = np.random.default_rng(0).normal(0.5, 0.03, size=30).clip(0, 1)
+    t_lo, t_hi = sps.t.interval(0.95, 29, loc=values.mean(), scale=sps.sem(values))
+    assert stats.mean_ci(values, ACC, 1000) == pytest.approx((t_lo, t_hi), abs=1e-3)
+
+
+def test_loss_and_perplexity_intervals_stay_above_their_bounds():
+    loss = np.array([0.1, 0.5, 3.0])
+    q, se = sps.t.ppf(0.975, 2), sps.sem(loss)
+    assert sps.t.interval(0.95, 2, loc=loss.mean(), scale=se)[0] < 0  # what a t-interval would say
+    factor = math.exp(q * se / loss.mean())
+    lo, hi = stats.mean_ci(loss, stats.metric_range("val/loss"))
+    assert (lo, hi) == pytest.approx((loss.mean() / factor, loss.mean() * factor), rel=1e-12)
+    assert 0 < lo < loss.mean() < hi
+    lo, hi = stats.mean_ci(loss + 1, stats.metric_range("test/ppl"))
+    assert (lo, hi) == pytest.approx((1 + loss.mean() / factor, 1 + loss.mean() * factor), rel=1e-12)
+
+
+def test_differences_of_accuracies_stay_within_minus_one_and_one():
+    a, b = np.array([0.0, 0.0]), np.array([1.0, 0.99])
+    welch = sps.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert welch.low < -1  # what Welch's interval would say
+    diff, lo, hi = stats.diff_ci([(a, b)], ACC, 500)
+    assert diff == pytest.approx(-0.995) and -1 <= lo < diff < hi < 0
+    diff, lo, hi = stats.diff_ci([(b, a)], ACC, 500)
+    assert 0 < lo < diff < hi <= 1
+
+
+def test_difference_interval_is_mover_of_the_two_sides_with_a_pooled_dispersion():
+    # b does not vary: the dispersion is a's s^2/(p(1-p)) pooled over both sides' 1 + 1 df.
+    a, b = np.array([0.89, 0.95]), np.array([0.5, 0.5])
+    dispersion = (np.var(a, ddof=1) / (0.92 * 0.08) + 0) / 2
+    q = sps.t.ppf(0.975, 2)
+    (la, ua), (lb, ub) = wilson_by_hand(0.92, 2 / dispersion, q), wilson_by_hand(0.5, 2 / dispersion, q)
+    diff, lo, hi = stats.diff_ci([(a, b)], ACC, 500)
+    assert diff == pytest.approx(0.42)
+    assert lo == pytest.approx(diff - math.hypot(0.92 - la, ub - 0.5), rel=1e-12)
+    assert hi == pytest.approx(diff + math.hypot(ua - 0.92, 0.5 - lb), rel=1e-12)
+    # Seeds that vary less than 500 examples would: the binomial 1/500 is the dispersion.
+    a = np.array([0.9, 0.9001])
+    (la, ua), (lb, ub) = wilson_by_hand(0.90005, 1000, q), wilson_by_hand(0.5, 1000, q)
+    assert stats.diff_ci([(a, b)], ACC, 500)[1] == pytest.approx(0.40005 - math.hypot(0.90005 - la, ub - 0.5))
+
+
+def test_a_perfect_variant_against_a_noisy_one_at_zero_is_decided_with_two_seeds():
+    # One side at exactly 1.0 must not leave the difference with the other side's single df.
+    diff, lo, hi = stats.diff_ci([(np.array([0.03, 0.016]), np.array([1.0, 1.0]))], ACC, 100)
+    assert -1 <= lo < diff < hi < -0.3
+
+
+def test_summary_and_claims_read_the_example_counts_and_ranges():
+    df = table({"tf": [1.0, 0.99], "nopos": [0.0, 0.0]}).assign(**{"examples/test": 500})
+    summary = stats.summarize(df, METRIC, ["tf", "nopos"], "tf").set_index("variant")
+    assert summary.loc["nopos", "ci_high"] == pytest.approx(T1**2 / (1000 + T1**2), rel=1e-12)
+    assert summary.loc["nopos", "diff_ci_low"] >= -1 and summary.loc["tf", "ci_high"] < 1
+    spec = StudySpec.model_validate({
+        "name": "n", "seeds": [0, 1],
+        "variants": {"tf": {"preset": "transformer"}, "nopos": {"preset": "transformer", "model.pos_encoding": "none"}},
+        "claims": [{"text": "t", "compare": {"model.pos_encoding": "none"}, "to": {"preset": "transformer"},
+                    "expect": "lower", "margin": 0.3}],
+    })  # fmt: skip
+    (result,) = claims.evaluate_all(spec, df)
+    assert (result.ci_low, result.ci_high) == pytest.approx(
+        tuple(summary.loc["nopos", ["diff_ci_low", "diff_ci_high"]])
+    )
+    assert -1 <= result.ci_low and result.ci_high < -0.3 and result.verdict == REPRODUCED

@@ -4,6 +4,7 @@ One Optuna study per phase and variant: `<name>:eval` holds the grid (variant x 
 the tuning trials of one variant. Every trial that must run is enqueued up front as a WAITING trial, once, by
 the process that created the eval study; workers claim WAITING trials (the storage's WAITING -> RUNNING
 transition is atomic) and stop when none is left, so each grid point runs exactly once however many join.
+With adaptive seeds only the first look's seeds are queued up front; study.looks queues the later ones.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def tune_sampler(spec: StudySpec, variant: str):
 def tune_pruner(spec: StudySpec):
     """Hyperband over training steps (validations report at global steps), the median rule, or none."""
     assert spec.tune is not None
-    train = spec.config_for(next(iter(spec.variant_overrides().values())), spec.seeds[0]).train
+    train = spec.config_for(next(iter(spec.variant_overrides().values())), spec.seed_pool[0]).train
     if spec.tune.pruner == "hyperband":
         return optuna.pruners.HyperbandPruner(
             min_resource=train.val_every, max_resource=max(train.max_steps, train.val_every)
@@ -114,17 +115,24 @@ def _queue_trials(spec: StudySpec, storage, eval_study) -> None:
             # Empty WAITING trials: each claimed one gets its parameters from TPE when it starts.
             for _ in range(spec.tune.trials - len(tune.get_trials(deepcopy=False))):
                 tune.enqueue_trial({}, user_attrs={"variant": variant, "phase": TUNE})
+    first = spec.seed_pool[: spec.seed_looks[0]]
+    queue_grid_points(spec, eval_study, {variant: first for variant in variants})
+    eval_study.set_user_attr("queued", len(variants) * len(first))
+
+
+def queue_grid_points(spec: StudySpec, eval_study, seeds: dict[str, list[int]]) -> None:
+    """Queues each (variant, seed) given as a WAITING eval trial, skipping the grid points the study holds."""
     queued = {t.user_attrs.get("grid_point") for t in eval_study.get_trials(deepcopy=False)}
-    for variant, overrides in variants.items():
-        for seed in spec.seeds:
+    variants = spec.variant_overrides()
+    for variant, variant_seeds in seeds.items():
+        for seed in variant_seeds:
             point = grid_point(variant, seed)
             if point not in queued:
                 # The seed is an attribute, not a parameter: the dashboard ranks parameters by importance.
                 eval_study.enqueue_trial(
                     {"variant": variant},
-                    user_attrs={"grid_point": point, "phase": EVAL, "factors": overrides, "seed": seed},
+                    user_attrs={"grid_point": point, "phase": EVAL, "factors": variants[variant], "seed": seed},
                 )
-    eval_study.set_user_attr("queued", len(variants) * len(spec.seeds))
 
 
 def name_objective(study: optuna.Study, metric: str) -> None:
@@ -183,7 +191,7 @@ class VariantProgress:
     variant: str
     tune_total: int = 0
     tune_done: int = 0  # complete, pruned or failed for good
-    total: int = 0  # eval grid points: seeds
+    total: int = 0  # eval grid points queued: seeds (adaptive seeds add some at each look)
     done: int = 0
     running: int = 0
     failed: int = 0
@@ -202,7 +210,7 @@ class VariantProgress:
 
 def study_progress(spec: StudySpec, storage) -> list[VariantProgress]:
     """Per variant: how far tuning and the eval grid are, from the storage alone."""
-    rows = {v: VariantProgress(v, total=len(spec.seeds)) for v in spec.variant_overrides()}
+    rows = {v: VariantProgress(v) for v in spec.variant_overrides()}
     studies = [(EVAL, load_phase_study(spec, storage, EVAL))]
     if spec.tune:
         studies += [(TUNE, optuna.load_study(study_name=optuna_study_name(spec, TUNE, v), storage=storage))
@@ -224,6 +232,7 @@ def study_progress(spec: StudySpec, storage) -> list[VariantProgress]:
                 row.tune_total += 1
                 row.tune_done += t.state.is_finished()
                 continue
+            row.total += 1
             row.done += t.state == TrialState.COMPLETE
             row.running += t.state == TrialState.RUNNING
             row.failed += t.state == TrialState.FAIL

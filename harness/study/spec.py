@@ -10,13 +10,15 @@ from __future__ import annotations
 import itertools
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     PositiveInt,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -107,6 +109,30 @@ class HeartbeatSpec(BaseModel):
         return self
 
 
+class AdaptiveSeeds(BaseModel):
+    """`seeds: {min: 3, max: 10}`: every variant runs seeds 0 .. min - 1; after each look the variants of
+    claims still open get `step` more, up to max (seeds 0 .. max - 1). See reports.claims for the looks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    min: int = Field(ge=2)  # a claim needs two seeds a side
+    max: int
+    step: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _max(self) -> AdaptiveSeeds:
+        if self.max < self.min:
+            raise ValueError(f"max: must be at least min={self.min} (got {self.max})")
+        return self
+
+
+# A mapping is a seed range, anything else a list: errors then speak of the form the user wrote. The tags
+# are not identifiers, so error locations leave them out ('seeds.min: ...').
+SeedsField = Annotated[
+    Annotated[list[int], Tag("seed-list")] | Annotated[AdaptiveSeeds, Tag("seed-range")],
+    Discriminator(lambda v: "seed-range" if isinstance(v, dict | AdaptiveSeeds) else "seed-list"),
+]
+
+
 class StudySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -116,7 +142,7 @@ class StudySpec(BaseModel):
     factors: dict[str, list[Value]] = Field(default_factory=dict)
     variants: dict[str, dict[str, Value]] = Field(default_factory=dict)
     fixed: dict[str, Value] = Field(default_factory=dict)
-    seeds: list[int] = Field(default_factory=lambda: [0])
+    seeds: SeedsField = Field(default_factory=lambda: [0])
     tune: TuneSpec | None = None
     metric: MetricSpec = MetricSpec()
     baseline: dict[str, Value] | str | None = None
@@ -134,7 +160,9 @@ class StudySpec(BaseModel):
 
     @field_validator("seeds")
     @classmethod
-    def _seeds(cls, v: list[int]) -> list[int]:
+    def _seeds(cls, v: list[int] | AdaptiveSeeds) -> list[int] | AdaptiveSeeds:
+        if isinstance(v, AdaptiveSeeds):
+            return v
         if not v:
             raise ValueError("must list at least one seed")
         if len(set(v)) != len(v):
@@ -151,6 +179,23 @@ class StudySpec(BaseModel):
     def slug(self) -> str:
         """The study's folder name under runs/: safe on every filesystem, whatever the name holds."""
         return slugify(self.name)
+
+    @property
+    def adaptive(self) -> AdaptiveSeeds | None:
+        return self.seeds if isinstance(self.seeds, AdaptiveSeeds) else None
+
+    @property
+    def seed_pool(self) -> list[int]:
+        """Every seed a variant may run, in the order they run: the listed seeds, or 0 .. max - 1."""
+        return list(range(self.seeds.max)) if isinstance(self.seeds, AdaptiveSeeds) else list(self.seeds)
+
+    @property
+    def seed_looks(self) -> list[int]:
+        """How many seeds each variant has at each look: one look at all listed seeds, or min, min + step,
+        ..., max."""
+        if isinstance(self.seeds, AdaptiveSeeds):
+            return [*range(self.seeds.min, self.seeds.max, self.seeds.step), self.seeds.max]
+        return [len(self.seeds)]
 
     def variant_overrides(self) -> dict[str, dict[str, Value]]:
         """Variant name -> its dotted overrides, in grid order."""
@@ -280,7 +325,7 @@ def validate_spec(spec: StudySpec, where: str) -> None:
     variants = spec.variant_overrides()
     for name, overrides in variants.items():
         try:
-            spec.config_for(overrides, spec.seeds[0])
+            spec.config_for(overrides, spec.seed_pool[0])
         except ConfigError as e:
             raise ConfigError(f"{where}: variant {name!r}: {e}") from None
     if spec.tune:
@@ -337,7 +382,7 @@ def validate_tune(spec: StudySpec, tune: TuneSpec, where: str) -> None:
                 raise ConfigError(f"{at}: log_uniform: bounds must be positive (got {args})")
         for value in args:
             try:
-                spec.config_for(first, spec.seeds[0], {key: value})
+                spec.config_for(first, spec.seed_pool[0], {key: value})
             except ConfigError as e:
                 raise ConfigError(f"{at}: {value!r} makes an invalid config ({e})") from None
 

@@ -1,0 +1,67 @@
+"""Adaptive seeds: after each look, the next look's seeds for the variants whose claims are still open.
+
+A look happens when a worker finds nothing waiting or running. It judges the claims from the storage
+alone (each trial's metrics are user attributes) with the report's own code, reports.claims, so the
+queue stops exactly where the report says a claim was decided. The next look's grid points are queued
+once however many workers reach the look together: the storage's unique study names are the lock, as
+in queue.prepare_study. The one worker whose `<study>:look:<n>` study is created queues the points and
+marks it; the others wait for the mark. Should that worker die in between, a waiting one queues what is
+missing (points already there are skipped)."""
+
+from __future__ import annotations
+
+import time
+
+import optuna
+from optuna.trial import TrialState
+
+from harness.study.queue import EVAL, load_phase_study, optuna_study_name, queue_grid_points
+from harness.study.spec import StudySpec
+from reports import claims
+from reports.collect import trials_frame
+
+PENDING = (TrialState.WAITING, TrialState.RUNNING)
+
+
+def look_lock_name(spec: StudySpec, look: int) -> str:
+    return f"{optuna_study_name(spec)}:look:{look}"
+
+
+def judge(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> list[claims.ClaimResult]:
+    """Every claim's verdict and look from the eval trials, as the report judges them."""
+    return claims.evaluate_all(spec, trials_frame(spec, trials))
+
+
+def next_look(spec: StudySpec, storage) -> tuple[int, dict[str, list[int]]] | None:
+    """(the look, variant -> its seeds for that look) when some claim is still open after the last
+    look; None while trials are pending or when no claim wants more seeds."""
+    trials = load_phase_study(spec, storage, EVAL).get_trials(deepcopy=False)
+    if spec.adaptive is None or any(t.state in PENDING for t in trials):
+        return None
+    wanted = claims.seeds_wanted(spec, judge(spec, trials))
+    if not wanted:
+        return None
+    look = spec.seed_looks.index(max(wanted.values()))
+    return look, {variant: spec.seed_pool[:count] for variant, count in wanted.items()}
+
+
+def queue_next_look(spec: StudySpec, storage, wait_s: float = 60.0) -> bool:
+    """Queues the next look's seeds (once, whichever worker gets here first); True when there are trials
+    to run again, False when the study is finished."""
+    planned = next_look(spec, storage)
+    if planned is None:
+        return bool(load_phase_study(spec, storage, EVAL).get_trials(deepcopy=False, states=PENDING))
+    look, seeds = planned
+    eval_study = load_phase_study(spec, storage, EVAL)
+    try:
+        lock = optuna.create_study(study_name=look_lock_name(spec, look), storage=storage)
+    except optuna.exceptions.DuplicatedStudyError:
+        lock = optuna.load_study(study_name=look_lock_name(spec, look), storage=storage)
+        deadline = time.monotonic() + wait_s
+        while "queued" not in lock.user_attrs and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if "queued" in lock.user_attrs:
+            return True
+    queue_grid_points(spec, eval_study, seeds)
+    lock.set_user_attr("queued", {variant: len(s) for variant, s in seeds.items()})
+    return True
