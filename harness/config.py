@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 
 
 class TaskConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
     name: str = Field("reverse", description="a name in the tasks table above")
     min_len: PositiveInt = 1
@@ -89,7 +89,7 @@ class TrainConfig(OptimConfig):
     """train.*: OptimConfig (what Seq2SeqModule reads: lr, schedule, loss, decoding) and what the Trainer
     and the data read."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
     batch_size: PositiveInt = 64
     batch_tokens: PositiveInt | None = None
@@ -107,7 +107,7 @@ class TrainConfig(OptimConfig):
 
 
 class ExperimentConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
     seed: int = 0
     task: TaskConfig = TaskConfig()

@@ -18,7 +18,7 @@ Scale = Literal["sqrt", "none"] | float
 
 
 class ModelConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
     arch: Literal["lstm", "transformer"] = "transformer"
     d_model: PositiveInt = 64

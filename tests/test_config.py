@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.config import ConfigError, accepted_values, build_config, load_config, parse_override
 from models.config import PRESETS, ModelConfig
 from models.positional import POSITIONAL
 from models.scores import SCORES
+from tests.conftest import ablate
 
 
 def error_of(tree: dict, overrides: dict | None = None) -> str:
@@ -108,3 +111,22 @@ def test_flat_keys_match_the_design_contract():
                 "model.attention_query", "model.input_feeding", "train.batch_tokens", "train.schedule",
                 "train.max_time", "train.beam_size", "train.compile"]:  # fmt: skip
         assert key in flat
+
+
+@pytest.mark.parametrize(
+    "key", ["train.lr", "train.weight_decay", "train.label_smoothing", "train.max_time", "train.grad_clip",
+            "train.length_penalty", "model.dropout", "model.pos_base", "model.scale"],
+)  # fmt: skip
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_no_float_key_takes_nan_or_infinity(key, value):
+    # model.scale is 'sqrt', 'none' or a number: its message names the words it also accepts.
+    said = "Input should be 'sqrt' or 'none'" if key == "model.scale" else "Input should be a finite number"
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: {said}"):
+        load_config(None, "transformer", [f"{key}={value}"])
+
+
+def test_nan_learning_rate_is_refused_on_the_command_line_before_training(tmp_path):
+    proc = ablate("train", "--set", "train.lr=nan", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "error: train.lr: Input should be a finite number"
+    assert not (tmp_path / "out").exists()
