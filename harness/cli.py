@@ -6,6 +6,7 @@ Bad input anywhere ends with one line on stderr naming what and where, and exit 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -571,6 +572,14 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except OSError as e:
+        # A path the user gave that the system refuses (not a folder, no permission, name too long): one
+        # line naming it, as for any other bad input; ABLATE_DEBUG=1 keeps the traceback.
+        if os.environ.get("ABLATE_DEBUG") == "1":
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        typer.echo(f"error: {where}{e.strerror or e}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

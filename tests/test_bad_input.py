@@ -156,3 +156,24 @@ def test_a_storage_server_that_never_answers_is_given_up_within_the_connect_time
     )
     assert CONNECT_TIMEOUT_S <= elapsed < CONNECT_TIMEOUT_S + 30
     assert not (tmp_path / "out").exists()
+
+
+def test_out_that_is_a_regular_file_is_one_line_exit_2(tmp_path):
+    out = tmp_path / "afile"
+    out.write_text("keep me")
+    proc = ablate("sweep", "quickstart", "--out", str(out), "--no-report")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"error: {out}/quickstart: Not a directory"
+    assert out.read_text() == "keep me"
+
+
+def test_a_corrupted_study_db_is_named_in_one_line_exit_2(tmp_path):
+    db = tmp_path / "runs" / "quickstart" / "study.db"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(bytes(range(256)) * 32)  # 8 KiB that are no SQLite file
+    for command in (("report", "quickstart"), ("sweep", "quickstart", "--no-report")):
+        proc = ablate(*command, "--out", str(tmp_path / "runs"))
+        assert proc.returncode == 2, proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last == f"error: storage sqlite:///{db}: cannot open (file is not a database)"
+        assert "Traceback" not in proc.stderr

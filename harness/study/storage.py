@@ -12,7 +12,7 @@ from typing import Any
 
 import optuna
 from sqlalchemy import event
-from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, ProgrammingError
 
 from harness.config import ConfigError
 from harness.extras import require
@@ -43,7 +43,8 @@ def open_storage(url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = H
                     heartbeat_stale_trial_callback=retry_callback(MAX_RETRIES),
                 )  # fmt: skip
             break
-        except (OperationalError, IntegrityError, ProgrammingError, ArgumentError, ModuleNotFoundError) as e:
+        # DatabaseError covers the server's refusals and a file that is no database (overwritten, truncated).
+        except (DatabaseError, ArgumentError, ModuleNotFoundError) as e:
             reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
             # Workers that open a new database at the same moment all create Optuna's tables; the losers
             # hit a table, type or version row another just made. Opening again finds the schema there.
