@@ -22,15 +22,18 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import sqlalchemy.exc
 import torch
 import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+from optuna.exceptions import StorageInternalError
 from optuna.trial import TrialState
 from test_workers import tiny_spec
 
 import harness.trial
 import harness.workers
 from harness import tracking
+from harness.config import ConfigError
 from harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study
 from harness.study.spec import load_study
 from harness.study.storage import open_storage
@@ -103,7 +106,8 @@ def resume_record(url: str, study: Path, number: int) -> dict | None:
     """Trial `number`'s stored resume checkpoint, once the worker has created the study and the trial."""
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         return None
-    with contextlib.suppress(KeyError):  # the study is not created yet
+    # KeyError: the study is not created yet; a locked database (the worker is writing): look again next poll.
+    with contextlib.suppress(KeyError, ConfigError, sqlalchemy.exc.OperationalError, StorageInternalError):
         trials = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
         return trials[number].user_attrs.get("resume") if len(trials) > number else None
     return None
