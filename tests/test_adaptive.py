@@ -17,7 +17,7 @@ from test_postgres import postgres_url  # noqa: F401  (a fixture)
 
 from harness.config import ConfigError
 from harness.study import looks
-from harness.study.queue import EVAL, load_phase_study, prepare_study
+from harness.study.queue import EVAL, load_phase_study, prepare_study, trial_seed
 from harness.study.spec import StudySpec, load_study
 from harness.study.storage import open_storage
 from reports import claims
@@ -146,7 +146,7 @@ def finish_waiting(spec: StudySpec, storage) -> None:
         assert storage.set_trial_state_values(frozen._trial_id, TrialState.RUNNING)
         trial = optuna.Trial(study, frozen._trial_id)
         variant = trial.suggest_categorical("variant", list(spec.variant_overrides()))
-        seed = trial.suggest_categorical("seed", spec.seed_pool)
+        seed = trial_seed(frozen)  # queued as an attribute, not a parameter to sample
         trial.set_user_attr("metrics", {METRIC: SCORES[variant][seed]})
         trial.set_user_attr("split_sizes", {"test": 64})
         study.tell(trial, SCORES[variant][seed])
