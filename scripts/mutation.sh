@@ -16,6 +16,10 @@ declare -A TESTS=(
   [reports/claims.py]="tests/test_stats.py"
   [models/rnn.py]="tests/test_reference_rnn.py tests/test_rnn.py"
   [models/positional.py]="tests/test_reference_attention.py tests/test_positional.py"
+  [models/positional_layers.py]="tests/test_reference_attention.py tests/test_positional.py"
+  [models/scores.py]="tests/test_reference_rnn.py tests/test_rnn.py"
+  [models/sequences.py]="tests/test_metrics.py tests/test_decoding.py"
+  [models/optim.py]="tests/test_module.py tests/test_plumbing.py"
   [models/attention.py]="tests/test_reference_attention.py tests/test_reference_rnn.py"
   [models/transformer.py]="tests/test_reference_attention.py tests/test_transformer.py"
   [models/decoding.py]="tests/test_decoding.py"
@@ -23,8 +27,9 @@ declare -A TESTS=(
   [models/config.py]="tests/test_config.py tests/test_plumbing.py"
   [models/diagnostics.py]="tests/test_transformer.py"
 )
-ORDER=(harness/metrics.py reports/stats.py reports/claims.py models/rnn.py models/positional.py
-       models/attention.py models/transformer.py models/decoding.py models/module.py models/config.py
+ORDER=(harness/metrics.py reports/stats.py reports/claims.py models/rnn.py models/scores.py
+       models/positional.py models/positional_layers.py models/attention.py models/transformer.py
+       models/decoding.py models/sequences.py models/module.py models/optim.py models/config.py
        models/diagnostics.py)
 
 repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
