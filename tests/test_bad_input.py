@@ -125,14 +125,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
     cwd.mkdir()
     args, message = CASES[case](inputs)
     before = sorted(inputs.iterdir())
-    started = time.monotonic()
     proc = ablate(*(a.replace("{out}", str(out)) for a in args), cwd=cwd, timeout=120)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: {message}"), line
     assert not out.exists() and not list(cwd.iterdir()) and sorted(inputs.iterdir()) == before
-    assert elapsed < 60  # an error is reported, never waited on (the storage connect timeout among others)
 
 
 def test_a_storage_server_that_never_answers_is_given_up_within_the_connect_timeout(tmp_path):
