@@ -28,7 +28,7 @@ def test_study_runs_one_tiny_trial(path, single_thread):
     spec = load_study(path)
     assert spec.description.strip(), f"{path.name} says what it tests"  # its claims: test_bundled_claims.py
     name, overrides = next(iter(spec.variant_overrides().items()))
-    cfg = spec.config_for(overrides, spec.seeds[0], TINY)
+    cfg = spec.config_for(overrides, spec.seed_pool[0], TINY)
     result = run_trial(cfg)
     bounds = metric_range(spec.metric.name)
     assert bounds.low <= result.metrics[spec.metric.name] <= bounds.high

@@ -30,7 +30,7 @@ def test_bundled_claims_cite_their_source_and_name_what_the_study_produces(path,
             compare, to = claim_sides(settings, claim, within)
             assert compare and to, f"{path.name}: {claim.text!r} within {within} matches no variant"
             for variant in compare + to:
-                produced = produced_metrics(spec.config_for(overrides[variant], spec.seeds[0]))
+                produced = produced_metrics(spec.config_for(overrides[variant], spec.seed_pool[0]))
                 assert arm_metric in produced, f"{path.name}: variant {variant} reports no {arm_metric}"
 
 
