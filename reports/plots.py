@@ -22,6 +22,7 @@ from reports.stats import MetricRange, examples, mean_ci, metric_range, pareto_f
 plt.rcParams["text.parse_math"] = False
 sns.set_theme(style="whitegrid", context="paper")
 RANGE_PAD = 0.04  # share of a bounded range left free above and below it
+UNBOUNDED_HEADROOM = 1.5  # an unbounded axis ends at this multiple of the largest seed's distance from its bound
 
 
 def _done(df: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -38,13 +39,17 @@ def _errorbar(df: pd.DataFrame, metric: str):
     return lambda values: mean_ci(np.asarray(values), rng, n_examples)
 
 
-def _show_range(ax, rng: MetricRange) -> None:
-    """A bounded metric's axis covers its range; one bounded below starts at its bound."""
+def _show_range(ax, rng: MetricRange, seeds: np.ndarray | None = None) -> None:
+    """A bounded metric's axis covers its range; one bounded below starts at its bound and, given the
+    seeds' values, ends a little above the largest, so that a band of few seeds on the log scale (a loss's
+    upper limit can be 100 times its mean at two seeds) is clipped rather than flattening every curve."""
     if rng.bounded:
         pad = RANGE_PAD * (rng.high - rng.low)
         ax.set_ylim(rng.low - pad, rng.high + pad)
     elif np.isfinite(rng.low):
-        ax.set_ylim(bottom=rng.low)
+        finite = seeds[np.isfinite(seeds)] if seeds is not None else np.array([])
+        top = rng.low + UNBOUNDED_HEADROOM * (finite.max() - rng.low) if finite.size else None
+        ax.set_ylim(bottom=rng.low, top=top if top and top > rng.low else None)
 
 
 def metric_by_variant(df: pd.DataFrame, metric: str, order: list[str]) -> plt.Figure | None:
@@ -96,7 +101,7 @@ def _mean_curves(ax, rows: pd.DataFrame, x: str, y: str, hue_order: list[str], n
         ax.plot(at, mean, marker="o", markersize=3, color=colour, label=variant)
         ax.fill_between(at, lo, hi, color=colour, alpha=0.2, lw=0)
         ax.scatter(own[x], own[y], s=5, color=colour, alpha=0.35, lw=0)
-    _show_range(ax, rng)
+    _show_range(ax, rng, rows[y].to_numpy(float))
 
 
 def learning_curves(
