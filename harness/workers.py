@@ -29,7 +29,7 @@ import torch
 from optuna.trial import TrialState
 
 from harness import compat, provenance, signals, tracking
-from harness.artifacts import CHECKPOINTS, artifact_store, study_dir, trial_dir, upload_trial_files
+from harness.artifacts import CHECKPOINTS, RESUME_CHECKPOINT, artifact_store, study_dir, trial_dir, upload_trial_files
 from harness.callbacks import DivergenceGuard, ReportValidation, StepPruning, TrialFailed
 from harness.checkpoints import RESUME_ATTR, Preempted, StoredCheckpoints, fetch
 from harness.study.looks import queue_next_look
@@ -263,8 +263,12 @@ class Worker:
                     resume_from=resume_from, publish=stored.publish,
                 )  # fmt: skip
         except BaseException as failure:
-            # A failed trial keeps what it wrote, for a post-mortem; its own error stays the reason.
+            # A pruned trial is final, so its resume state is waste; a failed one keeps what it wrote, for a
+            # post-mortem or a retry. Either way its own error stays the reason.
             try:
+                if isinstance(failure, optuna.TrialPruned) and not cfg.train.keep_checkpoints:
+                    (out_dir / CHECKPOINTS / RESUME_CHECKPOINT).unlink(missing_ok=True)
+                    stored.discard(resumed, trial.user_attrs.get(RESUME_ATTR))
                 self.store_artifacts(trial, out_dir)
             except Exception as e:
                 failure.add_note(f"Its artifacts could not be stored either: {type(e).__name__}: {e}")

@@ -64,7 +64,7 @@ def test_diverging_variant_fails_with_its_reason_and_the_rest_completes(tmp_path
 
 @pytest.mark.slow
 def test_tuning_prunes_by_step_and_eval_runs_the_best(tmp_path):
-    train = {**TINY_TRAIN, "max_steps": 12, "val_every": 2}
+    train = {**TINY_TRAIN, "max_steps": 12, "val_every": 2, "checkpoint_every": 2}
     tune = {"params": {"train.lr": {"log_uniform": [1e-4, 3e-2]}}, "trials": 6, "pruner": "median"}
     spec = tiny_spec(base={"preset": "transformer", "task": TINY_TASK, "model": TINY_MODEL, "train": train},
                      tune=tune)  # fmt: skip
@@ -81,3 +81,10 @@ def test_tuning_prunes_by_step_and_eval_runs_the_best(tmp_path):
     assert tuned.metric_names == ["val/tok_acc"]
     (evaluated,) = load_phase_study(spec, storage, EVAL).trials
     assert evaluated.user_attrs["config"]["train.lr"] == tuned.best_params["train.lr"]
+    # A pruned trial is never resumed: its resume checkpoints are gone, locally and from the artifact store.
+    pruned = [t for t in tuned.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned, "the median pruner stopped none of six trials"
+    for t in pruned:
+        assert "resume" in t.user_attrs  # it did publish resume checkpoints while it ran
+        assert not any("resume" in name for name in t.user_attrs["artifacts"])
+    assert not [p for p in (tmp_path / "runs").rglob("*") if p.name.startswith(("resume-", "resume.ckpt"))]
