@@ -55,17 +55,28 @@ Uninformative. Some outcomes say nothing about the claim, whatever the CI:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from harness.study.spec import ClaimSpec, StudySpec, Value, variant_settings
-from reports.stats import LEVEL, diff_ci, examples, mean_ci, metric_range, seed_values, variant_values
+from reports.stats import (
+    LEVEL,
+    diff_ci,
+    examples,
+    mean_ci,
+    metric_range,
+    seed_values,
+    t_quantile,
+    variant_values,
+)
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
 CEILING, FLOOR, UNLEARNT = "uninformative (ceiling)", "uninformative (floor)", "uninformative (cannot learn)"
 MIN_SEEDS = 2
+MAX_PROJECTED_SEEDS = 1000  # seeds_to_decide looks no further
 FINISHED = ("COMPLETE", "FAIL", "PRUNED")  # trial states that will not change
 LOWER_IS_BETTER = ("loss", "ppl", "aer")  # metric names (after the split) where a better model scores less
 
@@ -107,12 +118,33 @@ class ClaimResult:
         if self.decided:
             return f"look {self.look + 1} of {self.looks} ({at})"
         if self.budget_spent:
-            return f"budget spent ({at})"
+            needed = seeds_to_decide(self)
+            return f"budget spent ({at}); " + (
+                f"about {needed} seeds a side would decide it at this spread" if needed
+                else f"no seed count up to {MAX_PROJECTED_SEEDS} would: Δ sits on the margin"
+            )  # fmt: skip
         return (
             f"open: look {self.look + 1} of {self.looks} running"
             if self.running
             else "open: more seeds queued"
         )
+
+
+def seeds_to_decide(r: ClaimResult) -> int | None:
+    """Seeds a side at which an undecided claim's CI would clear its margin if Δ and the spread between
+    seeds stayed as they are: the half-width scales as t(k - 1)/sqrt(k) at the claim's level. None when no
+    count up to MAX_PROJECTED_SEEDS would (Δ on, or too near, the margin)."""
+    k, half = max(r.seeds, min(r.n_compare, r.n_to)), (r.ci_high - r.ci_low) / 2
+    m = r.claim.margin
+    edge = {"lower": -m, "higher": m}.get(r.claim.expect)
+    # Distance from Δ to the nearest edge its CI must clear (for "similar": to ±m from inside or outside).
+    distance = abs(r.diff - edge) if edge is not None else abs(m - abs(r.diff))
+    if k < MIN_SEEDS or not (np.isfinite(half) and half > 0 and distance > 0):
+        return None
+    width = lambda n: t_quantile(r.level, n - 1) / math.sqrt(n)  # noqa: E731
+    return next(
+        (n for n in range(k + 1, MAX_PROJECTED_SEEDS + 1) if half * width(n) / width(k) < distance), None
+    )
 
 
 def matching_variants(overrides: dict[str, dict[str, Value]], selector: dict[str, Value]) -> list[str]:

@@ -22,7 +22,8 @@ from reports.stats import MetricRange, examples, mean_ci, metric_range, pareto_f
 plt.rcParams["text.parse_math"] = False
 sns.set_theme(style="whitegrid", context="paper")
 RANGE_PAD = 0.04  # share of a bounded range left free above and below it
-UNBOUNDED_HEADROOM = 1.5  # an unbounded axis ends at this multiple of the largest seed's distance from its bound
+# An unbounded axis ends at this multiple of the largest seed's distance from its bound.
+UNBOUNDED_HEADROOM = 1.5
 
 
 def _done(df: pd.DataFrame, metric: str) -> pd.DataFrame:

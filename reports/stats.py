@@ -135,7 +135,7 @@ def _log_scale(values: np.ndarray, low: float, q: float) -> tuple[float, float]:
     return (low + excess / factor, low + excess * factor)
 
 
-def _t_quantile(level: float, df: float) -> float:
+def t_quantile(level: float, df: float) -> float:
     return float(sps.t.ppf((1 + level) / 2, df))
 
 
@@ -156,12 +156,12 @@ def _intervals(
     if rng.bounded:
         width = rng.high - rng.low
         units = [(g - rng.low) / width for g in groups]
-        dispersion, q = _dispersion(units, n_examples), _t_quantile(level, sum(len(u) - 1 for u in units))
+        dispersion, q = _dispersion(units, n_examples), t_quantile(level, sum(len(u) - 1 for u in units))
         return [
             (rng.low + lo * width, rng.low + hi * width)
             for lo, hi in (_wilson(u, dispersion, q) for u in units)
         ]
-    q = _t_quantile(level, _welch_df(groups))
+    q = t_quantile(level, _welch_df(groups))
     if math.isfinite(rng.low):
         return [_log_scale(g, rng.low, q) for g in groups]
     halves = [q * math.sqrt(_spread(g) / len(g)) for g in groups]

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats as sps
 
 from harness.config import ConfigError
-from harness.study.spec import StudySpec, apply_profile, load_study, variant_settings
+from harness.study.spec import ClaimSpec, StudySpec, apply_profile, load_study, variant_settings
 from reports import claims
 from reports.claims import CEILING, CONTRADICTED, FLOOR, INCONCLUSIVE, REPRODUCED, UNLEARNT
 from reports.render import build_report
@@ -247,3 +247,33 @@ def test_the_report_prints_each_claims_source_beside_its_verdict(tmp_path, monke
     assert "Confounds: a 2-layer &lt;model&gt;" in cells[0]
     assert "Vaswani et al. 2017, Sec. 3.5: positions &lt;must&gt; be injected</td>" in html
     assert 'class="inconclusive">inconclusive</td>' in html
+
+
+@pytest.mark.parametrize(
+    "expect,margin,diff,ci,needed",
+    [
+        # Half-width 0.15 at 3 seeds, 95%; lower than -0.1 needs the CI's upper end 0.05 nearer: a half-width
+        # of 0.05, t(n-1)/sqrt(n) < (0.05/0.15) t(2)/sqrt(3) = 0.828: n=8 gives 2.365/2.828 = 0.836, n=9
+        # 2.306/3 = 0.769.
+        ("lower", 0.1, -0.15, (-0.3, 0.0), 9),
+        ("higher", 0.1, 0.15, (0.0, 0.3), 9),  # the mirror image
+        # Similar within 0.2, Δ 0.15: the CI must close to 0.05 around Δ, as above.
+        ("similar", 0.2, 0.15, (0.0, 0.3), 9),
+        # Similar within 0.1 with Δ 0.15: contradicting it needs the CI 0.05 from Δ too.
+        ("similar", 0.1, 0.15, (0.0, 0.3), 9),
+        # Half-width 0.15, distance 0.1: t(n-1)/sqrt(n) < 1.656; n=4 gives 3.182/2 = 1.591.
+        ("lower", 0.1, -0.2, (-0.35, -0.05), 4),
+        ("similar", 0.15, 0.15, (0.0, 0.3), None),  # Δ on the margin: no seed count decides it
+    ],
+)
+def test_an_undecided_claim_says_how_many_seeds_would_decide_it(expect, margin, diff, ci, needed):
+    spec = ClaimSpec(text="c", compare={"a": 1}, to={"a": 2}, expect=expect, margin=margin)
+    result = claims.ClaimResult(claim=spec, metric=SHORT, verdict=INCONCLUSIVE, reason="", diff=diff,
+                                ci_low=ci[0], ci_high=ci[1], seeds=3, n_compare=3, n_to=3, level=0.95,
+                                budget_spent=True)  # fmt: skip
+    assert claims.seeds_to_decide(result) == needed
+    assert result.decision.startswith("budget spent (3 seeds, 95% CIs); ")
+    assert result.decision.endswith(
+        f"about {needed} seeds a side would decide it at this spread" if needed
+        else "no seed count up to 1000 would: Δ sits on the margin"
+    )  # fmt: skip
