@@ -29,7 +29,15 @@ import torch
 from optuna.trial import TrialState
 
 from harness import compat, provenance, signals, tracking
-from harness.artifacts import CHECKPOINTS, RESUME_CHECKPOINT, artifact_store, study_dir, trial_dir, upload_trial_files
+from harness.artifacts import (
+    CHECKPOINTS,
+    RESUME_CHECKPOINT,
+    artifact_store,
+    slugify,
+    study_dir,
+    trial_dir,
+    upload_trial_files,
+)
 from harness.callbacks import DivergenceGuard, ReportValidation, StepPruning, TrialFailed
 from harness.checkpoints import RESUME_ATTR, Preempted, StoredCheckpoints, fetch
 from harness.study.looks import queue_next_look
@@ -43,7 +51,7 @@ from harness.study.queue import (
     trial_seed,
     trial_variant,
 )
-from harness.study.spec import StudySpec, slugify, tune_metric, validation_metric
+from harness.study.spec import StudySpec, tune_metric, validation_metric
 from harness.study.storage import quiet_experimental
 
 NO_SPACE_EXIT = 75  # a worker stopped by a full disk (EX_TEMPFAIL: run it again once space is freed)
