@@ -95,7 +95,8 @@ class TrainConfig(OptimConfig):
     grad_clip: float | None = Field(1.0, gt=0.0)
     # auto: bf16-mixed on a CUDA device that supports it, fp32 otherwise.
     precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true"] = "auto"
-    patience: int | None = Field(None, ge=1, strict=True)  # validations without a better val/loss before stopping; None: never
+    # validations without a better val/loss before stopping; None: never
+    patience: int | None = Field(None, ge=1, strict=True)
     deterministic: bool = False
     val_every: Count = 250  # steps between validations
     # Steps between full-state checkpoints a retried or preempted trial resumes from; 0: none.
@@ -134,7 +135,12 @@ KINDS = {int: "integer", float: "number", bool: "true | false", str: "text"}
 
 def allowed(field: FieldInfo) -> str:
     """A field's choices, its kind with the schema's bounds, and 'unset' where None is accepted."""
-    bounds = [f"{op} {str(getattr(m, attr)).removesuffix('.0')}" for m in field.metadata for attr, op in BOUNDS if hasattr(m, attr)]
+    bounds = [
+        f"{op} {str(getattr(m, attr)).removesuffix('.0')}"
+        for m in field.metadata
+        for attr, op in BOUNDS
+        if hasattr(m, attr)
+    ]
     annotation = field.annotation
     types = (get_args(annotation) if get_origin(annotation) is not Literal else ()) or (annotation,)
     choices = [str(c) for t in types if get_origin(t) is Literal for c in get_args(t)]

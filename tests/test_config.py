@@ -76,7 +76,10 @@ def test_accepted_values_name_every_key_with_its_choices():
     assert accepts["model.norm"] == "post | pre | none | rms_pre"
     assert accepts["model.attention"] == " | ".join(["none", *SCORES])
     assert accepts["model.pos_encoding"].startswith(" | ".join(POSITIONAL) + ", or kinds")
-    assert (accepts["model.scale"], accepts["task.test_max_len"]) == ("sqrt | none, or number", "integer >= 1, or unset")
+    assert (accepts["model.scale"], accepts["task.test_max_len"]) == (
+        "sqrt | none, or number",
+        "integer >= 1, or unset",
+    )
 
 
 def test_scale_accepts_keyword_or_number():

@@ -180,12 +180,47 @@ def test_a_failing_study_lists_all_its_problems_with_their_locations(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "seeds, problem",
+    [
+        ({"min": 2, "max": 2**32 + 1}, "seeds.max: Input should be less than 4294967296 (got 4294967296)"),
+        ({"min": True, "max": 4}, "seeds.min: Input should be a valid integer (got True)"),
+        ({"min": 2, "max": 4.0}, "seeds.max: Input should be a valid integer (got 4.0)"),
+    ],
+)
+def test_adaptive_seeds_are_checked_too(tmp_path, seeds, problem):
+    path = study(tmp_path, variants={"a": {"model.norm": "pre"}, "b": {"model.norm": "post"}}, seeds=seeds)
+    assert problems_of(path, max_trials=None) == [f"{path}: {problem}"]
+
+
+@pytest.mark.parametrize(
+    "space, problem",
+    [
+        ({"uniform": [0, 100]}, "uniform: the key takes integers (strictly); use int: [low, high]"),
+        ({"int": [0, 2.5]}, "int: bounds must be integers (got [0, 2.5])"),
+        ({"int": [-5, 3]}, "-5 makes an invalid config (train.warmup_steps: Input should be greater than or"),
+    ],
+)
+def test_a_tuned_integer_key_gets_integers_in_its_range(tmp_path, space, problem):
+    path = study(
+        tmp_path, factors={"model.norm": ["pre", "post"]}, tune={"params": {"train.warmup_steps": space}}
+    )
+    (line,) = problems_of(path)
+    assert line.startswith(f"{path}: tune.params.train.warmup_steps: {problem}"), line
+
+
+@pytest.mark.parametrize(
     "tree, location",
     [
-        ({"factors": {"train.max_epochs": [1, 0]}}, "factors.train.max_epochs: Input should be greater than or equal to 1 (got 0)"),
+        (
+            {"factors": {"train.max_epochs": [1, 0]}},
+            "factors.train.max_epochs: Input should be greater than or equal to 1 (got 0)",
+        ),
         ({"fixed": {"train.lr": math.nan}}, "fixed.train.lr: Input should be a finite number"),
         ({"budget": {"train.max_time": 0}}, "budget.train.max_time: Input should be greater than 0 (got 0)"),
-        ({"base": base(train={"warmup_steps": -2})}, "base.train.warmup_steps: Input should be greater than or equal to 0 (got -2)"),
+        (
+            {"base": base(train={"warmup_steps": -2})},
+            "base.train.warmup_steps: Input should be greater than or equal to 0 (got -2)",
+        ),
     ],
 )
 def test_each_bad_value_names_the_section_it_came_from(tmp_path, tree, location):
@@ -365,7 +400,11 @@ def test_a_gpu_torch_cannot_see_is_refused():
         (OSError(errno.ENAMETOOLONG, "File name too long", "/x/y"), 2, "/x/y: file name too long"),
         (OSError(errno.ENOSPC, "No space left on device", "/runs/a"), 1, "/runs/a: no space left on device"),
         (OSError(errno.ENOSPC, "No space left on device"), 1, "no space left on device"),
-        (ConfigError("train.lr: Input should be greater than 0"), 2, "train.lr: Input should be greater than 0"),
+        (
+            ConfigError("train.lr: Input should be greater than 0"),
+            2,
+            "train.lr: Input should be greater than 0",
+        ),
         (RunFailed("no optimizer step ran"), 1, "no optimizer step ran"),
     ],
 )

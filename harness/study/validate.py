@@ -206,12 +206,11 @@ def claim_problems(
     for arm, (metric, within) in enumerate(claim.arms(spec.metric.name)):
         label = f"{where}.versus" if arm else where
         compared, others = claim_sides(settings, claim, within)
+        compare, to = {**claim.compare, **within}, {**claim.to, **within}
         if not compared:
-            problems.append((f"{label}.compare", f"no variant matches {({**claim.compare, **within})}"))
+            problems.append((f"{label}.compare", f"no variant matches {compare}"))
         if not others:
-            problems.append(
-                (f"{label}.to", f"no variant other than the compared ones matches {({**claim.to, **within})}")
-            )
+            problems.append((f"{label}.to", f"no variant other than the compared ones matches {to}"))
         if metric != spec.metric.name:  # the study metric is checked against every variant already
             involved = {name: produced[name] for name in (*compared, *others)}
             problems += metric_problems(f"{label}.metric", metric, involved)
@@ -281,6 +280,9 @@ def tuned_key_problem(spec: StudySpec, first: dict, varied: set, key: str, space
             return f"{kind}: expected [low, high] with low < high (got {args})"
         if kind == "int" and not all(isinstance(a, int) for a in args):
             return f"int: bounds must be integers (got {args})"
+        default = ExperimentConfig().flat()[key]
+        if kind != "int" and isinstance(default, int) and not isinstance(default, bool):
+            return f"{kind}: the key takes integers (strictly); use int: [low, high]"
         if kind == "log_uniform" and args[0] <= 0:
             return f"log_uniform: bounds must be positive (got {args})"
     for value in args:
