@@ -83,9 +83,10 @@ def train(
                 f"train: one config file at most (got {', '.join(configs)}); overrides are key=value"
             )
         cfg = load_config(configs[0] if configs else None, preset, overrides)
-        raise_problems("", [], run_problems(out=out, wandb=wandb))
         # A W&B sweep agent (which sets WANDB_SWEEP_ID) runs `ablate train key=value ...` and expects a run.
-        mode = wandb_mode(wandb if wandb or os.environ.get("WANDB_SWEEP_ID") else "disabled")
+        requested = wandb if wandb or os.environ.get("WANDB_SWEEP_ID") else "disabled"
+        raise_problems("", [], run_problems(out=out, wandb=requested))
+        mode = wandb_mode(requested)
         from harness.trial import run_trial
 
         label = preset or (Path(configs[0]).stem if configs else cfg.model.arch)
