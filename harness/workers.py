@@ -34,6 +34,7 @@ from harness.artifacts import (
     CHECKPOINTS,
     RESUME_CHECKPOINT,
     artifact_store,
+    slugify,
     study_dir,
     trial_dir,
     upload_trial_files,
@@ -51,7 +52,7 @@ from harness.study.queue import (
     trial_seed,
     trial_variant,
 )
-from harness.study.spec import StudySpec, slugify, tune_metric, validation_metric
+from harness.study.spec import StudySpec, tune_metric, validation_metric
 from harness.study.storage import quiet_experimental
 
 NO_SPACE_EXIT = 75  # a worker stopped by a full disk (EX_TEMPFAIL: run it again once space is freed)

@@ -119,7 +119,7 @@ def test_bad_study_fails_before_creating_anything(tmp_path):
     proc = ablate("sweep", str(bad), "--out", str(runs))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"error: {bad}: variant 'x': model.heads: must divide d_model=16 (got heads=3)"
+        f"error: {bad}: variants.x.model.heads: must divide d_model=16 (got heads=3)"
     ]
     assert not runs.exists()
 
