@@ -18,7 +18,12 @@ from models.optim import OptimConfig
 
 
 class ConfigError(ValueError):
-    """Bad user input: the message is one line that names what and where."""
+    """Bad user input: the message is one line that names what and where; `problems` keeps every
+    (location, message) behind it when there were several."""
+
+    def __init__(self, message: str, problems: list[tuple[str, str]] | None = None):
+        super().__init__(message)
+        self.problems = problems or []
 
 
 class RunFailed(RuntimeError):
@@ -250,7 +255,7 @@ def build_config(tree: dict[str, Any], overrides: dict[str, Any] | None = None) 
     try:
         return ExperimentConfig.model_validate(tree)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e)) from None
+        raise ConfigError(format_validation_error(e), validation_problems(e)) from None
 
 
 def format_validation_error(e: ValidationError) -> str:

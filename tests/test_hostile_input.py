@@ -177,6 +177,12 @@ def test_a_failing_study_lists_all_its_problems_with_their_locations(tmp_path):
         f"{path}: variants.b.train.max_time: Input should be greater than 0 (got -1.0)",
         f"{path}: variants.c.train.lr: Input should be a finite number",
     ]
+    # Several problems of one variant are each listed, not the first with a count.
+    path = study(tmp_path, variants={"a": {"model.heads": 3, "train.lr": -1.0}, "b": {"model.norm": "post"}})
+    assert problems_of(path) == [
+        f"{path}: variants.a.model.heads: must divide d_model=16 (got heads=3)",
+        f"{path}: variants.a.train.lr: Input should be greater than 0 (got -1.0)",
+    ]
 
 
 @pytest.mark.parametrize(

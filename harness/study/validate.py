@@ -76,8 +76,8 @@ def study_problems(
         try:
             configs[name] = spec.config_for(overrides, 0)
         except ConfigError as e:
-            key, _, msg = str(e).partition(": ")
-            problems.append((origin(spec, name, key, set(set_keys)), msg))
+            for key, msg in e.problems or [tuple(str(e).partition(": ")[::2])]:
+                problems.append((origin(spec, name, key, set(set_keys)), msg))
     if len(configs) < len(spec.variant_overrides()):
         return problems  # references and data need every variant's config
     problems += variant_duplicates(spec, configs)
