@@ -407,6 +407,32 @@ def test_layer_diagnostics_from_a_model():
     }  # fmt: skip
 
 
+def test_layer_diagnostics_count_real_queries_and_tokens_only():
+    """Hand-made weights and states, one sentence: its last target and source positions are padding. The
+    real target query attends uniformly over 2 keys (entropy log 2), the padded one to a single key (0);
+    the real tokens are one vector and the padded one another (rank collapse 0 over the real tokens)."""
+    uniform_then_one_hot = torch.tensor([[[[0.5, 0.5], [1.0, 0.0]]]], dtype=torch.float64)  # (1, 1, 2, 2)
+    src_mask = torch.tensor([[True, True, False]])
+    tgt_mask = torch.tensor([[True, False]])
+    enc_weights = torch.tensor([[[[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]]], dtype=torch.float64)
+    weights = {"encoder": [enc_weights], "decoder": [uniform_then_one_hot], "cross": [uniform_then_one_hot]}
+    real, pad = [1.0, 2.0], [-3.0, 5.0]
+    hidden = {
+        "encoder": [torch.tensor([[real, real, pad]], dtype=torch.float64)],
+        "decoder": [torch.tensor([[real, pad]], dtype=torch.float64)],
+    }
+    report = layer_diagnostics(weights, hidden, src_mask, tgt_mask)
+    for kind in ("encoder", "decoder", "cross"):
+        torch.testing.assert_close(report[f"entropy/{kind}"], torch.tensor([[math.log(2)]], dtype=torch.float64))
+    for side in ("encoder", "decoder"):
+        torch.testing.assert_close(report[f"rank_collapse/{side}"], torch.zeros(1, dtype=torch.float64))
+
+
+def test_rank_collapse_builds_its_mask_on_the_states_device():
+    # The meta device stands in for an accelerator: a mask made on the CPU could not meet the states.
+    assert rank_collapse(torch.empty(2, 3, 4, device="meta")).device.type == "meta"
+
+
 def test_without_cross_attention_no_encoder_is_built():
     full, decoder_only = build(layers=2), build(layers=2, cross_attention=False)
     count = lambda modules: sum(p.numel() for m in modules for p in m.parameters())  # noqa: E731
