@@ -176,7 +176,11 @@ def test_joined_kinds_take_each_part_from_the_kind_that_has_it():
 @pytest.mark.parametrize(
     "name, message",
     [
-        ("wavelet", "unknown kind 'wavelet'; known: none, sinusoidal, learned, rope, alibi;"),
+        (
+            "wavelet",
+            "unknown kind 'wavelet'; known: none, sinusoidal, learned, rope, alibi; kinds that add different "
+            "parts join with '+' (e.g. alibi+sinusoidal)",
+        ),
         (
             "sinusoidal+learned",
             "'sinusoidal+learned': join kinds that each add a different part (embedding, ",
@@ -192,6 +196,17 @@ def test_pos_encoding_accepts_the_registry_names_and_joins_of_different_parts(na
         ModelConfig(pos_encoding=name)
     for accepted in [*POSITIONAL, "alibi+sinusoidal", "rope+learned", "rope+alibi"]:
         ModelConfig(pos_encoding=accepted)
+
+
+def test_rope_needs_an_even_head_dimension_and_other_kinds_do_not():
+    from pydantic import ValidationError
+
+    message = "pos_encoding: rope rotates pairs of features and needs an even head dimension (d_model/heads=3)"
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        ModelConfig(d_model=6, heads=2, pos_encoding="rope")
+    for name in ("sinusoidal", "alibi", "none"):
+        ModelConfig(d_model=6, heads=2, pos_encoding=name)
+    ModelConfig(d_model=8, heads=2, pos_encoding="rope")
 
 
 @pytest.mark.parametrize(
