@@ -423,7 +423,9 @@ def test_layer_diagnostics_count_real_queries_and_tokens_only():
     }
     report = layer_diagnostics(weights, hidden, src_mask, tgt_mask)
     for kind in ("encoder", "decoder", "cross"):
-        torch.testing.assert_close(report[f"entropy/{kind}"], torch.tensor([[math.log(2)]], dtype=torch.float64))
+        torch.testing.assert_close(
+            report[f"entropy/{kind}"], torch.tensor([[math.log(2)]], dtype=torch.float64)
+        )
     for side in ("encoder", "decoder"):
         torch.testing.assert_close(report[f"rank_collapse/{side}"], torch.zeros(1, dtype=torch.float64))
 
