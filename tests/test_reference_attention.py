@@ -27,14 +27,14 @@ SRC = torch.tensor([[4, 5, 6, 7, 8, 9]])
 TGT_IN = torch.tensor([[1, 10, 4, 5, 6]])
 
 
-def self_attention(pos_encoding: str, heads: int, side: str, src=SRC, tgt_in=TGT_IN, seed: int = 0):
+def self_attention(pos_encoding: str, heads: int, side: str, src=SRC, tgt_in=TGT_IN, seed: int = 0, **model):
     """The first layer's self-attention on `side` of a one-layer float64 Transformer, reached through the
     model's forward: weights (H, L, L) of the first sentence and the layer's unrotated per-head queries
     and keys q, k (H, L, Dh), computed from its input and projection parameters.
 
     (The one place that knows how the model is built and where its attention lives.)"""
     cfg = ModelConfig(d_model=D, heads=heads, layers=1, d_ff=8, dropout=0.0, norm="post",
-                      pos_encoding=pos_encoding)  # fmt: skip
+                      pos_encoding=pos_encoding, **model)  # fmt: skip
     torch.manual_seed(seed)
     net = build_model(cfg, VOCAB, VOCAB, PAD).double().eval()
     with torch.no_grad():
@@ -121,3 +121,15 @@ def test_alibi_scores_inside_attention_are_scaled_dot_minus_slope_times_distance
     expected = score_differences(torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1), allowed)
     torch.testing.assert_close(score_differences(weights, allowed), expected, atol=1e-10, rtol=0)
     assert torch.all(weights[..., ~allowed] == 0)
+
+
+@pytest.mark.parametrize("scale, factor", [("sqrt", D**-0.5), ("none", 1.0), (0.3, 0.3)])
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_scale_switch_multiplies_q_dot_k_inside_the_model(side, scale, factor):
+    weights, q, k = self_attention("none", heads=1, side=side, scale=scale)
+    length = weights.size(-1)
+    allowed = torch.ones(length, length, dtype=torch.bool)
+    if side == "decoder":
+        allowed = allowed.tril()
+    expected = torch.softmax((q @ k.transpose(-2, -1) * factor).masked_fill(~allowed, -torch.inf), -1)
+    torch.testing.assert_close(weights, expected, atol=1e-10, rtol=0)
