@@ -11,7 +11,14 @@ import torch
 from models.config import ModelConfig
 from models.decoding import greedy_decode
 from models.positional import POSITIONAL, PositionalKind
-from models.positional_layers import ALiBi, LearnedEncoding, Rotary, SinusoidalEncoding, sinusoidal_table
+from models.positional_layers import (
+    ALiBi,
+    LearnedEncoding,
+    Positions,
+    Rotary,
+    SinusoidalEncoding,
+    sinusoidal_table,
+)
 from models.sequences import BOS_ID, EOS_ID
 from models.transformer import Transformer
 
@@ -37,6 +44,60 @@ def test_sinusoidal_odd_dimension_and_growth_past_the_table():
     encoding = SinusoidalEncoding(8, max_positions=4)
     x = torch.zeros(2, 10, 8)
     torch.testing.assert_close(encoding(x), sinusoidal_table(10, 8).expand(2, 10, 8))
+
+
+def sinusoid(positions: range, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """The table's rows for `positions`, written out in float64 from the formula."""
+    angle = lambda p, i: p / base ** (2 * (i // 2) / dim)  # noqa: E731
+    return torch.tensor(
+        [
+            [math.sin(angle(p, i)) if i % 2 == 0 else math.cos(angle(p, i)) for i in range(dim)]
+            for p in positions
+        ],
+        dtype=torch.float64,
+    )
+
+
+def test_sinusoidal_table_is_float32_rounding_of_the_float64_formula_far_out():
+    # At position 2000 a frequency rounded to float32 (relative 6e-8) moves the angle by about 1e-5 rad;
+    # the table must differ from the exact values by float32 rounding of the result only.
+    table = sinusoidal_table(2048, 8)
+    torch.testing.assert_close(table[2000:].double(), sinusoid(range(2000, 2048), 8), atol=2e-7, rtol=0)
+
+
+def test_grown_table_keeps_the_base_and_serves_more_positions_than_features():
+    # 3 positions built, 16 features: a sequence of 10 (offset 2, through Positions.embed) needs the table
+    # grown past its length, not past its width, with the configured base. Tolerance: float32 rounding.
+    positions = Positions(SinusoidalEncoding(16, max_positions=3, base=100.0), None, None)
+    x = torch.randn(2, 8, 16)
+    expected = x.double() + sinusoid(range(2, 10), 16, base=100.0)
+    torch.testing.assert_close(positions.embed(x, offset=2).double(), expected, atol=1e-6, rtol=0)
+
+
+def test_positional_layers_work_on_the_device_of_their_inputs():
+    # The meta device stands in for an accelerator: anything made on the CPU could not meet the inputs.
+    meta = torch.device("meta")
+    assert SinusoidalEncoding(8, 4).to(meta)(torch.empty(1, 6, 8, device=meta)).device == meta  # grows
+    assert Rotary(8)(torch.empty(1, 2, 5, 8, device=meta), offset=3).device == meta
+    assert ALiBi(4).to(meta)(3, 5).device == meta
+
+
+def test_fixed_position_buffers_stay_out_of_checkpoints():
+    """Sinusoid table and ALiBi slopes are functions of the config: a checkpoint holds none, so one saved
+    after the table grew loads into a fresh model."""
+    cfg = ModelConfig(d_model=8, heads=2, layers=1, pos_encoding="alibi+sinusoidal", max_positions=4)
+    grown = Transformer(cfg, 9, 9)
+    grown(torch.randint(4, 9, (1, 12)), torch.randint(4, 9, (1, 3)))
+    state = grown.state_dict()
+    assert not [key for key in state if key.endswith(("table", "slopes"))]
+    Transformer(cfg, 9, 9).load_state_dict(state)
+
+
+def test_learned_positions_start_small():
+    # N(0, 0.02^2) per entry; 64 x 256 draws put the sample std within 0.0005 of 0.02 (> 4 standard errors).
+    torch.manual_seed(0)
+    std = LearnedEncoding(64, 256).embedding.weight.std().item()
+    assert abs(std - 0.02) < 5e-4
 
 
 @pytest.mark.parametrize("make", [lambda: SinusoidalEncoding(8, 16), lambda: LearnedEncoding(8, 16)])
@@ -86,6 +147,19 @@ def test_rope_rotates_pair_i_with_i_plus_half_by_position_times_theta():
     out = rotary(x, offset=3)[0, 0, 0]
     # Pair (x_0, x_2) turns by 3 * theta_0 = 3 rad.
     torch.testing.assert_close(out, torch.tensor([math.cos(3.0), 0.0, math.sin(3.0), 0.0]))
+
+
+def test_rope_default_base_and_low_precision_inputs():
+    # Pair (x_1, x_3) of a 4-wide head turns by p * 10000^(-2/4) = 10 rad at p = 1000.
+    x = torch.tensor([0.0, 1.0, 0.0, 0.0]).view(1, 1, 1, 4)
+    out = Rotary(head_dim=4)(x, offset=1000)[0, 0, 0]
+    torch.testing.assert_close(
+        out, torch.tensor([0.0, math.cos(10.0), 0.0, math.sin(10.0)]), atol=1e-5, rtol=0
+    )
+    # bfloat16 in, bfloat16 out (angles in float32, then rounded): 8 bits of mantissa, tolerance 1e-2.
+    low = Rotary(head_dim=4)(x.bfloat16(), offset=1000)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low[0, 0, 0].float(), out, atol=1e-2, rtol=0)
 
 
 def test_alibi_slopes_follow_the_paper():
@@ -176,7 +250,11 @@ def test_joined_kinds_take_each_part_from_the_kind_that_has_it():
 @pytest.mark.parametrize(
     "name, message",
     [
-        ("wavelet", "unknown kind 'wavelet'; known: none, sinusoidal, learned, rope, alibi;"),
+        (
+            "wavelet",
+            "unknown kind 'wavelet'; known: none, sinusoidal, learned, rope, alibi; kinds that add different "
+            "parts join with '+' (e.g. alibi+sinusoidal)",
+        ),
         (
             "sinusoidal+learned",
             "'sinusoidal+learned': join kinds that each add a different part (embedding, ",
@@ -192,6 +270,19 @@ def test_pos_encoding_accepts_the_registry_names_and_joins_of_different_parts(na
         ModelConfig(pos_encoding=name)
     for accepted in [*POSITIONAL, "alibi+sinusoidal", "rope+learned", "rope+alibi"]:
         ModelConfig(pos_encoding=accepted)
+
+
+def test_rope_needs_an_even_head_dimension_and_other_kinds_do_not():
+    from pydantic import ValidationError
+
+    message = (
+        "pos_encoding: rope rotates pairs of features and needs an even head dimension (d_model/heads=3)"
+    )
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        ModelConfig(d_model=6, heads=2, pos_encoding="rope")
+    for name in ("sinusoidal", "alibi", "none"):
+        ModelConfig(d_model=6, heads=2, pos_encoding=name)
+    ModelConfig(d_model=8, heads=2, pos_encoding="rope")
 
 
 @pytest.mark.parametrize(

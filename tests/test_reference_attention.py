@@ -10,14 +10,20 @@ Softmax fixes scores only up to a constant per query, so the tests compare what 
 determine exactly: log w_mn - log w_m0 = s_mn - s_m0. Tolerances: ALiBi 1e-10 (float64 throughout);
 RoPE 1e-5, because its angles are computed in float32 on purpose (models/positional.py) and a float32
 angle of position p is off by about p * 6e-8 radians.
+
+The attention layer alone (the end of the file): its mask of padded and later keys and its dropout on the
+weights, written out the same way, on both of its paths.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from models import build_model
+from models.attention import AdditiveScore, MultiHeadAttention
 from models.config import ModelConfig
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -27,14 +33,14 @@ SRC = torch.tensor([[4, 5, 6, 7, 8, 9]])
 TGT_IN = torch.tensor([[1, 10, 4, 5, 6]])
 
 
-def self_attention(pos_encoding: str, heads: int, side: str, src=SRC, tgt_in=TGT_IN, seed: int = 0):
+def self_attention(pos_encoding: str, heads: int, side: str, src=SRC, tgt_in=TGT_IN, seed: int = 0, **model):
     """The first layer's self-attention on `side` of a one-layer float64 Transformer, reached through the
     model's forward: weights (H, L, L) of the first sentence and the layer's unrotated per-head queries
     and keys q, k (H, L, Dh), computed from its input and projection parameters.
 
     (The one place that knows how the model is built and where its attention lives.)"""
     cfg = ModelConfig(d_model=D, heads=heads, layers=1, d_ff=8, dropout=0.0, norm="post",
-                      pos_encoding=pos_encoding)  # fmt: skip
+                      pos_encoding=pos_encoding, **model)  # fmt: skip
     torch.manual_seed(seed)
     net = build_model(cfg, VOCAB, VOCAB, PAD).double().eval()
     with torch.no_grad():
@@ -121,3 +127,76 @@ def test_alibi_scores_inside_attention_are_scaled_dot_minus_slope_times_distance
     expected = score_differences(torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1), allowed)
     torch.testing.assert_close(score_differences(weights, allowed), expected, atol=1e-10, rtol=0)
     assert torch.all(weights[..., ~allowed] == 0)
+
+
+@pytest.mark.parametrize("scale, factor", [("sqrt", D**-0.5), ("none", 1.0), (0.3, 0.3)])
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_scale_switch_multiplies_q_dot_k_inside_the_model(side, scale, factor):
+    weights, q, k = self_attention("none", heads=1, side=side, scale=scale)
+    length = weights.size(-1)
+    allowed = torch.ones(length, length, dtype=torch.bool)
+    if side == "decoder":
+        allowed = allowed.tril()
+    expected = torch.softmax((q @ k.transpose(-2, -1) * factor).masked_fill(~allowed, -torch.inf), -1)
+    torch.testing.assert_close(weights, expected, atol=1e-10, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_causal_and_padding_masks_combine(need_weights):
+    """Parameter-free attention (weights softmax_j(x_i . x_j), outputs sum_j w_ij x_j) over 4 positions
+    whose first is padding: query i sees keys 1..i. (Query 0 sees no key at all; it is padding, and its
+    row is left out.) float64, 1e-12."""
+    attn = MultiHeadAttention(4, 1, scale=1.0, qkv_projections=False)
+    x = torch.randn(2, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    padding = torch.tensor([[False, True, True, True]] * 2)
+    out, weights = attn(x, x, key_padding=padding, causal=True, need_weights=need_weights)
+    i, j = torch.arange(4)[:, None], torch.arange(4)[None, :]
+    allowed = (j <= i) & (j >= 1)
+    expected = torch.softmax((x @ x.transpose(1, 2)).masked_fill(~allowed, -torch.inf), -1)[:, 1:]
+    torch.testing.assert_close(out[:, 1:], expected @ x, atol=1e-12, rtol=0)
+    if need_weights:
+        torch.testing.assert_close(weights[:, 0, 1:], expected, atol=1e-12, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_attention_dropout_drops_weights_in_training_only(need_weights):
+    """Keys and values are the one-hot rows of I_6 and there are no projections, so the output rows are
+    the weights after dropout: each w_ij is dropped (0) or kept and scaled by 1 / (1 - p) = 2. Without
+    dropout w_ii = e / (e + 5) and w_ij = 1 / (e + 5). In eval mode nothing is dropped."""
+    attn = MultiHeadAttention(6, 1, dropout=0.5, scale=1.0, qkv_projections=False)
+    x = torch.eye(6, dtype=torch.float64).expand(40, 6, 6)
+    w = torch.full((6, 6), 1 / (math.e + 5), dtype=torch.float64).fill_diagonal_(math.e / (math.e + 5))
+    attn.eval()
+    torch.testing.assert_close(
+        attn(x, x, need_weights=need_weights)[0], w.expand(40, 6, 6), atol=1e-12, rtol=0
+    )
+    attn.train()
+    torch.manual_seed(0)
+    out = attn(x, x, need_weights=need_weights)[0]
+    dropped = out == 0
+    torch.testing.assert_close(out[~dropped], 2 * w.expand(40, 6, 6)[~dropped], atol=1e-12, rtol=0)
+    assert 0.4 < dropped.double().mean() < 0.6  # 1440 draws of p = 0.5
+
+
+@torch.no_grad()
+def test_attention_masks_are_made_on_the_inputs_device():
+    # The meta device stands in for an accelerator: a mask made on the CPU could not meet the scores.
+    attn = MultiHeadAttention(8, 2).to("meta")
+    x = torch.empty(1, 3, 8, device="meta")
+    for need_weights in (True, False):
+        assert attn(x, x, causal=True, need_weights=need_weights)[0].device.type == "meta"
+
+
+def test_heads_must_divide_d_model():
+    with pytest.raises(ValueError, match="heads=3 must divide d_model=10"):
+        MultiHeadAttention(10, 3)
+
+
+def test_tanh_score_v_starts_uniform_within_one_over_sqrt_head_dim():
+    # v ~ U(-a, a), a = 16^-1/2 = 0.25 per head of 16 features: 64 draws reach past +-0.15 on both sides
+    # (each side fails with probability 0.8^64 < 1e-6; seeded).
+    torch.manual_seed(0)
+    v = AdditiveScore(64, 4).v
+    assert v.abs().max() <= 0.25 and v.min() < -0.15 and v.max() > 0.15

@@ -285,6 +285,23 @@ def test_every_switch_value_builds_and_trains_a_step(key, value):
     assert torch.isfinite(after) and after < before
 
 
+def test_weights_start_xavier_uniform_except_positions_and_padding():
+    """Every weight matrix is Xavier-uniform, U(-a, a) with a = sqrt(6 / (fan_in + fan_out)) and standard
+    deviation a / sqrt(3); the learned position table keeps its N(0, 0.02^2); the padding rows are zero.
+    Tolerance on the sample std: 25 % (the smallest matrix, 11 x 16, has a relative standard error of 6 %)."""
+    model = build(pos_encoding="learned", max_positions=64)
+    for name, p in model.named_parameters():
+        if p.dim() < 2 or name.startswith("positions."):
+            continue
+        fan_out, fan_in = p.shape
+        bound = math.sqrt(6 / (fan_in + fan_out))
+        rows = torch.cat([p[:PAD], p[PAD + 1 :]]) if name.endswith("_embed.weight") else p
+        assert rows.abs().max() <= bound, name
+        assert abs(rows.std().item() / (bound / math.sqrt(3)) - 1) < 0.25, name
+    assert abs(model.positions.embedding.embedding.weight.std().item() / 0.02 - 1) < 0.25
+    assert not model.src_embed.weight[PAD].any() and not model.tgt_embed.weight[PAD].any()
+
+
 def test_tied_embeddings_share_one_tensor():
     model = build(tie_embeddings=True)
     assert model.generator.weight is model.tgt_embed.weight
@@ -308,7 +325,8 @@ def test_embed_scale_multiplies_embeddings_by_sqrt_d_model():
 @pytest.mark.parametrize(
     "overrides",
     [dict(pos_encoding=p) for p in ("sinusoidal", "learned", "rope", "alibi", "none")]
-    + [dict(norm="pre"), dict(causal_mask=False), dict(cross_attention=False), dict(qkv_projections=False)],
+    + [dict(norm="pre"), dict(causal_mask=False), dict(cross_attention=False), dict(qkv_projections=False)]
+    + [dict(layers=1)],
 )
 def test_step_equals_full_decoding_of_the_prefix(overrides):
     """step() with its key/value cache gives at each position what forward gives on the prefix so far
@@ -331,6 +349,7 @@ def test_step_state_is_batch_first_and_reorders_like_beams():
     model = build()
     src, tgt = batch()
     state = model.init_state(src)
+    assert all(v.size(0) == 3 for v in state.values())
     for t in range(3):
         _, state = model.step(state, tgt[:, t])
     assert all(v.size(0) == 3 for v in state.values())
@@ -339,6 +358,31 @@ def test_step_state_is_batch_first_and_reorders_like_beams():
     reordered = {k: v.index_select(0, order) for k, v in state.items()}
     logits, _ = model.step(reordered, tgt[order, 3])
     torch.testing.assert_close(logits, model(src[order], tgt[order, :4])[:, -1])
+
+
+@torch.no_grad()
+def test_step_projects_the_source_for_cross_attention_once():
+    model = build()
+    src, tgt = batch()
+    projections = []
+    for layer in model.decoder:
+        for proj in (layer.cross_attn.fn.attn.k_proj, layer.cross_attn.fn.attn.v_proj):
+            proj.register_forward_hook(lambda *_: projections.append(1))
+    state = model.init_state(src)
+    assert len(projections) == 4  # keys and values of 2 layers
+    for t in range(3):
+        _, state = model.step(state, tgt[:, t])
+    assert len(projections) == 4
+
+
+@torch.no_grad()
+def test_weights_are_computed_only_when_asked():
+    # Without need_weights every layer takes the fused scaled_dot_product_attention path, which has none.
+    model = build()
+    src, tgt = batch()
+    memory, padding, enc_w = model.encode(src)
+    _, self_w, cross_w = model.decode(tgt, memory, padding)
+    assert enc_w == self_w == cross_w == [None, None]
 
 
 # --- diagnostics ---------------------------------------------------------------------------------------
@@ -405,6 +449,34 @@ def test_layer_diagnostics_from_a_model():
     assert set(layer_diagnostics(weights, model.hidden_states(src, tgt), src != PAD, tgt != PAD)) == {
         "entropy/decoder", "rank_collapse/decoder"
     }  # fmt: skip
+
+
+def test_layer_diagnostics_count_real_queries_and_tokens_only():
+    """Hand-made weights and states, one sentence: its last target and source positions are padding. The
+    real target query attends uniformly over 2 keys (entropy log 2), the padded one to a single key (0);
+    the real tokens are one vector and the padded one another (rank collapse 0 over the real tokens)."""
+    uniform_then_one_hot = torch.tensor([[[[0.5, 0.5], [1.0, 0.0]]]], dtype=torch.float64)  # (1, 1, 2, 2)
+    src_mask = torch.tensor([[True, True, False]])
+    tgt_mask = torch.tensor([[True, False]])
+    enc_weights = torch.tensor([[[[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]]], dtype=torch.float64)
+    weights = {"encoder": [enc_weights], "decoder": [uniform_then_one_hot], "cross": [uniform_then_one_hot]}
+    real, pad = [1.0, 2.0], [-3.0, 5.0]
+    hidden = {
+        "encoder": [torch.tensor([[real, real, pad]], dtype=torch.float64)],
+        "decoder": [torch.tensor([[real, pad]], dtype=torch.float64)],
+    }
+    report = layer_diagnostics(weights, hidden, src_mask, tgt_mask)
+    for kind in ("encoder", "decoder", "cross"):
+        torch.testing.assert_close(
+            report[f"entropy/{kind}"], torch.tensor([[math.log(2)]], dtype=torch.float64)
+        )
+    for side in ("encoder", "decoder"):
+        torch.testing.assert_close(report[f"rank_collapse/{side}"], torch.zeros(1, dtype=torch.float64))
+
+
+def test_rank_collapse_builds_its_mask_on_the_states_device():
+    # The meta device stands in for an accelerator: a mask made on the CPU could not meet the states.
+    assert rank_collapse(torch.empty(2, 3, 4, device="meta")).device.type == "meta"
 
 
 def test_without_cross_attention_no_encoder_is_built():
