@@ -7,6 +7,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from lightning.pytorch.loggers import WandbLogger
 
 from harness.artifacts import AttentionSample
@@ -369,3 +370,65 @@ def test_learns_to_reverse_and_beam_search_keeps_it():
     # The per-length table of test_long starts just beyond the training lengths.
     long_rows = [row for row in result.per_length if row["split"] == "test_long"]
     assert long_rows and min(row["length"] for row in long_rows) == 7
+
+
+def test_schedules_at_their_edges():
+    # No warmup: every schedule starts at the full lr.
+    assert [lr_lambda("constant", 0, 100)(s) for s in (0, 500)] == [1.0, 1.0]
+    inverse_sqrt = lr_lambda("inverse_sqrt", warmup_steps=0, max_steps=100)
+    assert (inverse_sqrt(0), inverse_sqrt(3)) == (1.0, pytest.approx(0.5))  # sqrt(1 / 4)
+    cosine = lr_lambda("cosine", warmup_steps=0, max_steps=100)
+    assert cosine(0) == 1.0
+    assert cosine(25) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+    assert cosine(50) == pytest.approx(0.5)
+    # Warmup reaches 1 and stays there; cosine stays at 0 past max_steps instead of rising again.
+    assert [lr_lambda("constant", 4, 100)(s) for s in (3, 10)] == [1.0, 1.0]
+    assert lr_lambda("cosine", 10, 110)(210) == pytest.approx(0.0, abs=1e-12)
+    # max_steps == warmup_steps: the decay has no length, so the step after warmup is at 0.
+    assert lr_lambda("cosine", 10, 10)(10) == 1.0
+    assert lr_lambda("cosine", 10, 10)(11) == pytest.approx(0.0, abs=1e-12)
+
+
+PAD, BOS, EOS, A, B, C = range(6)
+
+
+class FixedModel(torch.nn.Module):
+    """Teacher forcing gives the gold token probability 1/2 and each other token 1/10 (logits log 5 and 0);
+    greedy decoding always says A B EOS."""
+
+    gold: torch.Tensor  # (B, T) the batch's tgt_out
+
+    def forward(self, src, tgt_in):
+        return F.one_hot(self.gold, 6).float() * math.log(5.0)
+
+    def init_state(self, src):
+        return {}
+
+    def step(self, state, prev):
+        after = {BOS: A, A: B, B: EOS, EOS: EOS}
+        return F.one_hot(torch.tensor([after[int(p)] for p in prev]), 6).float(), state
+
+
+def test_evaluation_sums_and_metrics_by_hand():
+    tiny_model = {"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}
+    module = Seq2SeqModule(tiny_model, 6, 6, {"label_smoothing": 0.1})
+    module.model = FixedModel()
+    logged = {}
+    module.log = lambda name, value, **kw: logged.__setitem__(name, value.item())
+    tgt_out = torch.tensor([[A, B, EOS, PAD], [A, C, EOS, PAD], [A, B, C, EOS]])
+    src = torch.full((3, 2), A)
+    # Two batches of one split add up: rows 0-1, then row 2.
+    for index, rows in enumerate([slice(0, 2), slice(2, 3)]):
+        module.model.gold = tgt_out[rows]
+        module.validation_step({"src": src[rows], "tgt_in": tgt_out[rows], "tgt_out": tgt_out[rows]}, index)
+    module.on_validation_epoch_end()
+    # Prediction A B EOS against: A B EOS (exact, 3 of 3), A C EOS (2 of 3), A B C EOS (2 of 4).
+    nll = math.log(2.0)
+    smoothed = 0.9 * nll + 0.1 * (math.log(2.0) + 5 * math.log(10.0)) / 6
+    assert logged == {
+        "val/loss": pytest.approx(smoothed, rel=1e-6),
+        "val/ppl": pytest.approx(2.0, rel=1e-6),  # exp of the unsmoothed NLL
+        "val/seq_acc": pytest.approx(1 / 3),
+        "val/tok_acc": pytest.approx(7 / 10),
+    }
+    assert module._sums == {}  # the next epoch starts from zero
