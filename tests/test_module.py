@@ -411,10 +411,18 @@ class FixedModel(torch.nn.Module):
 
 def test_evaluation_sums_and_metrics_by_hand():
     tiny_model = {"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}
-    module = Seq2SeqModule(tiny_model, 6, 6, {"label_smoothing": 0.1})
+    module = Seq2SeqModule(tiny_model, 6, 6, {"label_smoothing": 0.1, "beam_size": 3})
     module.model = FixedModel()
-    logged = {}
-    module.log = lambda name, value, **kw: logged.__setitem__(name, value.item())
+    logged, progress_bar, beam_sizes = {}, set(), []
+
+    def log(name, value, prog_bar=False, **kw):
+        logged[name] = value.item()
+        if prog_bar:
+            progress_bar.add(name)
+
+    module.log = log
+    generate = module.generate
+    module.generate = lambda src, beam_size: beam_sizes.append(beam_size) or generate(src, beam_size)
     tgt_out = torch.tensor([[A, B, EOS, PAD], [A, C, EOS, PAD], [A, B, C, EOS]])
     src = torch.full((3, 2), A)
     # Two batches of one split add up: rows 0-1, then row 2.
@@ -431,4 +439,6 @@ def test_evaluation_sums_and_metrics_by_hand():
         "val/seq_acc": pytest.approx(1 / 3),
         "val/tok_acc": pytest.approx(7 / 10),
     }
+    assert progress_bar == {"val/loss"}
+    assert beam_sizes == [1, 1]  # validation decodes greedily whatever train.beam_size says
     assert module._sums == {}  # the next epoch starts from zero
