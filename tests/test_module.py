@@ -398,6 +398,10 @@ class FixedModel(torch.nn.Module):
 
     gold: torch.Tensor  # (B, T) the batch's tgt_out
 
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros(1))  # something for the optimiser to hold
+
     def forward(self, src, tgt_in):
         return F.one_hot(self.gold, 6).float() * math.log(5.0)
 
@@ -409,18 +413,41 @@ class FixedModel(torch.nn.Module):
         return F.one_hot(torch.tensor([after[int(p)] for p in prev]), 6).float(), state
 
 
-def test_evaluation_sums_and_metrics_by_hand():
-    tiny_model = {"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}
-    module = Seq2SeqModule(tiny_model, 6, 6, {"label_smoothing": 0.1, "beam_size": 3})
+# The loss of FixedModel's teacher forcing at each real target token: NLL log 2, and with smoothing 0.1 the
+# mean over the vocabulary of -log p is (log 2 + 5 log 10) / 6.
+NLL = math.log(2.0)
+SMOOTHED = 0.9 * NLL + 0.1 * (math.log(2.0) + 5 * math.log(10.0)) / 6
+
+
+def fixed_module(**optim) -> tuple[Seq2SeqModule, dict, set]:
+    """A module around FixedModel whose `log` records values and which names go to the progress bar."""
+    module = Seq2SeqModule({"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}, 6, 6, optim)
     module.model = FixedModel()
-    logged, progress_bar, beam_sizes = {}, set(), []
+    logged, progress_bar = {}, set()
 
     def log(name, value, prog_bar=False, **kw):
-        logged[name] = value.item()
+        logged[name] = float(value)
         if prog_bar:
             progress_bar.add(name)
 
     module.log = log
+    return module, logged, progress_bar
+
+
+def test_training_step_logs_the_smoothed_loss_and_the_lr():
+    module, logged, progress_bar = fixed_module(label_smoothing=0.1, lr=0.002)
+    module.lr_schedulers = lambda: module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    tgt_out = torch.tensor([[A, B, EOS, PAD], [A, C, EOS, PAD]])
+    module.model.gold = tgt_out
+    loss = module.training_step({"src": torch.full((2, 2), A), "tgt_in": tgt_out, "tgt_out": tgt_out}, 0)
+    assert loss.item() == pytest.approx(SMOOTHED, rel=1e-6)
+    assert logged == {"train/loss": pytest.approx(SMOOTHED, rel=1e-6), "train/lr": pytest.approx(0.002)}
+    assert progress_bar == {"train/loss"}
+
+
+def test_evaluation_sums_and_metrics_by_hand():
+    module, logged, progress_bar = fixed_module(label_smoothing=0.1, beam_size=3)
+    beam_sizes = []
     generate = module.generate
     module.generate = lambda src, beam_size: beam_sizes.append(beam_size) or generate(src, beam_size)
     tgt_out = torch.tensor([[A, B, EOS, PAD], [A, C, EOS, PAD], [A, B, C, EOS]])
@@ -431,10 +458,8 @@ def test_evaluation_sums_and_metrics_by_hand():
         module.validation_step({"src": src[rows], "tgt_in": tgt_out[rows], "tgt_out": tgt_out[rows]}, index)
     module.on_validation_epoch_end()
     # Prediction A B EOS against: A B EOS (exact, 3 of 3), A C EOS (2 of 3), A B C EOS (2 of 4).
-    nll = math.log(2.0)
-    smoothed = 0.9 * nll + 0.1 * (math.log(2.0) + 5 * math.log(10.0)) / 6
     assert logged == {
-        "val/loss": pytest.approx(smoothed, rel=1e-6),
+        "val/loss": pytest.approx(SMOOTHED, rel=1e-6),
         "val/ppl": pytest.approx(2.0, rel=1e-6),  # exp of the unsmoothed NLL
         "val/seq_acc": pytest.approx(1 / 3),
         "val/tok_acc": pytest.approx(7 / 10),
