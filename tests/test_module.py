@@ -410,7 +410,8 @@ class FixedModel(torch.nn.Module):
 
     def step(self, state, prev):
         after = {BOS: A, A: B, B: EOS, EOS: EOS}
-        return F.one_hot(torch.tensor([after[int(p)] for p in prev]), 6).float(), state
+        next_token = torch.tensor([after[int(p)] for p in prev], device=prev.device)
+        return F.one_hot(next_token, 6).float(), state
 
 
 # The loss of FixedModel's teacher forcing at each real target token: NLL log 2, and with smoothing 0.1 the
@@ -445,13 +446,18 @@ def test_training_step_logs_the_smoothed_loss_and_the_lr():
     assert progress_bar == {"train/loss"}
 
 
-def test_evaluation_sums_and_metrics_by_hand():
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_evaluation_sums_and_metrics_by_hand(device):
     module, logged, progress_bar = fixed_module(label_smoothing=0.1, beam_size=3)
+    module.to(device)
     beam_sizes = []
     generate = module.generate
     module.generate = lambda src, beam_size: beam_sizes.append(beam_size) or generate(src, beam_size)
-    tgt_out = torch.tensor([[A, B, EOS, PAD], [A, C, EOS, PAD], [A, B, C, EOS]])
-    src = torch.full((3, 2), A)
+    tgt_out = torch.tensor([[A, B, EOS, PAD], [A, C, EOS, PAD], [A, B, C, EOS]], device=device)
+    src = torch.full((3, 2), A, device=device)  # the sums' counts must live where the loss does
     # Two batches of one split add up: rows 0-1, then row 2.
     for index, rows in enumerate([slice(0, 2), slice(2, 3)]):
         module.model.gold = tgt_out[rows]
