@@ -1,6 +1,7 @@
 """Seq2SeqModule and run_trial: loss, schedules, checkpoints, determinism, budgets, logging, precision."""
 
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
@@ -402,16 +403,21 @@ class FixedModel(torch.nn.Module):
         super().__init__()
         self.unused = torch.nn.Parameter(torch.zeros(1))  # something for the optimiser to hold
 
-    def forward(self, src, tgt_in):
-        return F.one_hot(self.gold, 6).float() * math.log(5.0)
+    def forward(self, src, tgt_in, need_weights=False):
+        logits = F.one_hot(self.gold, 6).float() * math.log(5.0)
+        return (logits, {}) if need_weights else logits
+
+    @contextmanager
+    def record_states(self):
+        yield {}
 
     def init_state(self, src):
         return {}
 
     def step(self, state, prev):
-        after = {BOS: A, A: B, B: EOS, EOS: EOS}
-        next_token = torch.tensor([after[int(p)] for p in prev], device=prev.device)
-        return F.one_hot(next_token, 6).float(), state
+        after = {BOS: A, A: B}  # then EOS; logits 10 for the next token leave others no chance in a beam
+        next_token = torch.tensor([after.get(int(p), EOS) for p in prev], device=prev.device)
+        return F.one_hot(next_token, 6).float() * 10.0, state
 
 
 # The loss of FixedModel's teacher forcing at each real target token: NLL log 2, and with smoothing 0.1 the
@@ -473,3 +479,21 @@ def test_evaluation_sums_and_metrics_by_hand(device):
     assert progress_bar == {"val/loss"}
     assert beam_sizes == [1, 1]  # validation decodes greedily whatever train.beam_size says
     assert module._sums == {}  # the next epoch starts from zero
+
+
+def test_test_step_decodes_with_beam_size_into_its_splits_sums():
+    module, _, _ = fixed_module(beam_size=3)
+    beam_sizes = []
+    generate = module.generate
+    module.generate = lambda src, beam_size: beam_sizes.append(beam_size) or generate(src, beam_size)
+    tgt_out = torch.tensor([[A, B, EOS], [A, C, EOS]])
+    module.model.gold = tgt_out
+    batch = {"src": torch.full((2, 2), A), "tgt_in": tgt_out, "tgt_out": tgt_out}
+    # One test split: Lightning passes no dataloader_idx.
+    assert module.test_step(batch, 0)["pred"].tolist() == [[A, B, EOS]] * 2
+    assert beam_sizes == [3]
+    assert list(module._sums) == ["test"]
+    assert module._sums["test"][2:].tolist() == [6, 1, 5, 2]  # tokens, exact, correct, examples
+    module.eval_splits = ["test", "test_long"]
+    module.test_step(batch, 0, dataloader_idx=1)
+    assert list(module._sums) == ["test", "test_long"]
