@@ -404,7 +404,7 @@ class FixedModel(torch.nn.Module):
         self.unused = torch.nn.Parameter(torch.zeros(1))  # something for the optimiser to hold
 
     def forward(self, src, tgt_in, need_weights=False):
-        logits = F.one_hot(self.gold, 6).float() * math.log(5.0)
+        logits = F.one_hot(self.gold, 6).float() * math.log(5.0) + 0.0 * self.unused  # something to train
         return (logits, {}) if need_weights else logits
 
     @contextmanager
@@ -497,3 +497,16 @@ def test_test_step_decodes_with_beam_size_into_its_splits_sums():
     module.eval_splits = ["test", "test_long"]
     module.test_step(batch, 0, dataloader_idx=1)
     assert list(module._sums) == ["test", "test_long"]
+
+
+def test_the_schedule_steps_with_every_optimiser_step():
+    module, _, _ = fixed_module(lr=0.004, warmup_steps=4)
+    lrs = []
+    module.log = lambda name, value, **kw: lrs.append(float(value)) if name == "train/lr" else None
+    tgt_out = torch.tensor([[A, B, EOS]])
+    module.model.gold = tgt_out
+    batch = {"src": torch.full((1, 2), A), "tgt_in": tgt_out, "tgt_out": tgt_out}
+    trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu")  # fmt: skip
+    trainer.fit(module, torch.utils.data.DataLoader([batch] * 3, batch_size=None))  # one epoch of three steps
+    assert lrs == pytest.approx([0.001, 0.002, 0.003])  # warmup: (step + 1) / 4 of 0.004
