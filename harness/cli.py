@@ -5,9 +5,11 @@ Bad input anywhere ends with one line on stderr naming what and where, and exit 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Annotated
 
@@ -32,7 +34,12 @@ SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a c
 
 
 def fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
+    """Exit 2 with `message` on stderr, an "error:" a line; with ABLATE_DEBUG=1 (--debug) the traceback of
+    the error being handled first."""
+    if os.environ.get("ABLATE_DEBUG") == "1":
+        traceback.print_exc()
+    for line in message.splitlines():  # a study's problems, one a line
+        typer.echo(f"error: {line}", err=True)
     return typer.Exit(code=2)
 
 
@@ -66,6 +73,7 @@ def train(
 
     from harness import tracking
     from harness.config import load_config, parse_override
+    from harness.study.validate import raise_problems, run_problems
 
     configs = [a for a in args or [] if "=" not in a]
     overrides = [*(sets or []), *(a for a in args or [] if "=" in a)]
@@ -76,7 +84,9 @@ def train(
             )
         cfg = load_config(configs[0] if configs else None, preset, overrides)
         # A W&B sweep agent (which sets WANDB_SWEEP_ID) runs `ablate train key=value ...` and expects a run.
-        mode = wandb_mode(wandb if wandb or os.environ.get("WANDB_SWEEP_ID") else "disabled")
+        requested = wandb if wandb or os.environ.get("WANDB_SWEEP_ID") else "disabled"
+        raise_problems("", [], run_problems(out=out, wandb=requested))
+        mode = wandb_mode(requested)
         from harness.trial import run_trial
 
         label = preset or (Path(configs[0]).stem if configs else cfg.model.arch)
@@ -105,10 +115,9 @@ WandbOption = Annotated[
 
 
 def wandb_mode(requested: str | None):
+    """The W&B mode to run with; the flag and WANDB_MODE were checked by validate.run_problems."""
     from harness import tracking
 
-    if requested not in (None, "online", "offline", "disabled"):
-        raise ConfigError(f"--wandb: expected online, offline or disabled (got {requested!r})")
     return tracking.resolve_mode(requested)  # type: ignore[arg-type]
 
 
@@ -132,6 +141,9 @@ def sweep(
     ] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip the report at the end.")] = False,
     artifacts: ArtifactsOption = None,
+    allow_large: Annotated[
+        bool, typer.Option("--allow-large", help="Run a study of more than 10,000 trials.")
+    ] = False,
 ) -> None:
     """Tune (if the study says so) and run every variant x seed of a study, then write its report.
 
@@ -139,31 +151,34 @@ def sweep(
     from harness.artifacts import default_storage_url
     from harness.config import parse_override
     from harness.study.queue import prepare_study
-    from harness.study.spec import load_study, validate_spec
-    from harness.study.storage import open_storage
+    from harness.study.spec import load_study
+    from harness.study.storage import masked_url, open_storage
+    from harness.study.validate import MAX_TRIALS, run_problems, seed_count, trial_count, variant_count
 
     try:
-        spec = load_study(study, profile)
-        if sets:
-            # --set changes the study's fixed keys for every trial (e.g. train.max_steps=50).
-            spec = spec.model_copy(update={"fixed": {**spec.fixed, **dict(parse_override(s) for s in sets)}})
-            validate_spec(spec, "--set")
         if workers and devices:
             raise ConfigError(
                 "--workers: give either --workers (CPU processes) or --devices (GPUs), not both"
             )
-        gpus = [d.strip() for d in devices.split(",") if d.strip()] if devices else None
-        if devices is not None and not gpus:
-            raise ConfigError(f"--devices: expected GPU indices like 0,1 (got {devices!r})")
-        mode = wandb_mode(wandb)
         check_artifacts(artifacts)
+        # --set changes the study's fixed keys for every trial (e.g. train.max_steps=50).
+        overrides = dict(parse_override(s) for s in sets or [])
+        problems = run_problems(out, storage, devices, wandb)
+        spec = load_study(study, profile, overrides, None if allow_large else MAX_TRIALS, problems)
+        seeds = f"{spec.adaptive.min}-{spec.adaptive.max} adaptive" if spec.adaptive else seed_count(spec)
+        # The size before anything is created; on stdout, so stderr stays one line if opening fails next.
+        Console().print(f"[bold]{spec.name}[/]: {variant_count(spec)} variants x {seeds} seeds"
+                        f"{f', {spec.tune.trials} tune trials per variant' if spec.tune else ''}: "
+                        f"{trial_count(spec):,} trials{' at most' if spec.adaptive else ''}")  # fmt: skip
+        gpus = [d.strip() for d in devices.split(",")] if devices else None
+        mode = wandb_mode(wandb)
         url = storage or default_storage_url(spec.slug, out)
         store = open_storage(url, heartbeat=spec.heartbeat)
         stored = prepare_study(spec, store)
         if stored != spec:
             changed = ", ".join(k for k in type(spec).model_fields if getattr(stored, k) != getattr(spec, k))
             raise ConfigError(
-                f"{study}: {url} already holds study {spec.name!r} with a different {changed}; "
+                f"{study}: {masked_url(url)} already holds study {spec.name!r} with a different {changed}; "
                 "rename the study or give another --out / --storage"
             )
     except ConfigError as e:
@@ -177,10 +192,7 @@ def sweep(
     )
 
     slots = worker_slots(workers, gpus, per_device)
-    seeds = f"{spec.adaptive.min}-{spec.adaptive.max} adaptive" if spec.adaptive else len(spec.seed_pool)
-    console.print(f"[bold]{spec.name}[/]: {len(spec.variant_overrides())} variants x {seeds} seeds"
-                  f"{f', {spec.tune.trials} tune trials per variant' if spec.tune else ''}; "
-                  f"{len(slots)} worker(s), storage {url}, W&B {mode}")  # fmt: skip
+    console.print(f"{len(slots)} worker(s), storage {masked_url(url)}, W&B {mode}")
     procs = spawn_workers(spec.name, url, out, mode, slots, artifacts)
     signals.install(then=lambda signum: forward_signal(procs, signum))
     watch_workers(spec, store, procs)
@@ -283,19 +295,23 @@ def worker(
     from harness.study.queue import prepare_study
     from harness.study.spec import load_study
     from harness.study.storage import open_storage
+    from harness.study.validate import raise_problems, run_problems
 
     try:
+        check_artifacts(artifacts)
+        problems = run_problems(out, storage, None, wandb)
         if _is_study_file(study):
-            spec = load_study(study)
+            spec = load_study(study, also=problems)
             store = open_storage(storage or default_storage_url(spec.slug, out))
             spec = prepare_study(spec, store)  # the stored spec, when the study was already there
+        else:
+            raise_problems("", [], problems)
     except ConfigError as e:
         raise fail(str(e)) from None
     if not _is_study_file(study):
         spec, store = _stored_study("worker", study, storage, out)
     try:
         mode = wandb_mode(wandb)
-        check_artifacts(artifacts)
         store = open_storage(store.url, create_dir=False, heartbeat=spec.heartbeat)  # the study's periods
     except ConfigError as e:
         raise fail(str(e)) from None
@@ -391,9 +407,8 @@ def dashboard(
     import shutil
     import subprocess
 
-    from harness.artifacts import STUDY_DB, artifact_dir, default_storage_url
+    from harness.artifacts import STUDY_DB, artifact_dir, default_storage_url, slugify
     from harness.extras import require
-    from harness.study.spec import slugify
 
     try:
         if storage is None:
@@ -407,7 +422,9 @@ def dashboard(
                 study = found[0].parent.name
             storage = default_storage_url(slugify(_study_name(study)), out)
         if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
-            raise ConfigError(f"storage {storage}: no such database")
+            from harness.study.storage import masked_url
+
+            raise ConfigError(f"storage {masked_url(storage)}: no such database")
         check_artifacts(artifacts)
         if artifacts and study is None:
             raise ConfigError("--artifacts: name the study too (its files lie under the prefix by name)")
@@ -445,10 +462,9 @@ def dashboard(
 
 def _stored_study(command: str, study: str, storage: str | None, out: Path):
     """The spec and storage of a study that exists in the storage; exit 2 otherwise."""
-    from harness.artifacts import default_storage_url
+    from harness.artifacts import default_storage_url, slugify
     from harness.study.queue import load_spec_from_storage, stored_study_names
-    from harness.study.spec import slugify
-    from harness.study.storage import open_storage
+    from harness.study.storage import masked_url, open_storage
 
     try:
         name = _study_name(study)
@@ -456,7 +472,7 @@ def _stored_study(command: str, study: str, storage: str | None, out: Path):
         store = open_storage(url, create_dir=False)
         if name not in stored_study_names(store):
             known = ", ".join(stored_study_names(store)) or "none"
-            raise ConfigError(f"{command}: no study {name!r} in {url} (studies there: {known})")
+            raise ConfigError(f"{command}: no study {name!r} in {masked_url(url)} (studies there: {known})")
         return load_spec_from_storage(store, name), store
     except ConfigError as e:
         raise fail(str(e)) from None
@@ -566,20 +582,53 @@ def list_all() -> None:
     out.print(keys)
 
 
+@app.callback()
+def options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show the traceback behind an error (also: ABLATE_DEBUG=1).")
+    ] = False,
+) -> None:
+    if debug:
+        os.environ["ABLATE_DEBUG"] = "1"  # the worker processes a sweep starts inherit it
+
+
+# errno values that are a fault of the machine during the run, not of what the user gave: exit 1, not 2
+RUN_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM}
+
+
+def error_line(e: BaseException) -> tuple[int, str] | None:
+    """(exit code, message) for an error the user can act on; None for a bug (its traceback is shown)."""
+    from harness.config import RunFailed
+
+    if isinstance(e, ConfigError):
+        return 2, str(e)
+    if isinstance(e, RunFailed):
+        return 1, str(e)
+    if isinstance(e, OSError):
+        from harness.study.validate import os_reason
+
+        # A path the system refuses (not a folder, no permission, name too long): the path and the reason.
+        where = f"{e.filename}: " if e.filename else ""
+        return (1 if e.errno in RUN_FAULTS else 2), f"{where}{os_reason(e)}"
+    return None
+
+
 def main() -> None:
+    """The one place errors left unhandled become lines on stderr, exit 2 for bad input and 1 for a fault
+    during the run; ABLATE_DEBUG=1 keeps the traceback."""
     try:
         app()
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
-    except OSError as e:
-        # A path the user gave that the system refuses (not a folder, no permission, name too long): one
-        # line naming it, as for any other bad input; ABLATE_DEBUG=1 keeps the traceback.
-        if os.environ.get("ABLATE_DEBUG") == "1":
+    except Exception as e:
+        known = error_line(e)
+        if known is None or os.environ.get("ABLATE_DEBUG") == "1":
             raise
-        where = f"{e.filename}: " if e.filename else ""
-        typer.echo(f"error: {where}{e.strerror or e}", err=True)
-        sys.exit(2)
+        code, message = known
+        for line in message.splitlines():
+            typer.echo(f"error: {line}", err=True)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

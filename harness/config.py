@@ -10,48 +10,49 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PositiveInt,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
-from models.config import ModelConfig, preset_keys
+from models.config import Count, ModelConfig, preset_keys
 from models.optim import OptimConfig
 
 
 class ConfigError(ValueError):
-    """Bad user input: the message is one line that names what and where."""
+    """Bad user input: the message is one line that names what and where; `problems` keeps every
+    (location, message) behind it when there were several."""
+
+    def __init__(self, message: str, problems: list[tuple[str, str]] | None = None):
+        super().__init__(message)
+        self.problems = problems or []
+
+
+class RunFailed(RuntimeError):
+    """A fault during a run that the input checks could not foresee: one line, exit code 1."""
 
 
 class TaskConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
     name: str = Field("reverse", description="a name in the tasks table above")
-    min_len: PositiveInt = 1
-    max_len: PositiveInt = 10
-    test_max_len: int | None = None  # default: 2 * max_len
-    vocab_size: PositiveInt = 10
-    n_train: PositiveInt = 5000
-    n_valid: PositiveInt = 500
-    n_test: PositiveInt = 1000
+    min_len: Count = 1
+    max_len: Count = 10
+    test_max_len: int | None = Field(None, ge=1, strict=True)  # default: 2 * max_len
+    vocab_size: Count = 10
+    n_train: Count = 5000
+    n_valid: Count = 500
+    n_test: Count = 1000
     split: Literal["simple", "length", "addprim_jump", "addprim_turn_left"] = "simple"
     path: str | None = None
     tokenizer: Literal["char", "word", "bpe"] = "word"
-    bpe_vocab_size: PositiveInt = 1000
+    bpe_vocab_size: Count = 1000
     # parallel corpora: which side is which (Moses file suffix, JSONL / HF field or translation key)
     src_lang: str | None = None
     tgt_lang: str | None = None
     hf_config: str | None = None  # configuration of a Hugging Face hub dataset, e.g. en-fr
-    min_tokens: PositiveInt = 1  # pairs with a shorter side are dropped
-    max_tokens: PositiveInt | None = (
-        None  # longer train / valid pairs are dropped; longer test pairs form test_long
-    )
-    max_examples: PositiveInt | None = None  # cap on training pairs (a seeded sample)
+    min_tokens: Count = 1  # pairs with a shorter side are dropped
+    # longer train / valid pairs are dropped; longer test pairs form test_long
+    max_tokens: int | None = Field(None, ge=1, strict=True)
+    max_examples: int | None = Field(None, ge=1, strict=True)  # cap on training pairs (a seeded sample)
 
     @field_validator("name")
     @classmethod
@@ -91,25 +92,27 @@ class TrainConfig(OptimConfig):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
-    batch_size: PositiveInt = 64
-    batch_tokens: PositiveInt | None = None
-    max_epochs: int | None = None
-    max_time: float | None = None  # seconds
-    grad_clip: float | None = 1.0
+    batch_size: Count = 64
+    batch_tokens: int | None = Field(None, ge=1, strict=True)
+    # Budgets that train something: a zero or negative one would report an untrained model.
+    max_epochs: int | None = Field(None, ge=1, strict=True)
+    max_time: float | None = Field(None, gt=0.0)  # seconds
+    grad_clip: float | None = Field(1.0, gt=0.0)
     # auto: bf16-mixed on a CUDA device that supports it, fp32 otherwise.
     precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true"] = "auto"
-    patience: PositiveInt | None = None  # validations without a better val/loss before stopping; None: never
+    # validations without a better val/loss before stopping; None: never
+    patience: int | None = Field(None, ge=1, strict=True)
     deterministic: bool = False
-    val_every: PositiveInt = 250  # steps between validations
+    val_every: Count = 250  # steps between validations
     # Steps between full-state checkpoints a retried or preempted trial resumes from; 0: none.
-    checkpoint_every: int = Field(500, ge=0)
+    checkpoint_every: int = Field(500, ge=0, strict=True)
     keep_checkpoints: bool = False  # keep a finished trial's resume checkpoint (else it is removed)
 
 
 class ExperimentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32, strict=True)  # what numpy's and torch's seeding accept
     task: TaskConfig = TaskConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
@@ -120,24 +123,35 @@ class ExperimentConfig(BaseModel):
 
 
 def accepted_values(section: type[BaseModel] = ExperimentConfig, prefix: str = "") -> dict[str, str]:
-    """Dotted key -> what it accepts, for `ablate list`: the field's description, else its type
-    ('post | pre | none | rms_pre', 'int | None')."""
+    """Dotted key -> what it accepts, for `ablate list`: the field's description, else its choices and the
+    range the schema states ('post | pre | none | rms_pre', 'integer >= 1, or unset', 'number > 0')."""
     accepted: dict[str, str] = {}
     for name, field in section.model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             accepted.update(accepted_values(field.annotation, f"{prefix}{name}."))
         else:
-            accepted[f"{prefix}{name}"] = field.description or type_text(field.annotation)
+            accepted[f"{prefix}{name}"] = field.description or allowed(field)
     return accepted
 
 
-def type_text(annotation: Any) -> str:
-    """Literal['a', 'b'] -> 'a | b'; int | None -> 'int | None'."""
-    if get_origin(annotation) is Literal:
-        return " | ".join(str(v) for v in get_args(annotation))
-    if get_args(annotation):
-        return " | ".join(type_text(a) for a in get_args(annotation))
-    return "None" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
+BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+KINDS = {int: "integer", float: "number", bool: "true | false", str: "text"}
+
+
+def allowed(field: FieldInfo) -> str:
+    """A field's choices, its kind with the schema's bounds, and 'unset' where None is accepted."""
+    bounds = [
+        f"{op} {str(getattr(m, attr)).removesuffix('.0')}"
+        for m in field.metadata
+        for attr, op in BOUNDS
+        if hasattr(m, attr)
+    ]
+    annotation = field.annotation
+    types = (get_args(annotation) if get_origin(annotation) is not Literal else ()) or (annotation,)
+    choices = [str(c) for t in types if get_origin(t) is Literal for c in get_args(t)]
+    parts = [" | ".join(choices)] if choices else []
+    parts += [" ".join([KINDS[t], ", ".join(bounds)]).strip() for t in types if t in KINDS]
+    return ", or ".join(parts + (["unset"] if type(None) in types else []))
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -180,12 +194,31 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+class StrictLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *anchor' may repeat what it merges
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str | int | float | bool):
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first on line {first_line[key] + 1})",
+                        key_node.start_mark,
+                    )  # fmt: skip
+                first_line[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=StrictLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -222,25 +255,49 @@ def build_config(tree: dict[str, Any], overrides: dict[str, Any] | None = None) 
     try:
         return ExperimentConfig.model_validate(tree)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e)) from None
+        raise ConfigError(format_validation_error(e), validation_problems(e)) from None
 
 
 def format_validation_error(e: ValidationError) -> str:
     """The first error as one line: 'model.heads: must divide d_model=128 (got heads=3)'."""
-    err = e.errors()[0]
-    # Union members add their own tag to the location ('scale', 'literal[...]'); keep the field path.
-    loc = ".".join(str(p) for p in err["loc"] if isinstance(p, int) or str(p).isidentifier())
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown config key"
-    elif err["type"].startswith(("literal_error", "greater_than", "less_than")):
-        msg = f"{msg} (got {err['input']!r})"
-    # Model-level checks name the field themselves: 'heads: must divide ...' under 'model'.
-    field, sep, rest = msg.partition(": ")
-    if sep and field.isidentifier():
-        loc, msg = f"{loc}.{field}" if loc else field, rest
-    extra = f" ({len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    problems = validation_problems(e)
+    loc, msg = problems[0]
+    extra = f" ({len(problems) - 1} more)" if len(problems) > 1 else ""
     return f"{loc}: {msg}{extra}"
+
+
+UNION_TAGS = {"str", "int", "float", "bool"}  # what a union member adds to an error's location
+
+
+def location(parts: tuple) -> str:
+    """('factors', 'train.lr', 0, 'float') -> 'factors.train.lr[0]': the field path, without the tags
+    union members add ('float', 'literal[...]')."""
+    loc = ""
+    for part in parts:
+        if isinstance(part, int):
+            loc += f"[{part}]"
+        elif all(name.isidentifier() for name in part.split(".")) and part not in UNION_TAGS:
+            loc += f".{part}" if loc else part
+    return loc
+
+
+def validation_problems(e: ValidationError) -> list[tuple[str, str]]:
+    """Every error as (dotted location, one-line message), the first of each location only: a union
+    reports a miss for every member."""
+    problems: dict[str, str] = {}
+    for err in e.errors():
+        loc = location(err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown config key"
+        elif err["type"].startswith(("literal_error", "greater_than", "less_than", "int_type")):
+            msg = f"{msg} (got {err['input']!r})"
+        # Model-level checks name the field themselves: 'heads: must divide ...' under 'model'.
+        field, sep, rest = msg.partition(": ")
+        if sep and field.isidentifier():
+            loc, msg = f"{loc}.{field}" if loc else field, rest
+        problems.setdefault(loc, msg)
+    return list(problems.items())
 
 
 def load_config(

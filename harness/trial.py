@@ -36,7 +36,7 @@ from harness.callbacks import (
     ValidateOnStop,
 )
 from harness.checkpoints import BestCheckpoint, Checkpointer
-from harness.config import ConfigError, ExperimentConfig
+from harness.config import ConfigError, ExperimentConfig, RunFailed
 from harness.evaluation import Evaluation
 from harness.probes import log_images, select_probes
 from harness.tasks import TaskData, build_task
@@ -209,6 +209,9 @@ def run_trial(
             cfg, [*own, *(callbacks or [])], loggers, progress, len(dm.train_dataloader()), root
         )
         trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=True)
+        if trainer.global_step == 0:  # an untrained model's scores would be ranked like a trained one's
+            budget = f" within train.max_time={cfg.train.max_time} s" if cfg.train.max_time else ""
+            raise RunFailed(f"no optimizer step ran{budget}; the trial reports nothing")
         if not cfg.train.keep_checkpoints:
             (ckpt_dir / artifacts.RESUME_CHECKPOINT).unlink(missing_ok=True)
         # The full state (optimizer, schedule, loops), not only the weights: the last checkpoint can resume.

@@ -12,6 +12,7 @@ import errno
 import math
 import os
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -29,7 +30,15 @@ import torch
 from optuna.trial import TrialState
 
 from harness import compat, provenance, signals, tracking
-from harness.artifacts import CHECKPOINTS, RESUME_CHECKPOINT, artifact_store, study_dir, trial_dir, upload_trial_files
+from harness.artifacts import (
+    CHECKPOINTS,
+    RESUME_CHECKPOINT,
+    artifact_store,
+    slugify,
+    study_dir,
+    trial_dir,
+    upload_trial_files,
+)
 from harness.callbacks import DivergenceGuard, ReportValidation, StepPruning, TrialFailed
 from harness.checkpoints import RESUME_ATTR, Preempted, StoredCheckpoints, fetch
 from harness.study.looks import queue_next_look
@@ -43,7 +52,7 @@ from harness.study.queue import (
     trial_seed,
     trial_variant,
 )
-from harness.study.spec import StudySpec, slugify, tune_metric, validation_metric
+from harness.study.spec import StudySpec, tune_metric, validation_metric
 from harness.study.storage import quiet_experimental
 
 NO_SPACE_EXIT = 75  # a worker stopped by a full disk (EX_TEMPFAIL: run it again once space is freed)
@@ -350,10 +359,21 @@ def spawn_workers(
     """Starts one `ablate worker` process per slot, each with CPU threads = cores / processes; the sweep
     that starts them writes the report once they have all exited, so they do not."""
     threads = max(1, (os.cpu_count() or 1) // len(slots))
-    command = [sys.executable, "-m", "harness.cli", "worker", study_name, "--storage", storage_url,
+    # -P keeps the working folder off sys.path: there a study's output folder (`bottleneck/` with --out .)
+    # or a stray file would shadow a module the worker imports. This harness's own root goes first instead.
+    command = [sys.executable, "-P", "-m", "harness.cli", "worker", study_name, "--storage", storage_url,
                "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads), "--no-report",
                *(["--artifacts", artifacts] if artifacts else [])]  # fmt: skip
-    return [subprocess.Popen(command, env={**os.environ, **slot}) for slot in slots]
+    return [subprocess.Popen(command, env={**os.environ, **import_root(), **slot}) for slot in slots]
+
+
+def import_root() -> dict[str, str]:
+    """PYTHONPATH for a worker started with -P: the folder holding this `harness` package first, unless it
+    is a site-packages folder (an installed harness is found there without help)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    if root in {*site.getsitepackages(), site.getusersitepackages()}:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
 
 
 def forward_signal(procs: list[subprocess.Popen], signum: signal.Signals) -> None:

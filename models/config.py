@@ -7,23 +7,25 @@ changes (the harness validates them with the rest of an experiment), `ModelConfi
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from models.positional import POSITIONAL, check_fits, positional_kind
 from models.scores import SCORES
 
 Scale = Literal["sqrt", "none"] | float
+# A count of at least one; strict, so a boolean (YAML's `true`) is not taken for 1.
+Count = Annotated[int, Field(ge=1, strict=True)]
 
 
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
     arch: Literal["lstm", "transformer"] = "transformer"
-    d_model: PositiveInt = 64
-    layers: PositiveInt = 2
-    dropout: float = 0.1
+    d_model: Count = 64
+    layers: Count = 2
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
     tie_embeddings: bool = False
 
     # lstm family
@@ -32,18 +34,18 @@ class ModelConfig(BaseModel):
     attention: Literal[("none", *SCORES)] = "none"  # type: ignore[valid-type]
     attention_query: Literal["previous", "current"] = "previous"
     input_feeding: bool = False
-    attention_heads: PositiveInt = 1
+    attention_heads: Count = 1
 
     # transformer family
-    heads: PositiveInt = 4
-    d_ff: PositiveInt = 256
+    heads: Count = 4
+    d_ff: Count = 256
     scale: Scale = "sqrt"
     pos_encoding: str = Field(
         "sinusoidal",
         description=f"{' | '.join(POSITIONAL)}, or kinds with different parts joined by +, e.g. alibi+sinusoidal",
     )
-    pos_base: float = 10000.0
-    max_positions: PositiveInt = 512
+    pos_base: float = Field(10000.0, gt=1.0)
+    max_positions: Count = 512
     residual: bool = True
     ffn: bool = True  # false: no feed-forward sublayers (pure attention when residual is false too)
     norm: Literal["post", "pre", "none", "rms_pre"] = "post"
@@ -51,13 +53,6 @@ class ModelConfig(BaseModel):
     cross_attention: bool = True
     embed_scale: bool = True
     qkv_projections: bool = True
-
-    @field_validator("dropout")
-    @classmethod
-    def _probability(cls, v: float) -> float:
-        if not 0.0 <= v < 1.0:
-            raise ValueError("must be in [0, 1)")
-        return v
 
     @field_validator("scale")
     @classmethod
@@ -70,13 +65,6 @@ class ModelConfig(BaseModel):
     @classmethod
     def _positional_kind(cls, v: str) -> str:
         positional_kind(v)
-        return v
-
-    @field_validator("pos_base")
-    @classmethod
-    def _base(cls, v: float) -> float:
-        if v <= 1.0:
-            raise ValueError("must be greater than 1")
         return v
 
     @model_validator(mode="after")

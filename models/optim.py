@@ -6,19 +6,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+from models.config import Count
 
 
 class OptimConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
-    lr: float = 1e-3
-    weight_decay: float = 0.01
+    lr: float = Field(1e-3, gt=0.0)
+    weight_decay: float = Field(0.01, ge=0.0)
     schedule: Literal["constant", "inverse_sqrt", "cosine"] = "constant"
-    warmup_steps: int = 0
-    max_steps: PositiveInt = 1000  # the end of the cosine schedule, and the Trainer's step budget
+    warmup_steps: int = Field(0, ge=0, strict=True)
+    max_steps: Count = 1000  # the end of the cosine schedule, and the Trainer's step budget
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
-    beam_size: PositiveInt = 1  # test decoding; validation decodes greedily
+    beam_size: Count = 1  # test decoding; validation decodes greedily
     length_penalty: float = Field(0.6, ge=0.0)  # GNMT alpha for beam search; 0 ranks by raw log-probability
     compile: bool = False
 
@@ -27,10 +29,3 @@ class OptimConfig(BaseModel):
         """The OptimConfig part of a config that extends it (TrainConfig), or of a checkpoint's plain dict."""
         values = settings.model_dump() if isinstance(settings, BaseModel) else settings
         return cls.model_validate({k: v for k, v in values.items() if k in cls.model_fields})
-
-    @field_validator("lr")
-    @classmethod
-    def _lr(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("must be positive")
-        return v

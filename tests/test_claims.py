@@ -227,7 +227,7 @@ def test_a_profile_adds_its_own_claims(tmp_path):
     path.write_text(
         "name: s\nvariants: {a: {preset: lstm}}\nclaims: [{text: t, compare: {}, to: {}, expect: up}]\n"
     )
-    with pytest.raises(ConfigError, match=r"claims\.0\.expect"):
+    with pytest.raises(ConfigError, match=r"claims\[0\]\.expect"):
         load_study(path)
 
 

@@ -38,7 +38,7 @@ def test_bad_values_name_their_key():
     assert error_of({}, {"model.layers": "many"}).startswith("model.layers: ")
     assert error_of({}, {"model.norm": "batch"}).startswith("model.norm: ")
     assert error_of({}, {"model.scale": "cube"}).startswith("model.scale: ")
-    assert error_of({}, {"train.lr": -1}) == "train.lr: must be positive"
+    assert error_of({}, {"train.lr": -1}) == "train.lr: Input should be greater than 0 (got -1)"
     assert error_of({}, {"task.min_len": 9, "task.max_len": 4}).startswith("task.min_len: ")
     assert error_of({}, {"task.name": "juggle"}).startswith("task.name: ")
 
@@ -76,7 +76,10 @@ def test_accepted_values_name_every_key_with_its_choices():
     assert accepts["model.norm"] == "post | pre | none | rms_pre"
     assert accepts["model.attention"] == " | ".join(["none", *SCORES])
     assert accepts["model.pos_encoding"].startswith(" | ".join(POSITIONAL) + ", or kinds")
-    assert (accepts["model.scale"], accepts["task.test_max_len"]) == ("sqrt | none | float", "int | None")
+    assert (accepts["model.scale"], accepts["task.test_max_len"]) == (
+        "sqrt | none, or number",
+        "integer >= 1, or unset",
+    )
 
 
 def test_scale_accepts_keyword_or_number():

@@ -3,6 +3,7 @@ folders and in the artifact store, a tune phase), a tiny real study, escaping, p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -159,7 +160,10 @@ FIGURES = {"metric_by_variant", "metric_by_pos_encoding", "metric_by_norm", "lea
 
 def test_report_of_a_partial_grid_study(synthetic):
     spec, _, runs, out = synthetic
-    assert out == runs / "script_alert_1_script_co" / "report"
+    assert (
+        out
+        == runs / f"script_alert_1_script_co+{hashlib.sha256(spec.name.encode()).hexdigest()[:8]}" / "report"
+    )
     assert {p.stem for p in out.glob("*.png")} == FIGURES
     html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
     assert html.count('src="data:image/png;base64,') == len(FIGURES)

@@ -47,7 +47,7 @@ def write(tmp_path, tree, name="study.yaml"):
         ({"factors": {"model.pos_encoding": []}}, "factors.model.pos_encoding: empty list of values"),
         (
             {"factors": {"model.pos_encoding": ["sinusoidal", "wavelet"]}},
-            "variant 'pos_encoding=wavelet': model.pos_encoding: unknown kind 'wavelet'; known: none, sinusoidal",
+            "factors.model.pos_encoding: unknown kind 'wavelet'; known: none, sinusoidal",
         ),
         ({"fixed": {"train.nope": 1}}, "fixed.train.nope: unknown config key"),
         ({"seeds": []}, "seeds: must list at least one seed"),

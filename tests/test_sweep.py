@@ -37,6 +37,20 @@ def write_study(path, **extra):
     return path
 
 
+def test_workers_do_not_import_from_the_working_folder(tmp_path):
+    """`--out .` makes a study named `bottleneck` a folder in the working folder, which pandas imports as its
+    optional `bottleneck` module in a worker started with `python -m` (cwd first on sys.path); a stray
+    `torch.py` there would shadow torch the same way. Workers start with -P, so neither is seen."""
+    study = write_study(tmp_path / "bottleneck.yaml", name="bottleneck", variants={"lstm": {"preset": "lstm"}},
+                        seeds=[0])  # fmt: skip
+    cwd = tmp_path / "cwd"
+    (cwd / "bottleneck").mkdir(parents=True)
+    (cwd / "torch.py").write_text('raise ImportError("torch.py of the working folder was imported")\n')
+    proc = ablate("sweep", str(study), "--out", ".", "--wandb", "disabled", "--workers", "1", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (cwd / "bottleneck" / "report" / "results.csv").is_file()
+
+
 def test_sweep_writes_report_and_report_rebuilds_from_storage(tmp_path):
     study = write_study(tmp_path / "tiny.yaml")
     runs = tmp_path / "runs"
@@ -105,7 +119,7 @@ def test_bad_study_fails_before_creating_anything(tmp_path):
     proc = ablate("sweep", str(bad), "--out", str(runs))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"error: {bad}: variant 'x': model.heads: must divide d_model=16 (got heads=3)"
+        f"error: {bad}: variants.x.model.heads: must divide d_model=16 (got heads=3)"
     ]
     assert not runs.exists()
 

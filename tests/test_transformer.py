@@ -437,7 +437,7 @@ def test_presets_are_vaswani_post_ln_and_xiong_pre_ln():
         ("scale", "cube", "model.scale: "),
         ("pos_encoding", "relative", "model.pos_encoding: "),
         ("norm", "sandwich", "model.norm: "),
-        ("pos_base", 1.0, "model.pos_base: must be greater than 1"),
+        ("pos_base", 1.0, "model.pos_base: Input should be greater than 1 "),
         ("heads", 3, "model.heads: must divide d_model=16"),
         ("dropout", 1.0, "model.dropout: "),
     ],

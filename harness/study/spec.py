@@ -8,7 +8,6 @@ built and validated before anything runs. Pydantic only: reading a study needs n
 from __future__ import annotations
 
 import itertools
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -18,13 +17,14 @@ from pydantic import (
     Discriminator,
     Field,
     PositiveInt,
+    StrictInt,
     Tag,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from harness.config import ConfigError, ExperimentConfig, build_config, format_validation_error, read_yaml
+from harness.config import ConfigError, ExperimentConfig, build_config, read_yaml, validation_problems
 from models.config import PRESETS
 
 Value = str | int | float | bool
@@ -114,9 +114,9 @@ class AdaptiveSeeds(BaseModel):
     claims still open get `step` more, up to max (seeds 0 .. max - 1). See reports.claims for the looks."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    min: int = Field(ge=2)  # a claim needs two seeds a side
-    max: int
-    step: int = Field(1, ge=1)
+    min: int = Field(ge=2, strict=True)  # a claim needs two seeds a side
+    max: int = Field(strict=True)
+    step: int = Field(1, ge=1, strict=True)
 
     @model_validator(mode="after")
     def _max(self) -> AdaptiveSeeds:
@@ -128,7 +128,7 @@ class AdaptiveSeeds(BaseModel):
 # A mapping is a seed range, anything else a list: errors then speak of the form the user wrote. The tags
 # are not identifiers, so error locations leave them out ('seeds.min: ...').
 SeedsField = Annotated[
-    Annotated[list[int], Tag("seed-list")] | Annotated[AdaptiveSeeds, Tag("seed-range")],
+    Annotated[list[StrictInt], Tag("seed-list")] | Annotated[AdaptiveSeeds, Tag("seed-range")],
     Discriminator(lambda v: "seed-range" if isinstance(v, dict | AdaptiveSeeds) else "seed-list"),
 ]
 
@@ -177,7 +177,9 @@ class StudySpec(BaseModel):
 
     @property
     def slug(self) -> str:
-        """The study's folder name under runs/: safe on every filesystem, whatever the name holds."""
+        """The study's folder name under runs/ (artifacts.slugify): distinct names get distinct folders."""
+        from harness.artifacts import slugify  # Optuna's artifact store is imported there: not to read a spec
+
         return slugify(self.name)
 
     @property
@@ -229,11 +231,6 @@ class StudySpec(BaseModel):
             if all(overrides.get(k) == v for k, v in self.baseline.items()):
                 return name
         return None
-
-
-def slugify(name: str) -> str:
-    """A folder name safe on every filesystem, whatever the name holds."""
-    return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", name).strip("._") or "study"
 
 
 def short_name(key: str) -> str:
@@ -292,48 +289,25 @@ def apply_profile(tree: dict[str, Any], profile: str | None, where: str) -> dict
     return tree
 
 
-def load_study(path: str | Path, profile: str | None = None) -> StudySpec:
-    """Reads and validates a study file (with one of its profiles), including every variant's config;
-    ConfigError otherwise."""
+def load_study(
+    path: str | Path, profile: str | None = None, sets: dict[str, Any] | None = None,
+    max_trials: int | None = None, also: list[tuple[str, str]] = (),
+) -> StudySpec:  # fmt: skip
+    """Reads a study file (with one of its profiles, and --set keys added to `fixed`) and checks all of it
+    (harness/study/validate.py), together with the command line's own problems `also`; StudyError (a
+    ConfigError) lists every problem. `max_trials` refuses a bigger grid before any variant is built."""
+    from harness.study.validate import raise_problems, study_problems
+
     path = resolve_study_path(path)
     tree = apply_profile(read_yaml(path), profile, str(path))
+    if sets:
+        tree = {**tree, "fixed": {**(tree.get("fixed") or {}), **sets}}
     try:
         spec = StudySpec.model_validate(tree)
     except ValidationError as e:
-        raise ConfigError(f"{path}: {format_validation_error(e)}") from None
-    validate_spec(spec, str(path))
+        raise_problems(str(path), validation_problems(e), also)
+    raise_problems(str(path), study_problems(spec, sets or {}, max_trials), also)
     return spec
-
-
-def validate_spec(spec: StudySpec, where: str) -> None:
-    """Checks every key and builds every variant's config once, so a bad study fails before anything runs."""
-    known = {*ExperimentConfig().flat(), "preset"}
-
-    def check_keys(section: str, keys) -> None:
-        for key in keys:
-            if key not in known:
-                raise ConfigError(f"{where}: {section}.{key}: unknown config key")
-
-    for key, values in spec.factors.items():
-        check_keys("factors", [key])
-        if not values:
-            raise ConfigError(f"{where}: factors.{key}: empty list of values (the grid would be empty)")
-    for name, overrides in spec.variants.items():
-        check_keys(f"variants.{name}", overrides)
-    check_keys("fixed", spec.fixed)
-    check_keys("budget", spec.budget)
-    variants = spec.variant_overrides()
-    for name, overrides in variants.items():
-        try:
-            spec.config_for(overrides, spec.seed_pool[0])
-        except ConfigError as e:
-            raise ConfigError(f"{where}: variant {name!r}: {e}") from None
-    if spec.tune:
-        validate_tune(spec, spec.tune, where)
-    if isinstance(spec.baseline, dict) and spec.baseline_variant() is None:
-        raise ConfigError(f"{where}: baseline: no variant matches {spec.baseline}")
-    if isinstance(spec.baseline, str) and spec.baseline not in variants:
-        raise ConfigError(f"{where}: baseline: unknown variant {spec.baseline!r}")
 
 
 def bundled_studies_dir() -> Path:
@@ -352,39 +326,6 @@ def resolve_study_path(path: str | Path) -> Path:
     if p.parent == Path(".") and bundled.is_file():
         return bundled
     raise ConfigError(f"{path}: no such study file")
-
-
-def validate_tune(spec: StudySpec, tune: TuneSpec, where: str) -> None:
-    """Each tuned key is a config key outside the factors, with one well-formed range whose ends (or
-    choices) make valid configs."""
-    first = next(iter(spec.variant_overrides().values()))
-    varied = {k for overrides in spec.variant_overrides().values() for k in overrides}
-    if not tune.params:
-        raise ConfigError(f"{where}: tune.params: name at least one config key to tune")
-    for key, space in tune.params.items():
-        at = f"{where}: tune.params.{key}"
-        if key not in ExperimentConfig().flat():
-            raise ConfigError(f"{at}: unknown config key")
-        if key in varied:
-            raise ConfigError(f"{at}: is a factor of the study; a variant cannot both fix and tune it")
-        if len(space) != 1:
-            raise ConfigError(f"{at}: give exactly one of log_uniform, uniform, int, choice")
-        ((kind, args),) = space.items()
-        if kind == "choice" and not args:
-            raise ConfigError(f"{at}: choice: empty list of values")
-        if kind != "choice":
-            numeric = all(isinstance(a, int | float) and not isinstance(a, bool) for a in args)
-            if len(args) != 2 or not numeric or not args[0] < args[1]:
-                raise ConfigError(f"{at}: {kind}: expected [low, high] with low < high (got {args})")
-            if kind == "int" and not all(isinstance(a, int) for a in args):
-                raise ConfigError(f"{at}: int: bounds must be integers (got {args})")
-            if kind == "log_uniform" and args[0] <= 0:
-                raise ConfigError(f"{at}: log_uniform: bounds must be positive (got {args})")
-        for value in args:
-            try:
-                spec.config_for(first, spec.seed_pool[0], {key: value})
-            except ConfigError as e:
-                raise ConfigError(f"{at}: {value!r} makes an invalid config ({e})") from None
 
 
 def tune_metric(spec: StudySpec) -> MetricSpec:

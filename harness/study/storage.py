@@ -12,7 +12,8 @@ from typing import Any
 
 import optuna
 from sqlalchemy import event
-from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, ProgrammingError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, NoSuchModuleError, ProgrammingError
 
 from harness.config import ConfigError
 from harness.extras import require
@@ -33,7 +34,7 @@ def open_storage(url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = H
         if create_dir:
             db.parent.mkdir(parents=True, exist_ok=True)
         elif not db.is_file():
-            raise ConfigError(f"storage {url}: no such database")
+            raise ConfigError(f"storage {masked_url(url)}: no such database")
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
             with quiet_experimental():
@@ -50,7 +51,7 @@ def open_storage(url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = H
             # hit a table, type or version row another just made. Opening again finds the schema there.
             lost_race = isinstance(e, IntegrityError | ProgrammingError) or "already exists" in reason
             if not lost_race or attempt == SCHEMA_ATTEMPTS - 1:
-                raise ConfigError(f"storage {url}: cannot open ({reason})") from None
+                raise ConfigError(f"storage {masked_url(url)}: cannot open ({reason})") from None
             time.sleep(0.2 * (attempt + 1))
     if sqlite:
         serialize_sqlite_transactions(storage.engine)
@@ -65,6 +66,31 @@ def with_driver(url: str) -> str:
     if url.startswith("postgresql+psycopg2://"):
         require("psycopg2", extra="postgres", feature="PostgreSQL storage")
     return url
+
+
+def masked_url(url: str) -> str:
+    """The URL as every message, banner and report shows it: the password replaced by ***."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot name a storage (malformed, unknown database, driver not installed), or None; found
+    without connecting: whether the server answers is known when the storage is opened."""
+    try:
+        parsed = make_url(with_driver(url))
+        parsed.get_dialect().import_dbapi()
+    except ConfigError as e:  # with_driver's: the extra to install
+        return str(e)
+    except NoSuchModuleError:  # before ArgumentError, its base class
+        return f"unknown database {parsed.drivername!r}"
+    except ArgumentError:
+        return "not a database URL, e.g. sqlite:///runs/x/study.db or postgresql://user@host/db"
+    except ImportError as e:
+        return f"the driver for {parsed.drivername} is not installed ({e.name or e})"
+    return None
 
 
 def connect_args(url: str) -> dict[str, Any]:

@@ -1,0 +1,351 @@
+"""Everything a study can get wrong, found in one pass before anything is created.
+
+Each check adds (YAML location, what is wrong) to one list: every variant's config, the references the study
+makes (its metric, each claim's metric and compare / to, the baseline, tuned keys) against what the variants
+build and report, every local corpus of a `parallel` task, the seeds, the grid's size, and what the command
+line adds (storage URL, --out, --devices, W&B mode). A failing study raises one StudyError listing them all.
+No Optuna, no storage, no folder: nothing here writes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from harness.config import ConfigError, ExperimentConfig, TaskConfig, build_config
+from harness.study.spec import AdaptiveSeeds, ClaimSpec, StudySpec, TuneSpec, Value, variant_settings
+
+Problem = tuple[str, str]  # (where in the study file or command line, what is wrong)
+MAX_SHOWN = 20
+MAX_TRIALS = 10_000  # a bigger grid needs --allow-large: a typo in a factor list should not queue a million
+WANDB_MODES = ("online", "offline", "disabled", "dryrun")
+
+
+class StudyError(ConfigError):
+    """A study that cannot run: one line per problem (at most MAX_SHOWN)."""
+
+    def __init__(self, lines: list[str]):
+        self.lines = lines
+        more = [f"... and {len(lines) - MAX_SHOWN} more problems"] if len(lines) > MAX_SHOWN else []
+        super().__init__("\n".join(lines[:MAX_SHOWN] + more))
+
+
+def raise_problems(where: str, problems: list[Problem], also: list[Problem] = ()) -> None:
+    """StudyError when there is any problem: those of the file at `where` are prefixed by it, the command
+    line's own (`also`) are not."""
+    lines = [f"{where}: {loc}: {msg}" if where else f"{loc}: {msg}" for loc, msg in problems]
+    lines += [f"{loc}: {msg}" for loc, msg in also]
+    if lines:
+        raise StudyError(list(dict.fromkeys(lines)))  # a bad fixed key fails every variant the same way
+
+
+def variant_count(spec: StudySpec) -> int:
+    """From the factor list lengths: no grid is enumerated."""
+    return len(spec.variants) if spec.variants else math.prod(len(v) for v in spec.factors.values())
+
+
+def seed_count(spec: StudySpec) -> int:
+    """The most seeds a variant runs (adaptive seeds: their max), without listing them."""
+    return spec.seeds.max if isinstance(spec.seeds, AdaptiveSeeds) else len(spec.seeds)
+
+
+def trial_count(spec: StudySpec) -> int:
+    """Variants x seeds (at most), plus the tune trials."""
+    return variant_count(spec) * (seed_count(spec) + (spec.tune.trials if spec.tune else 0))
+
+
+def study_problems(
+    spec: StudySpec, set_keys: Iterable[str] = (), max_trials: int | None = None
+) -> list[Problem]:
+    """Every problem of a parsed study; `set_keys` are the fixed keys that came from --set."""
+    problems = key_problems(spec)
+    count = trial_count(spec)
+    if max_trials is not None and count > max_trials:
+        where = "factors" if spec.factors else "variants"
+        return [*problems, (where, f"{count:,} trials (variants x seeds) exceed {max_trials:,}; "
+                                   "pass --allow-large to run them")]  # fmt: skip
+    if problems or count == 0:
+        return problems
+    problems += factor_duplicates(spec)
+    problems += seed_problems(spec)
+    configs: dict[str, ExperimentConfig] = {}  # at seed 0: the seeds are checked on their own
+    for name, overrides in spec.variant_overrides().items():
+        try:
+            configs[name] = spec.config_for(overrides, 0)
+        except ConfigError as e:
+            for key, msg in e.problems or [tuple(str(e).partition(": ")[::2])]:
+                problems.append((origin(spec, name, key, set(set_keys)), msg))
+    if len(configs) < len(spec.variant_overrides()):
+        return problems  # references and data need every variant's config
+    problems += variant_duplicates(spec, configs)
+    problems += reference_problems(spec, configs)
+    problems += data_problems(spec, configs, set(set_keys))
+    if spec.tune:
+        problems += tune_problems(spec, spec.tune)
+    return problems
+
+
+def key_problems(spec: StudySpec) -> list[Problem]:
+    """Keys that name no config key, and factors without values."""
+    known = {*ExperimentConfig().flat(), "preset"}
+    sections = [("factors", spec.factors), *((f"variants.{n}", o) for n, o in spec.variants.items()),
+                ("fixed", spec.fixed), ("budget", spec.budget)]  # fmt: skip
+    problems = [(f"{section}.{key}", "unknown config key") for section, keys in sections for key in keys
+                if key not in known]  # fmt: skip
+    problems += [(f"factors.{key}", "empty list of values (the grid would be empty)")
+                 for key, values in spec.factors.items() if not values]  # fmt: skip
+    return problems
+
+
+def origin(spec: StudySpec, variant: str, key: str, set_keys: set[str]) -> str:
+    """Where a config key of a variant got its value: variants.<name>.<key>, factors.<key>, --set <key>,
+    fixed.<key>, budget.<key>, else base (or the variant as a whole for a check across keys)."""
+    if spec.variants and key in spec.variants[variant]:
+        return f"variants.{variant}.{key}"
+    if key in spec.factors:
+        return f"factors.{key}"
+    for section, keys in (("--set", set_keys), ("fixed", spec.fixed), ("budget", spec.budget)):
+        if key in keys:
+            return f"{section} {key}" if section == "--set" else f"{section}.{key}"
+    base = ExperimentConfig().flat()
+    if key in base or key == "preset":
+        return f"base.{key}"
+    return f"variants.{variant}" if spec.variants else f"variant {variant!r}: {key}"
+
+
+def factor_duplicates(spec: StudySpec) -> list[Problem]:
+    """Two values of one factor that build the same config (8 and 8.0, 'none' twice) would be one variant."""
+    problems = []
+    for key, values in spec.factors.items():
+        built: dict[Any, Value] = {}
+        for value in values:
+            try:
+                cfg = build_config(spec.base, {**spec.budget, **spec.fixed, key: value})
+            except ConfigError:
+                continue  # reported with the variant
+            same = cfg.flat().get(key, cfg) if key != "preset" else cfg
+            if same in built:
+                problems.append((f"factors.{key}", f"{built[same]!r} and {value!r} build the same config"))
+            built.setdefault(same, value)
+    return problems
+
+
+def variant_duplicates(spec: StudySpec, configs: dict[str, ExperimentConfig]) -> list[Problem]:
+    """Two variants that train the same thing would count one result twice."""
+    label = "variants.{}".format if spec.variants else "variant {!r}".format
+    seen: dict[ExperimentConfig, str] = {}
+    problems = []
+    for name, cfg in configs.items():
+        if cfg in seen:
+            problems.append((label(name), f"builds the same config as {label(seen[cfg])}"))
+        seen.setdefault(cfg, name)
+    return problems
+
+
+def seed_problems(spec: StudySpec) -> list[Problem]:
+    """Each listed seed, or the largest of a seed range, is one the generators accept."""
+    if isinstance(spec.seeds, AdaptiveSeeds):
+        seeds = [("seeds.max", spec.seeds.max - 1)]
+    else:
+        seeds = [(f"seeds[{i}]", seed) for i, seed in enumerate(spec.seeds)]
+    problems = []
+    for where, seed in seeds:
+        try:
+            build_config({}, {"seed": seed})
+        except ConfigError as e:
+            problems.append((where, str(e).partition(": ")[2]))
+    return problems
+
+
+def reference_problems(spec: StudySpec, configs: dict[str, ExperimentConfig]) -> list[Problem]:
+    """The study metric, the baseline and every claim against the variants as built."""
+    from harness.metrics import produced_metrics  # the task registry: seconds of imports, after the basics
+
+    produced = {name: produced_metrics(cfg) for name, cfg in configs.items()}
+    problems = metric_problems("metric.name", spec.metric.name, produced)
+    if spec.tune and spec.tune.metric is not None:
+        problems += metric_problems("tune.metric.name", spec.tune.metric.name, produced)
+    if isinstance(spec.baseline, dict) and spec.baseline_variant() is None:
+        problems.append(("baseline", f"no variant matches {spec.baseline}"))
+    if isinstance(spec.baseline, str) and spec.baseline not in configs:
+        problems.append(("baseline", f"unknown variant {spec.baseline!r}"))
+    for i, claim in enumerate(spec.claims):
+        problems += claim_problems(f"claims[{i}]", claim, spec, produced)
+    return problems
+
+
+def metric_problems(where: str, metric: str, produced: dict[str, set[str]]) -> list[Problem]:
+    missing = [name for name, metrics in produced.items() if metric not in metrics]
+    if not missing:
+        return []
+    some = produced[missing[0]]
+    return [(where, f"{metric!r} is not reported by variant {missing[0]!r}"
+                    f"{f' (nor {len(missing) - 1} others)' if len(missing) > 1 else ''}; "
+                    f"it reports {', '.join(sorted(some))}")]  # fmt: skip
+
+
+def claim_problems(
+    where: str, claim: ClaimSpec, spec: StudySpec, produced: dict[str, set[str]]
+) -> list[Problem]:
+    """Each side of each difference a claim makes (its own, and `versus` for an interaction) selects a
+    variant, matched as the report matches them (reports.claims: overrides plus the keys their preset sets),
+    and reports the claim's metric."""
+    from reports.claims import claim_sides
+
+    known = {*ExperimentConfig().flat(), "preset"}
+    selectors = {"compare": claim.compare, "to": claim.to, "within": claim.within,
+                 "versus.within": (claim.versus.within if claim.versus else None) or {}}  # fmt: skip
+    problems = [(f"{where}.{side}.{key}", "unknown config key")
+                for side, selector in selectors.items() for key in selector if key not in known]  # fmt: skip
+    if problems:
+        return problems
+    settings = variant_settings(spec)
+    for arm, (metric, within) in enumerate(claim.arms(spec.metric.name)):
+        label = f"{where}.versus" if arm else where
+        compared, others = claim_sides(settings, claim, within)
+        compare, to = {**claim.compare, **within}, {**claim.to, **within}
+        if not compared:
+            problems.append((f"{label}.compare", f"no variant matches {compare}"))
+        if not others:
+            problems.append((f"{label}.to", f"no variant other than the compared ones matches {to}"))
+        if metric != spec.metric.name:  # the study metric is checked against every variant already
+            involved = {name: produced[name] for name in (*compared, *others)}
+            problems += metric_problems(f"{label}.metric", metric, involved)
+    return problems
+
+
+def data_problems(spec: StudySpec, configs: dict[str, ExperimentConfig], set_keys: set[str]) -> list[Problem]:
+    """Each local corpus, read once by the task's own reader: it exists, parses and fills every split.
+    Corpora named on the Hugging Face hub are fetched by the trial itself."""
+    from harness.tasks.corpora import looks_local  # the task registry: seconds of imports, when needed
+
+    problems, read = [], {}
+    for name, cfg in configs.items():
+        task = cfg.task
+        if task.name != "parallel" or not task.path or not looks_local(task.path) or task in read:
+            continue
+        read[task] = corpus_problem(task, cfg.seed)
+        if read[task]:
+            problems.append((origin(spec, name, "task.path", set_keys), read[task]))
+    return problems
+
+
+def corpus_problem(task: TaskConfig, seed: int) -> str | None:
+    from harness.tasks import build_task
+
+    try:
+        data = build_task(task, seed)
+    except ConfigError as e:
+        return str(e)
+    except OSError as e:
+        return f"{e.filename or task.path}: {os_reason(e)}"
+    empty = [split for split in ("train", "valid", "test") if not data.splits[split]]
+    if empty:
+        sizes = ", ".join(f"{split} {len(data.splits[split])}" for split in ("train", "valid", "test"))
+        return f"{task.path}: too few pairs for every split ({sizes})"
+    return None
+
+
+def tune_problems(spec: StudySpec, tune: TuneSpec) -> list[Problem]:
+    """Each tuned key is a config key outside the factors, with one well-formed range whose ends (or
+    choices) make valid configs."""
+    first = next(iter(spec.variant_overrides().values()))
+    varied = {k for overrides in spec.variant_overrides().values() for k in overrides}
+    problems = []
+    if not tune.params:
+        problems.append(("tune.params", "name at least one config key to tune"))
+    for key, space in tune.params.items():
+        problem = tuned_key_problem(spec, first, varied, key, space)
+        if problem:
+            problems.append((f"tune.params.{key}", problem))
+    return problems
+
+
+def tuned_key_problem(spec: StudySpec, first: dict, varied: set, key: str, space: dict) -> str | None:
+    if key not in ExperimentConfig().flat():
+        return "unknown config key"
+    if key in varied:
+        return "is a factor of the study; a variant cannot both fix and tune it"
+    if len(space) != 1:
+        return "give exactly one of log_uniform, uniform, int, choice"
+    ((kind, args),) = space.items()
+    if kind == "choice" and not args:
+        return "choice: empty list of values"
+    if kind != "choice":
+        numeric = all(isinstance(a, int | float) and not isinstance(a, bool) for a in args)
+        if len(args) != 2 or not numeric or not args[0] < args[1]:
+            return f"{kind}: expected [low, high] with low < high (got {args})"
+        if kind == "int" and not all(isinstance(a, int) for a in args):
+            return f"int: bounds must be integers (got {args})"
+        default = ExperimentConfig().flat()[key]
+        if kind != "int" and isinstance(default, int) and not isinstance(default, bool):
+            return f"{kind}: the key takes integers (strictly); use int: [low, high]"
+        if kind == "log_uniform" and args[0] <= 0:
+            return f"log_uniform: bounds must be positive (got {args})"
+    for value in args:
+        try:
+            spec.config_for(first, 0, {key: value})
+        except ConfigError as e:
+            return f"{value!r} makes an invalid config ({e})"
+    return None
+
+
+# What the command line adds -------------------------------------------------------------------------------
+
+
+def run_problems(
+    out: Path | None = None, storage: str | None = None, devices: str | None = None,
+    wandb: str | None = None,
+) -> list[Problem]:  # fmt: skip
+    """--out, --storage, --devices and the W&B mode (the flag, else WANDB_MODE), before anything opens."""
+    from harness.study.storage import masked_url, url_problem
+
+    problems = []
+    if out is not None:
+        problems += folder_problems("--out", out)
+    if storage is not None and (reason := url_problem(storage)):
+        problems.append(("--storage", f"{masked_url(storage)}: {reason}"))
+    if devices is not None:
+        problems += device_problems(devices)
+    if wandb is not None and wandb not in WANDB_MODES[:3]:
+        problems.append(("--wandb", f"expected online, offline or disabled (got {wandb!r})"))
+    env = os.environ.get("WANDB_MODE")
+    if wandb is None and env and env not in WANDB_MODES:
+        problems.append(
+            ("WANDB_MODE", f"expected online, offline or disabled (got {env!r} from the environment)")
+        )
+    return problems
+
+
+def folder_problems(option: str, folder: Path) -> list[Problem]:
+    """A folder this run will create files under: it is a folder (or can be made) and writable."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return [(option, f"{existing}: not a folder")]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [(option, f"{existing}: permission denied (not writable)")]
+    return []
+
+
+def device_problems(devices: str) -> list[Problem]:
+    gpus = [d.strip() for d in devices.split(",") if d.strip()]
+    if not gpus or not all(d.isdigit() for d in gpus):
+        return [("--devices", f"expected GPU indices like 0,1 (got {devices!r})")]
+    import torch
+
+    visible = torch.cuda.device_count()
+    missing = [d for d in gpus if int(d) >= visible]
+    if missing:
+        return [("--devices", f"no GPU {', '.join(missing)}: torch sees {visible} "
+                              f"({'CUDA_VISIBLE_DEVICES, driver or build' if visible else 'no CUDA device'})")]  # fmt: skip
+    return []
+
+
+def os_reason(e: OSError) -> str:
+    """'permission denied', 'not a folder', 'file name too long', 'no space left on device', ..."""
+    return (e.strerror or str(e)).lower().replace("not a directory", "not a folder")

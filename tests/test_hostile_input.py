@@ -1,0 +1,542 @@
+"""Hostile input refused before the first trial: every value, reference, name and path is checked up front,
+a failing study lists all its problems with their YAML locations, and operating-system errors become one
+line. In-process checks first (fast); then the installed `ablate` script, permission cases as a user
+without CAP_DAC_OVERRIDE so they bite when the tests run as root."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import yaml
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+
+from harness.artifacts import MAX_FOLDER_BYTES, slugify
+from harness.cli import error_line
+from harness.config import ConfigError, ExperimentConfig, RunFailed, accepted_values, build_config, read_yaml
+from harness.study.spec import StudySpec, load_study
+from harness.study.storage import masked_url, open_storage
+from harness.study.validate import MAX_TRIALS, StudyError, run_problems, trial_count
+
+FLAT = ExperimentConfig().flat()
+FLOAT_KEYS = [k for k, v in FLAT.items() if isinstance(v, float)] + ["train.max_time"]
+INT_KEYS = [k for k, v in FLAT.items() if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def base(**extra) -> dict:
+    return {"preset": "transformer", "task": dict(TINY_TASK), "model": dict(TINY_MODEL),
+            "train": dict(TINY_TRAIN), **extra}  # fmt: skip
+
+
+def study(folder: Path, text: str | None = None, **tree) -> Path:
+    path = folder / "study.yaml"
+    path.write_text(text if text is not None else yaml.safe_dump({"name": "h", "base": base(), **tree}))
+    return path
+
+
+def problems_of(path: Path, **kwargs) -> list[str]:
+    with pytest.raises(StudyError) as e:
+        load_study(path, **kwargs)
+    return e.value.lines
+
+
+# Config values ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_every_float_key_refuses_nan_and_infinity(key, value):
+    with pytest.raises(ConfigError, match=f"^{key}: Input should be a finite number"):
+        build_config({}, {key: value})
+
+
+@pytest.mark.parametrize("key", INT_KEYS)
+@pytest.mark.parametrize("value", [True, False, 8.0, "8"])
+def test_every_int_key_is_strict(key, value):
+    with pytest.raises(ConfigError, match=f"^{key}: Input should be a valid integer \\(got {value!r}\\)"):
+        build_config({}, {key: value})
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("train.lr", 0.0, "Input should be greater than 0"), ("train.lr", -1e-3, "Input should be greater than 0"),
+        ("train.weight_decay", -0.1, "Input should be greater than or equal to 0"), ("train.warmup_steps", -1, "Input should be greater than or equal to 0"),
+        ("train.max_steps", 0, "Input should be greater than or equal to 1"), ("train.max_epochs", 0, "Input should be greater than or equal to 1"),
+        ("train.max_epochs", -3, "Input should be greater than or equal to 1"), ("train.max_time", 0.0, "Input should be greater than 0"),
+        ("train.max_time", -5.0, "Input should be greater than 0"), ("train.grad_clip", 0.0, "Input should be greater than 0"),
+        ("train.label_smoothing", 1.0, "Input should be less than 1"), ("model.dropout", -0.1, "Input should be greater than or equal to 0"),
+        ("seed", -1, "Input should be greater than or equal to 0"), ("seed", 2**32, "Input should be less than 4294967296"),
+        ("task.n_valid", 0, "Input should be greater than or equal to 1"), ("model.d_model", 0, "Input should be greater than or equal to 1"),
+    ],
+)  # fmt: skip
+def test_each_key_has_its_range(key, value, message):
+    with pytest.raises(ConfigError, match=f"^{key}: {message} \\(got {value!r}\\)"):
+        build_config({}, {key: value})
+
+
+def test_edges_of_the_ranges_are_accepted():
+    cfg = build_config({}, {"seed": 2**32 - 1, "train.warmup_steps": 0, "train.max_time": 0.5,
+                            "train.grad_clip": None, "train.weight_decay": 0.0})  # fmt: skip
+    assert (cfg.seed, cfg.train.max_time, cfg.train.grad_clip) == (2**32 - 1, 0.5, None)
+
+
+def test_ablate_list_shows_each_keys_range_from_the_schema():
+    ranges = accepted_values()
+    assert set(ranges) == set(FLAT)
+    assert ranges["train.lr"] == "number > 0"
+    assert ranges["seed"] == "integer >= 0, < 4294967296"
+    assert ranges["train.max_epochs"] == "integer >= 1, or unset"
+    assert ranges["model.dropout"] == "number >= 0, < 1"
+    assert ranges["model.norm"].startswith("post | pre")
+    proc = ablate("list")
+    assert proc.returncode == 0
+    row = next(line for line in proc.stdout.splitlines() if "train.max_time" in line)
+    assert "number > 0, or unset" in row
+
+
+class StopBeforeTheFirstStep(L.Callback):
+    def on_train_start(self, trainer, module) -> None:
+        trainer.should_stop = True
+
+
+def test_a_trial_that_ran_no_optimizer_step_fails(single_thread):
+    from harness.trial import run_trial
+
+    cfg = build_config(base())
+    with pytest.raises(RunFailed, match="no optimizer step ran"):
+        run_trial(cfg, callbacks=[StopBeforeTheFirstStep()])
+
+
+# Study files --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, line, key",
+    [
+        ("name: a\nseeds: [0]\nname: b\n", 3, "name"),
+        ("name: a\nbase:\n  train:\n    lr: 0.1\n    lr: 0.2\n", 5, "lr"),
+        ("name: a\nclaims:\n  - {text: t, compare: {}, to: {}, expect: lower, text: u}\n", 3, "text"),
+        ("name: a\nfactors:\n  model.norm: [pre]\n  model.norm: [post]\n", 4, "model.norm"),
+    ],
+)
+def test_a_key_given_twice_is_an_error_naming_its_line(tmp_path, text, line, key):
+    path = study(tmp_path, text)
+    with pytest.raises(ConfigError, match=f"study.yaml:{line}: .*duplicate key '{key}'"):
+        read_yaml(path)
+
+
+@pytest.mark.parametrize(
+    "factor, values, same",
+    [
+        ("train.lr", [0.001, 1e-3], "0.001 and 0.001"),
+        ("model.norm", ["pre", "post", "pre"], "'pre' and 'pre'"),
+        ("model.tie_embeddings", [True, 1], "True and 1"),
+        ("task.name", ["copy", "reverse", "copy"], "'copy' and 'copy'"),
+    ],
+)
+def test_factor_values_that_build_the_same_config_are_an_error(tmp_path, factor, values, same):
+    lines = problems_of(study(tmp_path, factors={factor: values}))
+    assert any(f"factors.{factor}: {same} build the same config" in line for line in lines), lines
+
+
+def test_named_variants_that_build_the_same_config_are_an_error(tmp_path):
+    variants = {"a": {"model.norm": "pre"}, "b": {"preset": "transformer-pre-ln"}}
+    lines = problems_of(study(tmp_path, variants=variants))
+    assert lines == [f"{tmp_path / 'study.yaml'}: variants.b: builds the same config as variants.a"]
+
+
+def test_a_failing_study_lists_all_its_problems_with_their_locations(tmp_path):
+    path = study(
+        tmp_path,
+        variants={"a": {"model.norm": "pre"}, "b": {"train.max_time": -1.0}, "c": {"model.bogus": 1}},
+        seeds=[0, -1, True],
+        metric={"name": "test/bleu"},
+        claims=[{"text": "t", "compare": {"model.norm": "pre"}, "to": {}, "expect": "lower"}],
+    )
+    lines = problems_of(path)
+    # Parsing finds the bad seed type; fix it and the rest shows, all at once.
+    assert lines == [f"{path}: seeds[2]: Input should be a valid integer (got True)"]
+    path = study(tmp_path, variants={"a": {"model.norm": "pre"}, "b": {"train.max_time": -1.0},
+                                     "c": {"model.bogus": 1}}, seeds=[0, -1])  # fmt: skip
+    assert problems_of(path) == [f"{path}: variants.c.model.bogus: unknown config key"]
+    path = study(tmp_path, variants={"a": {"model.norm": "pre"}, "b": {"train.max_time": -1.0},
+                                     "c": {"train.lr": math.inf}}, seeds=[0, -1, 2**32])  # fmt: skip
+    assert problems_of(path) == [
+        f"{path}: seeds[1]: Input should be greater than or equal to 0 (got -1)",
+        f"{path}: seeds[2]: Input should be less than 4294967296 (got 4294967296)",
+        f"{path}: variants.b.train.max_time: Input should be greater than 0 (got -1.0)",
+        f"{path}: variants.c.train.lr: Input should be a finite number",
+    ]
+    # Several problems of one variant are each listed, not the first with a count.
+    path = study(tmp_path, variants={"a": {"model.heads": 3, "train.lr": -1.0}, "b": {"model.norm": "post"}})
+    assert problems_of(path) == [
+        f"{path}: variants.a.model.heads: must divide d_model=16 (got heads=3)",
+        f"{path}: variants.a.train.lr: Input should be greater than 0 (got -1.0)",
+    ]
+
+
+@pytest.mark.parametrize(
+    "seeds, problem",
+    [
+        ({"min": 2, "max": 2**32 + 1}, "seeds.max: Input should be less than 4294967296 (got 4294967296)"),
+        ({"min": True, "max": 4}, "seeds.min: Input should be a valid integer (got True)"),
+        ({"min": 2, "max": 4.0}, "seeds.max: Input should be a valid integer (got 4.0)"),
+    ],
+)
+def test_adaptive_seeds_are_checked_too(tmp_path, seeds, problem):
+    path = study(tmp_path, variants={"a": {"model.norm": "pre"}, "b": {"model.norm": "post"}}, seeds=seeds)
+    assert problems_of(path, max_trials=None) == [f"{path}: {problem}"]
+
+
+@pytest.mark.parametrize(
+    "space, problem",
+    [
+        ({"uniform": [0, 100]}, "uniform: the key takes integers (strictly); use int: [low, high]"),
+        ({"int": [0, 2.5]}, "int: bounds must be integers (got [0, 2.5])"),
+        ({"int": [-5, 3]}, "-5 makes an invalid config (train.warmup_steps: Input should be greater than or"),
+    ],
+)
+def test_a_tuned_integer_key_gets_integers_in_its_range(tmp_path, space, problem):
+    path = study(
+        tmp_path, factors={"model.norm": ["pre", "post"]}, tune={"params": {"train.warmup_steps": space}}
+    )
+    (line,) = problems_of(path)
+    assert line.startswith(f"{path}: tune.params.train.warmup_steps: {problem}"), line
+
+
+@pytest.mark.parametrize(
+    "tree, location",
+    [
+        (
+            {"factors": {"train.max_epochs": [1, 0]}},
+            "factors.train.max_epochs: Input should be greater than or equal to 1 (got 0)",
+        ),
+        ({"fixed": {"train.lr": math.nan}}, "fixed.train.lr: Input should be a finite number"),
+        ({"budget": {"train.max_time": 0}}, "budget.train.max_time: Input should be greater than 0 (got 0)"),
+        (
+            {"base": base(train={"warmup_steps": -2})},
+            "base.train.warmup_steps: Input should be greater than or equal to 0 (got -2)",
+        ),
+    ],
+)
+def test_each_bad_value_names_the_section_it_came_from(tmp_path, tree, location):
+    path = study(tmp_path, **{"factors": {"model.norm": ["pre", "post"]}, **tree})
+    assert f"{path}: {location}" in problems_of(path)
+
+
+@pytest.mark.parametrize(
+    "task, preset, metric, ok",
+    [
+        ("reverse", "transformer", "test/bleu", False),
+        ("synth_mt", "transformer", "test/bleu", True),
+        ("reverse", "lstm", "test/aer", False),  # no attention, no alignment
+        ("reverse", "lstm-bahdanau", "test/aer", True),
+        ("addition", "transformer", "test/aer", False),  # no gold alignments
+        ("reverse", "lstm-bahdanau", "test/rank_collapse_encoder", False),
+        ("reverse", "transformer", "test/rank_collapse_encoder", True),
+        ("reverse", "transformer", "valid/seq_acc", False),  # the split is called val
+        ("reverse", "transformer", "val/seq_acc", True),
+    ],
+)
+def test_the_study_metric_is_one_every_variant_reports(tmp_path, task, preset, metric, ok):
+    tree = base(
+        preset=preset, task={**TINY_TASK, "name": task, "min_len": 5, "max_len": 5, "test_max_len": 6}
+    )
+    path = study(tmp_path, base=tree, metric={"name": metric})
+    if ok:
+        load_study(path)
+    else:
+        (line,) = problems_of(path)
+        assert line.startswith(f"{path}: metric.name: {metric!r} is not reported by variant 'base'")
+
+
+@pytest.mark.parametrize(
+    "claim, problem",
+    [
+        ({"compare": {"model.arch": "lstm"}, "to": {"preset": "transformer"}}, None),  # arch from preset
+        ({"compare": {"preset": "lstm"}, "to": {"model.arch": "transformer"}}, None),
+        ({"compare": {"model.arch": "rnn"}, "to": {}}, "claims[0].compare: no variant matches"),
+        ({"compare": {"preset": "lstm"}, "to": {"preset": "lstm"}}, "claims[0].to: no variant other than"),
+        ({"compare": {"model.heads": 2}, "to": {"model.headz": 2}}, "claims[0].to.model.headz: unknown"),
+        ({"compare": {"preset": "lstm"}, "to": {}, "metric": "test/rank_collapse_decoder"},
+         "claims[0].metric: 'test/rank_collapse_decoder' is not reported by variant 'rnn'"),
+    ],
+)  # fmt: skip
+def test_claims_are_matched_against_the_built_variants(tmp_path, claim, problem):
+    variants = {"rnn": {"preset": "lstm"}, "tf": {"preset": "transformer"}}
+    path = study(tmp_path, variants=variants, claims=[{"text": "t", "expect": "lower", **claim}])
+    if problem is None:
+        load_study(path)
+    else:
+        (line,) = problems_of(path)
+        assert line.startswith(f"{path}: {problem}"), line
+
+
+def corpus_study(folder: Path, corpus: str) -> Path:
+    task = {"name": "parallel", "path": str(folder / corpus), "n_valid": 2, "n_test": 2}
+    return study(
+        folder, variants={"a": {}, "b": {"task.path": str(folder / "other.tsv")}}, base=base(task=task)
+    )
+
+
+PAIRS = "".join(f"w{i} x\tx w{i}\n" for i in range(40))
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "no such file"),
+        ("a b\tb a\nc d\n", "c.tsv:2: expected source<TAB>target, found no tab"),
+        (b"a\ta\n" + "caf\xe9\tcaf\xe9\n".encode("latin-1"), "c.tsv:2: not UTF-8 text"),
+        ("a\tb\nc\td\n", "too few pairs for every split (train 2, valid 0, test 0)"),
+        ('{"x": 1}\n', "expected source<TAB>target"),
+    ],
+)
+def test_corpora_are_read_and_split_before_anything_runs(tmp_path, content, problem):
+    (tmp_path / "other.tsv").write_text(PAIRS)
+    if content is not None:
+        (tmp_path / "c.tsv").write_bytes(content if isinstance(content, bytes) else content.encode())
+    (line,) = problems_of(corpus_study(tmp_path, "c.tsv"))
+    assert line.startswith(f"{tmp_path / 'study.yaml'}: base.task.path: ") and problem in line, line
+    (tmp_path / "c.tsv").write_text(PAIRS)
+    (tmp_path / "other.tsv").write_text("no tab\n")
+    (line,) = problems_of(corpus_study(tmp_path, "c.tsv"))
+    assert line.startswith(f"{tmp_path / 'study.yaml'}: variants.b.task.path: "), line
+
+
+@pytest.mark.parametrize("values_per_factor, factors", [(4, 10), (10, 6), (101, 2)])
+def test_a_grid_above_the_limit_is_refused_at_once(tmp_path, values_per_factor, factors):
+    keys = ["train.lr", "train.weight_decay", "model.dropout", "train.label_smoothing", "train.length_penalty",
+            "train.max_time", "model.pos_base", "train.grad_clip", "task.n_train", "task.n_valid"]  # fmt: skip
+    grid = {key: [0.1 + i for i in range(values_per_factor)] for key in keys[:factors]}
+    path = study(tmp_path, factors=grid, seeds=[0])
+    started = time.monotonic()
+    (line,) = problems_of(path, max_trials=MAX_TRIALS)
+    assert time.monotonic() - started < 2  # the grid is counted, not enumerated
+    count = values_per_factor**factors
+    assert (
+        line
+        == f"{path}: factors: {count:,} trials (variants x seeds) exceed 10,000; pass --allow-large to run them"
+    )
+    assert trial_count(StudySpec.model_validate(yaml.safe_load(path.read_text()))) == count
+
+
+# Names, URLs, the command line --------------------------------------------------------------------------
+
+
+def test_distinct_names_never_share_a_folder():
+    names = ["team/x", "team_x", "team x", "team:x", "🙂", "🙃", "", "_x", "x_", ".x", "x" * 300,
+             "x" * 301, "x" * 200, "x" * 201, "é", "e", "a/b/../c", "CON", "quickstart"]  # fmt: skip
+    folders = [slugify(n) for n in names]
+    assert len(set(folders)) == len(names)
+    assert all(
+        0 < len(f.encode()) <= MAX_FOLDER_BYTES and "/" not in f and f not in (".", "..") for f in folders
+    )
+    # Names safe as they are keep their folder, so existing runs/ folders stay where they were.
+    for safe in ("quickstart", "positional-cpu", "pos_encoding=none,norm=pre", "x" * 200, "CON"):
+        assert slugify(safe) == safe
+    assert slugify("team/x").startswith("team_x+") and slugify("🙂").startswith("study+")
+
+
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("postgresql+psycopg2://ann:s3cret@db:5432/ablate", "postgresql+psycopg2://ann:***@db:5432/ablate"),
+        ("mysql://root:p%40ss@h/x", "mysql://root:***@h/x"),
+        ("postgresql+psycopg2://ann@db/ablate", "postgresql+psycopg2://ann@db/ablate"),
+        ("sqlite:////tmp/a.db", "sqlite:////tmp/a.db"),
+    ],
+)
+def test_storage_urls_are_shown_with_the_password_masked(url, shown):
+    assert masked_url(url) == shown
+
+
+def test_a_storage_error_masks_the_password():
+    with pytest.raises(ConfigError) as e:
+        open_storage("postgresql+psycopg2://ann:s3cret@127.0.0.1:9/ablate")
+    assert "s3cret" not in str(e.value) and "ann:***@127.0.0.1:9" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, env, problem",
+    [
+        ({"storage": "mysql://u:pw@h/db"}, None, ("--storage", "mysql://u:***@h/db: the driver for mysql")),
+        ({"storage": "nosuchdb://x"}, None, ("--storage", "nosuchdb://x: unknown database 'nosuchdb'")),
+        ({"storage": "not a url"}, None, ("--storage", "not a url: not a database URL")),
+        ({"wandb": "bogus"}, None, ("--wandb", "expected online, offline or disabled (got 'bogus')")),
+        ({}, "sometimes", ("WANDB_MODE", "expected online, offline or disabled (got 'sometimes'")),
+        ({"devices": "a,b"}, None, ("--devices", "expected GPU indices like 0,1 (got 'a,b')")),
+        ({"devices": ","}, None, ("--devices", "expected GPU indices like 0,1")),
+        ({"out": Path("/dev/null")}, None, ("--out", "/dev/null: not a folder")),
+        ({"out": Path("/dev/null/runs")}, None, ("--out", "/dev/null: not a folder")),
+    ],
+)
+def test_command_line_problems(monkeypatch, kwargs, env, problem):
+    if env is None:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_MODE", env)
+    ((where, message),) = run_problems(**kwargs)
+    assert where == problem[0] and message.startswith(problem[1]), message
+
+
+def test_a_gpu_torch_cannot_see_is_refused():
+    import torch
+
+    visible = torch.cuda.device_count()
+    ((where, message),) = run_problems(devices=f"0,{visible}")
+    assert where == "--devices" and message.startswith(f"no GPU {'0, ' if not visible else ''}{visible}: ")
+
+
+@pytest.mark.parametrize(
+    "error, code, line",
+    [
+        (PermissionError(errno.EACCES, "Permission denied", "/x/s.yaml"), 2, "/x/s.yaml: permission denied"),
+        (NotADirectoryError(errno.ENOTDIR, "Not a directory", "/f/runs"), 2, "/f/runs: not a folder"),
+        (OSError(errno.ENAMETOOLONG, "File name too long", "/x/y"), 2, "/x/y: file name too long"),
+        (OSError(errno.ENOSPC, "No space left on device", "/runs/a"), 1, "/runs/a: no space left on device"),
+        (OSError(errno.ENOSPC, "No space left on device"), 1, "no space left on device"),
+        (
+            ConfigError("train.lr: Input should be greater than 0"),
+            2,
+            "train.lr: Input should be greater than 0",
+        ),
+        (RunFailed("no optimizer step ran"), 1, "no optimizer step ran"),
+    ],
+)
+def test_errors_become_one_line_with_the_exit_code_of_their_kind(error, code, line):
+    assert error_line(error) == (code, line)
+    assert error_line(ZeroDivisionError()) is None  # a bug keeps its traceback
+
+
+# Through the installed script ---------------------------------------------------------------------------
+
+
+def assert_refused(proc: subprocess.CompletedProcess, *lines: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.strip().splitlines() == [f"error: {line}" for line in lines], proc.stderr
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [("nan", "Input should be a finite number"), ("inf", "Input should be a finite number"),
+     ("-.inf", "Input should be a finite number"), ("0", "Input should be greater than 0 (got 0)")],
+)  # fmt: skip
+def test_set_a_bad_float_is_refused_naming_the_key(tmp_path, value, message):
+    proc = ablate("train", "--set", f"train.lr={value}", "--out", str(tmp_path / "out"))
+    assert_refused(proc, f"train.lr: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_sweep_lists_every_problem_and_creates_nothing(tmp_path, monkeypatch):
+    path = study(tmp_path, variants={"a": {"train.max_epochs": 0}, "b": {"model.d_model": True}})
+    out = tmp_path / "out"
+    env_before = os.environ.get("WANDB_MODE")
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    proc = ablate("sweep", str(path), "--out", str(out), "--storage", "mysql://u:pw@h/db", "--devices", "x")
+    assert env_before != "bogus"
+    assert_refused(
+        proc,
+        f"{path}: variants.a.train.max_epochs: Input should be greater than or equal to 1 (got 0)",
+        f"{path}: variants.b.model.d_model: Input should be a valid integer (got True)",
+        "--storage: mysql://u:***@h/db: the driver for mysql is not installed (MySQLdb)",
+        "--devices: expected GPU indices like 0,1 (got 'x')",
+        "WANDB_MODE: expected online, offline or disabled (got 'bogus' from the environment)",
+    )
+    assert not out.exists()
+
+
+def test_a_large_grid_needs_allow_large(tmp_path):
+    grid = {
+        "train.lr": [0.001 * (i + 1) for i in range(101)],
+        "model.dropout": [0.001 * i for i in range(100)],
+    }
+    path = study(tmp_path, factors=grid)
+    proc = ablate("sweep", str(path), "--out", str(tmp_path / "out"))
+    assert_refused(proc, f"{path}: factors: 10,100 trials (variants x seeds) exceed 10,000; "
+                         "pass --allow-large to run them")  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_corrupted_study_db_is_one_line_for_report_and_sweep(tmp_path):
+    path = study(tmp_path, seeds=[0])
+    db = tmp_path / "out" / "h" / "study.db"
+    db.parent.mkdir(parents=True)
+    sqlite3.connect(db).execute("create table t (x)").connection.commit()
+    with open(db, "r+b") as f:
+        f.write(b"\xa5" * 4096)
+    line = f"storage sqlite:///{db}: cannot open (file is not a database)"
+    assert_refused(ablate("report", "h", "--out", str(tmp_path / "out")), line)
+    assert_refused(ablate("sweep", str(path), "--out", str(tmp_path / "out"), "--wandb", "disabled"), line)
+
+
+def test_out_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    for command in (["train"], ["sweep", str(study(tmp_path))], ["worker", str(study(tmp_path))]):
+        assert_refused(
+            ablate(*command, "--out", str(tmp_path / "file")), f"--out: {tmp_path / 'file'}: not a folder"
+        )
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    proc = ablate("--debug", "train", "--set", "train.lr=nan", "--out", str(tmp_path / "out"))
+    assert (
+        proc.returncode == 2
+        and "Traceback" in proc.stderr
+        and "train.lr: Input should be a finite number" in proc.stderr
+    )
+
+
+@pytest.fixture
+def shared_dir():
+    """A folder another user can enter (pytest's own are private to root)."""
+    folder = Path(tempfile.mkdtemp(prefix="ablate-perm-"))
+    folder.chmod(0o777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def ablate_unprivileged(*args: str, home: Path) -> subprocess.CompletedProcess:
+    """`ablate` as a user without CAP_DAC_OVERRIDE: as root, through setpriv as nobody."""
+    env = {**os.environ, "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", "WANDB_MODE": "disabled"}
+    exe = shutil.which("ablate")
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root and setpriv (util-linux) is missing: cannot drop CAP_DAC_OVERRIDE")
+        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    return subprocess.run([*prefix, exe, *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_unreadable_study_file(shared_dir):
+    path = study(shared_dir)
+    path.chmod(0)
+    proc = ablate_unprivileged("sweep", str(path), "--out", str(shared_dir / "out"), home=shared_dir)
+    assert_refused(proc, f"{path}: permission denied")
+    assert not (shared_dir / "out").exists()
+
+
+def test_unreadable_corpus_and_unwritable_out_are_listed_together(shared_dir):
+    (shared_dir / "other.tsv").write_text(PAIRS)
+    (shared_dir / "c.tsv").write_text(PAIRS)
+    (shared_dir / "c.tsv").chmod(0)
+    path = corpus_study(shared_dir, "c.tsv")
+    locked = shared_dir / "locked"
+    locked.mkdir(mode=0o555)
+    proc = ablate_unprivileged("sweep", str(path), "--out", str(locked / "runs"), home=shared_dir)
+    assert_refused(
+        proc,
+        f"{path}: base.task.path: {shared_dir / 'c.tsv'}: permission denied",
+        f"--out: {locked}: permission denied (not writable)",
+    )
+    assert list(locked.iterdir()) == []
