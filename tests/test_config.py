@@ -138,10 +138,13 @@ def test_nan_learning_rate_is_refused_on_the_command_line_before_training(tmp_pa
 @pytest.mark.parametrize(
     "key, inside, outside, said",
     [
-        ("model.dropout", [0.0, 0.999], [1.0, -0.001], "must be in [0, 1)"),
+        ("model.dropout", [0.0, 0.999], [1.0], "Input should be less than 1"),
+        ("model.dropout", [0.0], [-0.001], "Input should be greater than or equal to 0"),
         ("model.scale", [0.001], [0.0, -1.0], "must be 'sqrt', 'none' or a positive number"),
-        ("model.pos_base", [1.001], [1.0, 0.5], "must be greater than 1"),
-        ("train.lr", [1e-9], [0.0, -1e-9], "must be positive"),
+        ("model.pos_base", [1.001], [1.0, 0.5], "Input should be greater than 1"),
+        ("train.lr", [1e-9], [0.0, -1e-9], "Input should be greater than 0"),
+        ("train.weight_decay", [0.0], [-0.001], "Input should be greater than or equal to 0"),
+        ("train.warmup_steps", [0], [-1], "Input should be greater than or equal to 0"),
         ("train.label_smoothing", [0.0, 0.999], [1.0], "Input should be less than 1"),
         ("train.label_smoothing", [0.0], [-0.001], "Input should be greater than or equal to 0"),
         ("train.length_penalty", [0.0], [-0.001], "Input should be greater than or equal to 0"),
