@@ -510,3 +510,9 @@ def test_the_schedule_steps_with_every_optimiser_step():
                         enable_model_summary=False, accelerator="cpu")  # fmt: skip
     trainer.fit(module, torch.utils.data.DataLoader([batch] * 3, batch_size=None))  # one epoch of three steps
     assert lrs == pytest.approx([0.001, 0.002, 0.003])  # warmup: (step + 1) / 4 of 0.004
+
+
+def test_generate_is_greedy_unless_given_a_beam(monkeypatch):
+    module, _, _ = fixed_module()
+    monkeypatch.setattr("models.module.beam_search", lambda *a, **kw: pytest.fail("beam search by default"))
+    assert module.generate(torch.full((1, 2), A)).tolist() == [[A, B, EOS]]
