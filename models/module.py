@@ -70,7 +70,7 @@ class Seq2SeqModule(L.LightningModule):
         optim: OptimConfig | dict | None = None,
         eval_splits: tuple[str, ...] = ("test",),
         train_max_len: int = 0,
-    ):
+    ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutmut trampoline hides it)
         """optim: OptimConfig, or any config that extends it (harness's TrainConfig); None: its defaults."""
         super().__init__()
         self.model_cfg = model if isinstance(model, ModelConfig) else ModelConfig(**model)

@@ -133,3 +133,43 @@ def test_nan_learning_rate_is_refused_on_the_command_line_before_training(tmp_pa
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "error: train.lr: Input should be a finite number"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "key, inside, outside, said",
+    [
+        ("model.dropout", [0.0, 0.999], [1.0], "Input should be less than 1"),
+        ("model.dropout", [0.0], [-0.001], "Input should be greater than or equal to 0"),
+        ("model.scale", [0.001], [0.0, -1.0], "must be 'sqrt', 'none' or a positive number"),
+        ("model.pos_base", [1.001], [1.0, 0.5], "Input should be greater than 1"),
+        ("train.lr", [1e-9], [0.0, -1e-9], "Input should be greater than 0"),
+        ("train.weight_decay", [0.0], [-0.001], "Input should be greater than or equal to 0"),
+        ("train.warmup_steps", [0], [-1], "Input should be greater than or equal to 0"),
+        ("train.label_smoothing", [0.0, 0.999], [1.0], "Input should be less than 1"),
+        ("train.label_smoothing", [0.0], [-0.001], "Input should be greater than or equal to 0"),
+        ("train.length_penalty", [0.0], [-0.001], "Input should be greater than or equal to 0"),
+    ],
+)  # fmt: skip
+def test_bounds_refuse_the_value_just_outside_and_keep_the_one_just_inside(key, inside, outside, said):
+    group, name = key.split(".")
+    for value in inside:
+        assert getattr(getattr(build_config({}, {key: value}), group), name) == value
+    for value in outside:
+        assert error_of({}, {key: value}).startswith(f"{key}: {said}")
+
+
+def test_lstm_shape_checks_apply_only_where_they_matter():
+    lstm = {"model.arch": "lstm", "model.d_model": 63}
+    assert error_of({}, lstm).startswith("model.d_model: must be even for a bidirectional encoder")
+    assert build_config({}, {**lstm, "model.bidirectional": False}).model.d_model == 63
+    heads = {"model.arch": "lstm", "model.attention": "dot", "model.attention_heads": 3}
+    assert error_of({}, heads) == "model.attention_heads: must divide d_model=64 (got attention_heads=3)"
+    # Without attention there are no attention heads to divide d_model; a Transformer never reads them.
+    assert build_config({}, {**heads, "model.attention": "none"}).model.attention_heads == 3
+    assert build_config({}, {"model.attention_heads": 3}).model.attention_heads == 3
+
+
+def test_from_name_applies_its_overrides_on_the_preset():
+    cfg = ModelConfig.from_name("lstm-luong-dot", d_model=32, input_feeding=False)
+    assert (cfg.arch, cfg.attention, cfg.attention_query) == ("lstm", "dot", "current")
+    assert (cfg.d_model, cfg.input_feeding) == (32, False)  # the preset says True

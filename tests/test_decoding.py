@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from models import ModelConfig, build_model
-from models.decoding import beam_search, greedy_decode, max_target_length
+from models.decoding import beam_search, generation_budget, greedy_decode, length_penalty, max_target_length
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -122,3 +122,17 @@ def test_decoders_never_emit_padding_or_bos():
     src = torch.full((1, 2), A)
     assert greedy_decode(model, src, BOS, EOS, PAD, max_len=4).tolist() == [[A, EOS]]
     assert beam_search(model, src, BOS, EOS, PAD, beam_size=2, max_len=4).tolist() == [[A, EOS]]
+
+
+def test_gnmt_length_penalty_values():
+    # ((5 + |Y|) / 6) ** alpha: 1 for a one-token output whatever alpha, sqrt(2) for seven tokens at 0.5.
+    assert length_penalty(1, 0.6) == 1.0
+    assert length_penalty(7, 0.5) == pytest.approx(2**0.5, rel=1e-12)
+    assert length_penalty(13, 2.0) == pytest.approx(9.0, rel=1e-12)
+    assert length_penalty(40, 0.0) == 1.0
+
+
+def test_an_all_padding_batch_still_gets_the_extra_steps():
+    # 2 * max(0 source tokens, 0 target tokens) + 10.
+    assert generation_budget(0) == 10
+    assert max_target_length(torch.full((2, 3), PAD), PAD) == 10

@@ -1,12 +1,14 @@
 """Seq2SeqModule and run_trial: loss, schedules, checkpoints, determinism, budgets, logging, precision."""
 
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from lightning.pytorch.loggers import WandbLogger
 
 from harness.artifacts import AttentionSample
@@ -369,3 +371,148 @@ def test_learns_to_reverse_and_beam_search_keeps_it():
     # The per-length table of test_long starts just beyond the training lengths.
     long_rows = [row for row in result.per_length if row["split"] == "test_long"]
     assert long_rows and min(row["length"] for row in long_rows) == 7
+
+
+def test_schedules_at_their_edges():
+    # No warmup: every schedule starts at the full lr.
+    assert [lr_lambda("constant", 0, 100)(s) for s in (0, 500)] == [1.0, 1.0]
+    inverse_sqrt = lr_lambda("inverse_sqrt", warmup_steps=0, max_steps=100)
+    assert (inverse_sqrt(0), inverse_sqrt(3)) == (1.0, pytest.approx(0.5))  # sqrt(1 / 4)
+    cosine = lr_lambda("cosine", warmup_steps=0, max_steps=100)
+    assert cosine(0) == 1.0
+    assert cosine(25) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+    assert cosine(50) == pytest.approx(0.5)
+    # Warmup reaches 1 and stays there; cosine stays at 0 past max_steps instead of rising again.
+    assert [lr_lambda("constant", 4, 100)(s) for s in (3, 10)] == [1.0, 1.0]
+    assert lr_lambda("cosine", 10, 110)(210) == pytest.approx(0.0, abs=1e-12)
+    # max_steps == warmup_steps: the decay has no length, so the step after warmup is at 0.
+    assert lr_lambda("cosine", 10, 10)(10) == 1.0
+    assert lr_lambda("cosine", 10, 10)(11) == pytest.approx(0.0, abs=1e-12)
+
+
+PAD, BOS, EOS, A, B, C = range(6)
+
+
+class FixedModel(torch.nn.Module):
+    """Teacher forcing gives the gold token probability 1/2 and each other token 1/10 (logits log 5 and 0);
+    greedy decoding always says A B EOS."""
+
+    gold: torch.Tensor  # (B, T) the batch's tgt_out
+
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros(1))  # something for the optimiser to hold
+
+    def forward(self, src, tgt_in, need_weights=False):
+        logits = F.one_hot(self.gold, 6).float() * math.log(5.0) + 0.0 * self.unused  # something to train
+        return (logits, {}) if need_weights else logits
+
+    @contextmanager
+    def record_states(self):
+        yield {}
+
+    def init_state(self, src):
+        return {}
+
+    def step(self, state, prev):
+        after = {BOS: A, A: B}  # then EOS; logits 10 for the next token leave others no chance in a beam
+        next_token = torch.tensor([after.get(int(p), EOS) for p in prev], device=prev.device)
+        return F.one_hot(next_token, 6).float() * 10.0, state
+
+
+# The loss of FixedModel's teacher forcing at each real target token: NLL log 2, and with smoothing 0.1 the
+# mean over the vocabulary of -log p is (log 2 + 5 log 10) / 6.
+NLL = math.log(2.0)
+SMOOTHED = 0.9 * NLL + 0.1 * (math.log(2.0) + 5 * math.log(10.0)) / 6
+
+
+def fixed_module(**optim) -> tuple[Seq2SeqModule, dict, set]:
+    """A module around FixedModel whose `log` records values and which names go to the progress bar."""
+    module = Seq2SeqModule({"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}, 6, 6, optim)
+    module.model = FixedModel()
+    logged, progress_bar = {}, set()
+
+    def log(name, value, prog_bar=False, **kw):
+        logged[name] = float(value)
+        if prog_bar:
+            progress_bar.add(name)
+
+    module.log = log
+    return module, logged, progress_bar
+
+
+def test_training_step_logs_the_smoothed_loss_and_the_lr():
+    module, logged, progress_bar = fixed_module(label_smoothing=0.1, lr=0.002)
+    module.lr_schedulers = lambda: module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    tgt_out = torch.tensor([[A, B, EOS, PAD], [A, C, EOS, PAD]])
+    module.model.gold = tgt_out
+    loss = module.training_step({"src": torch.full((2, 2), A), "tgt_in": tgt_out, "tgt_out": tgt_out}, 0)
+    assert loss.item() == pytest.approx(SMOOTHED, rel=1e-6)
+    assert logged == {"train/loss": pytest.approx(SMOOTHED, rel=1e-6), "train/lr": pytest.approx(0.002)}
+    assert progress_bar == {"train/loss"}
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_evaluation_sums_and_metrics_by_hand(device):
+    module, logged, progress_bar = fixed_module(label_smoothing=0.1, beam_size=3)
+    module.to(device)
+    beam_sizes = []
+    generate = module.generate
+    module.generate = lambda src, beam_size: beam_sizes.append(beam_size) or generate(src, beam_size)
+    tgt_out = torch.tensor([[A, B, EOS, PAD], [A, C, EOS, PAD], [A, B, C, EOS]], device=device)
+    src = torch.full((3, 2), A, device=device)  # the sums' counts must live where the loss does
+    # Two batches of one split add up: rows 0-1, then row 2.
+    for index, rows in enumerate([slice(0, 2), slice(2, 3)]):
+        module.model.gold = tgt_out[rows]
+        module.validation_step({"src": src[rows], "tgt_in": tgt_out[rows], "tgt_out": tgt_out[rows]}, index)
+    module.on_validation_epoch_end()
+    # Prediction A B EOS against: A B EOS (exact, 3 of 3), A C EOS (2 of 3), A B C EOS (2 of 4).
+    assert logged == {
+        "val/loss": pytest.approx(SMOOTHED, rel=1e-6),
+        "val/ppl": pytest.approx(2.0, rel=1e-6),  # exp of the unsmoothed NLL
+        "val/seq_acc": pytest.approx(1 / 3),
+        "val/tok_acc": pytest.approx(7 / 10),
+    }
+    assert progress_bar == {"val/loss"}
+    assert beam_sizes == [1, 1]  # validation decodes greedily whatever train.beam_size says
+    assert module._sums == {}  # the next epoch starts from zero
+
+
+def test_test_step_decodes_with_beam_size_into_its_splits_sums():
+    module, _, _ = fixed_module(beam_size=3)
+    beam_sizes = []
+    generate = module.generate
+    module.generate = lambda src, beam_size: beam_sizes.append(beam_size) or generate(src, beam_size)
+    tgt_out = torch.tensor([[A, B, EOS], [A, C, EOS]])
+    module.model.gold = tgt_out
+    batch = {"src": torch.full((2, 2), A), "tgt_in": tgt_out, "tgt_out": tgt_out}
+    # One test split: Lightning passes no dataloader_idx.
+    assert module.test_step(batch, 0)["pred"].tolist() == [[A, B, EOS]] * 2
+    assert beam_sizes == [3]
+    assert list(module._sums) == ["test"]
+    assert module._sums["test"][2:].tolist() == [6, 1, 5, 2]  # tokens, exact, correct, examples
+    module.eval_splits = ["test", "test_long"]
+    module.test_step(batch, 0, dataloader_idx=1)
+    assert list(module._sums) == ["test", "test_long"]
+
+
+def test_the_schedule_steps_with_every_optimiser_step():
+    module, _, _ = fixed_module(lr=0.004, warmup_steps=4)
+    lrs = []
+    module.log = lambda name, value, **kw: lrs.append(float(value)) if name == "train/lr" else None
+    tgt_out = torch.tensor([[A, B, EOS]])
+    module.model.gold = tgt_out
+    batch = {"src": torch.full((1, 2), A), "tgt_in": tgt_out, "tgt_out": tgt_out}
+    trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu")  # fmt: skip
+    trainer.fit(module, torch.utils.data.DataLoader([batch] * 3, batch_size=None))  # one epoch of three steps
+    assert lrs == pytest.approx([0.001, 0.002, 0.003])  # warmup: (step + 1) / 4 of 0.004
+
+
+def test_generate_is_greedy_unless_given_a_beam(monkeypatch):
+    module, _, _ = fixed_module()
+    monkeypatch.setattr("models.module.beam_search", lambda *a, **kw: pytest.fail("beam search by default"))
+    assert module.generate(torch.full((1, 2), A)).tolist() == [[A, B, EOS]]
