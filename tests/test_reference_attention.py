@@ -11,8 +11,10 @@ determine exactly: log w_mn - log w_m0 = s_mn - s_m0. Tolerances: ALiBi 1e-10 (f
 RoPE 1e-5, because its angles are computed in float32 on purpose (models/positional.py) and a float32
 angle of position p is off by about p * 6e-8 radians.
 
-The attention layer alone (the end of the file): its mask of padded and later keys and its dropout on the
-weights, written out the same way, on both of its paths.
+The attention layer alone (the end of the file): Vaswani et al.'s multi-head formula, its mask of padded
+and later keys, a score bias meeting those masks, its dropout on the weights and relative positions
+under a key-value cache, written out the same way, on both of its paths; then the recurrent family's
+`ScoreAttention` with Luong's general and location scores.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import pytest
 import torch
 
 from models import build_model
-from models.attention import AdditiveScore, MultiHeadAttention
+from models.attention import AdditiveScore, GeneralScore, LocationScore, MultiHeadAttention, ScoreAttention
 from models.config import ModelConfig
+from models.positional_layers import ALiBi, Rotary
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -200,3 +203,156 @@ def test_tanh_score_v_starts_uniform_within_one_over_sqrt_head_dim():
     torch.manual_seed(0)
     v = AdditiveScore(64, 4).v
     assert v.abs().max() <= 0.25 and v.min() < -0.15 and v.max() > 0.15
+
+
+def affine(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """x W^T + b, the projection written out."""
+    return x @ linear.weight.T + linear.bias
+
+
+def multi_head_by_hand(attn: MultiHeadAttention, query, key, allowed=None, bias=None) -> tuple:
+    """Vaswani et al. 2017, Sec. 3.2.2: Concat(head_1, ..., head_h) W^O, head_i = softmax(Q W_i^Q (K W_i^K)^T
+    / sqrt(d_k) + bias_i) V W_i^V, head i reading features i d_k .. (i + 1) d_k of each projection; keys
+    where `allowed` (B, T, S) is False get weight 0. Returns the output and the weights (B, H, T, S)."""
+    q, k, v = affine(attn.q_proj, query), affine(attn.k_proj, key), affine(attn.v_proj, key)
+    dk = q.size(-1) // attn.heads
+    outputs, weights = [], []
+    for i in range(attn.heads):
+        f = slice(i * dk, (i + 1) * dk)
+        scores = q[..., f] @ k[..., f].transpose(1, 2) / dk**0.5  # (B, T, S)
+        if bias is not None:
+            scores = scores + bias[i]
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, -torch.inf)
+        weights.append(scores.softmax(-1))
+        outputs.append(weights[-1] @ v[..., f])
+    return affine(attn.out_proj, torch.cat(outputs, -1)), torch.stack(weights, 1)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("padded", [True, False])
+def test_multi_head_attention_is_the_concatenated_heads_times_w_o(padded):
+    """Two heads of 4 features, 3 queries over 5 keys (the second sentence's last two padded, or no
+    padding and so no mask at all), float64, 1e-12. `attend`, the entry cross-attention uses, is not
+    causal unless asked; weights come back only when asked."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(8, 2).double()
+    query, key = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 5, 8, dtype=torch.float64)
+    padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2]) if padded else None
+    allowed = padding[:, None, :].expand(2, 3, 5) if padded else None
+    expected, expected_weights = multi_head_by_hand(attn, query, key, allowed)
+    out, weights = attn(query, key, key_padding=padding, need_weights=True)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-12, rtol=0)
+    for out, weights in (
+        attn(query, key, key_padding=padding),
+        attn.attend(query, *attn.keys_values(key), padding),
+    ):
+        assert weights is None
+        torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("padded, causal", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_a_score_bias_meets_the_masks_on_both_paths(padded, causal, need_weights):
+    """ALiBi's bias -m_h |i - j| (m_1 = 2^-4, m_2 = 2^-8 for two heads) is added to q.k / sqrt(d_k), and
+    padded (the second sentence's last two) and later keys still get weight 0; the fused path turns both
+    into one additive mask, the explicit one adds and masks. Self-attention over 5 positions, float64."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(8, 2, score_bias=ALiBi(2).double()).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2]) if padded else None
+    i, j = torch.arange(5)[:, None], torch.arange(5)[None, :]
+    allowed = torch.ones(2, 5, 5, dtype=torch.bool)
+    if padded:
+        allowed = allowed & padding[:, None, :]
+    if causal:
+        allowed = allowed & (j <= i)
+    bias = torch.stack([-(2.0**-4) * (i - j).abs(), -(2.0**-8) * (i - j).abs()]).double()
+    expected, _ = multi_head_by_hand(attn, x, x, allowed, bias)
+    out, _ = attn(x, x, key_padding=padding, causal=causal, need_weights=need_weights)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+
+
+@torch.no_grad()
+def test_alibi_attention_keeps_bfloat16_on_both_paths():
+    # A model cast to bf16 (train.precision: bf16-true) keeps ALiBi's slopes, bias, weights and output in
+    # bf16 on both paths, within bf16's precision of the float32 result.
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(8, 2, score_bias=ALiBi(2))
+    x = torch.randn(2, 5, 8)
+    padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    reference = attn(x, x, key_padding=padding, causal=True)[0]
+    attn.to(torch.bfloat16)
+    for need_weights in (True, False):
+        out = attn(x.bfloat16(), x.bfloat16(), key_padding=padding, causal=True, need_weights=need_weights)[0]
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), reference, atol=0.05, rtol=0.05)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("kind", ["rope", "alibi"])
+def test_relative_positions_hold_under_a_key_value_cache(kind):
+    """Decoding one position at a time, each new key rotated at its own position (`offset`) and appended
+    to the cache, the query at the last position, gives the outputs of causal attention over the whole
+    sequence at once. float64, 1e-12."""
+    torch.manual_seed(0)
+    slots = {"rotary": Rotary(4)} if kind == "rope" else {"score_bias": ALiBi(2).double()}
+    attn = MultiHeadAttention(8, 2, **slots).double()
+    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    full = attn(x, x, causal=True)[0]
+    keys, values = [], []
+    for t in range(6):
+        k, v = attn.keys_values(x[:, t : t + 1], offset=t)
+        keys.append(k)
+        values.append(v)
+        out, _ = attn.attend(x[:, t : t + 1], torch.cat(keys, 2), torch.cat(values, 2), causal=True)
+        torch.testing.assert_close(out, full[:, t : t + 1], atol=1e-12, rtol=0)
+
+
+# --- The recurrent family's ScoreAttention ------------------------------------------------------------------
+
+
+@torch.no_grad()
+def test_score_attention_weighs_the_real_source_positions_by_the_prepared_keys():
+    """Luong's general score s^T W_a h: weights = softmax over the real source positions, context =
+    sum_j w_j h_j. `prepared` (W_a h, which a decoder keeps across steps) is what gets scored when given,
+    and is computed from the keys when not: zeros given there score every position alike."""
+    torch.manual_seed(0)
+    attn = ScoreAttention(GeneralScore(8, 1), heads=1).double()
+    query, keys = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 5, 8, dtype=torch.float64)
+    padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    scores = query @ (keys @ attn.score.w.weight.T).transpose(1, 2)
+    expected = scores.masked_fill(~padding[:, None, :], -torch.inf).softmax(-1)
+    for prepared in (None, attn.prepare(keys)):
+        context, weights = attn(query, keys, padding, prepared=prepared)
+        torch.testing.assert_close(weights[:, 0], expected, atol=1e-12, rtol=0)
+        torch.testing.assert_close(context, expected @ keys, atol=1e-12, rtol=0)
+    _, weights = attn(query, keys, padding, prepared=torch.zeros_like(keys))
+    uniform = padding[:, None, :].double().expand(2, 3, 5) / padding.sum(1)[:, None, None]
+    torch.testing.assert_close(weights[:, 0], uniform, atol=1e-12, rtol=0)
+
+
+def test_general_score_is_bilinear_without_a_bias():
+    # s^T (W h + b) = s^T W h + s^T b: a bias would add a per-query constant that the softmax removes,
+    # parameters that could never learn anything; Luong's general score has none.
+    score = GeneralScore(8, 2)
+    assert score.w.bias is None
+    assert sum(p.numel() for p in score.parameters()) == 8 * 8
+
+
+@torch.no_grad()
+def test_location_score_has_one_output_per_source_position_up_to_max_positions():
+    """Luong's location score a_t = W_a h_t has max_positions outputs: a source of S positions reads the
+    first S (S = 3 and S = 6 = max_positions, with d_model 8 unequal to both); one more is an error naming
+    the key."""
+    torch.manual_seed(0)
+    score = LocationScore(8, 1, max_positions=6).double()
+    query = torch.randn(2, 3, 8, dtype=torch.float64)
+    for length in (3, 6):
+        expected = affine(score.w, query)[..., :length]
+        got = score(query, torch.randn(2, length, 8, dtype=torch.float64))
+        torch.testing.assert_close(got, expected[:, None], atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match=r"^source length 7 exceeds model\.max_positions=6$"):
+        score(query, torch.randn(2, 7, 8, dtype=torch.float64))
