@@ -167,11 +167,13 @@ def test_luong_without_input_feeding_computes_all_steps_at_once_like_the_loop(ki
     torch.testing.assert_close(weights["cross"][0], looped_weights["cross"][0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("query", ["previous", "current"])
 @pytest.mark.parametrize("kind, projection", [("additive", "u"), ("general", "w")])
-def test_the_step_loop_projects_the_source_once(kind, projection):
+def test_the_step_loop_projects_the_source_once(kind, projection, query):
     """U h (additive) and W h (general) depend on the source alone: one projection per sentence, however
-    many decoder steps, in training's step loop and in decoding."""
-    model = rnn(attention=kind, attention_query="previous")
+    many decoder steps, in training's step loop and in decoding, whichever decoder state is the query
+    (input feeding puts Luong's current query on the step loop in training too)."""
+    model = rnn(attention=kind, attention_query=query, input_feeding=query == "current")
     calls = []
     getattr(model.attention.score, projection).register_forward_hook(lambda *_: calls.append(1))
     model(batch([7, 3, 5]), batch([6, 6, 2], seed=1))
