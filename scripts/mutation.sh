@@ -13,7 +13,10 @@ set -euo pipefail -o noglob  # pytest node ids hold [brackets]
 declare -A TESTS=(
   [harness/metrics.py]="tests/test_metrics.py"
   [reports/stats.py]="tests/test_stats.py"
-  [reports/claims.py]="tests/test_stats.py"
+  [reports/claims.py]="tests/test_stats.py tests/test_claims.py
+    tests/test_adaptive.py::test_a_claim_is_decided_at_its_first_decisive_look_and_only_open_claims_want_seeds
+    tests/test_adaptive.py::test_a_running_look_gives_a_provisional_verdict_and_wants_nothing
+    tests/test_adaptive.py::test_a_list_of_seeds_is_one_look_at_95_percent"
   [models/rnn.py]="tests/test_reference_rnn.py tests/test_rnn.py"
   [models/positional.py]="tests/test_reference_attention.py tests/test_positional.py"
   [models/positional_layers.py]="tests/test_reference_attention.py tests/test_positional.py"
@@ -29,6 +32,7 @@ declare -A TESTS=(
 )
 # Slow tests a target's mutants skip (pytest node ids): they cost minutes per run and test nothing the rest miss.
 declare -A DESELECT=(
+  [reports/claims.py]="tests/test_claims.py::test_the_report_prints_each_claims_source_beside_its_verdict"
   [models/module.py]="tests/test_module.py::test_cpu_peak_memory_is_each_trials_own
     tests/test_module.py::test_compile_keeps_checkpoint_names tests/test_module.py::test_budgets_and_early_stopping
     tests/test_module.py::test_progress_bar_counts_epochs_without_a_negative_last_one

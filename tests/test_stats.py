@@ -436,6 +436,7 @@ def test_metric_ranges_come_from_the_names():
     assert stats.metric_range("test/ppl").low == 1.0
     assert not stats.metric_range("test/score").bounded and math.isinf(stats.metric_range("test/score").low)
     assert ACC.difference() == stats.MetricRange(-1.0, 1.0)
+    assert stats.MetricRange(1.0, 3.0).difference() == stats.MetricRange(-2.0, 2.0)
 
 
 def test_accuracy_seeds_at_089_095_by_hand():
@@ -490,6 +491,55 @@ def test_loss_and_perplexity_intervals_stay_above_their_bounds():
     assert 0 < lo < loss.mean() < hi
     lo, hi = stats.mean_ci(loss + 1, stats.metric_range("test/ppl"))
     assert (lo, hi) == pytest.approx((1 + loss.mean() / factor, 1 + loss.mean() * factor), rel=1e-12)
+
+
+def test_a_bounded_range_is_mapped_onto_zero_one_and_back():
+    # A metric in [1, 3] (every bundled bounded metric starts at 0) is the accuracy (x - 1) / 2, rescaled.
+    lo, hi = stats.mean_ci(np.array([2.78, 2.9]), stats.MetricRange(1.0, 3.0), 500)
+    unit_lo, unit_hi = stats.mean_ci(np.array([0.89, 0.95]), ACC, 500)
+    assert (lo, hi) == pytest.approx((1 + 2 * unit_lo, 1 + 2 * unit_hi), rel=1e-12)
+
+
+def test_seeds_all_at_one_stay_at_most_one_despite_rounding():
+    # Wilson's upper end at p = 1 is exactly 1, but in floats three seeds of 50 examples at 95% give
+    # 1 + 2.2e-16 (the same formula by hand); the interval is clipped to the range.
+    q = sps.t.ppf(0.975, 2)
+    assert wilson_by_hand(1.0, 150, q)[1] > 1.0
+    assert stats.mean_ci(np.array([1.0, 1.0, 1.0]), ACC, 50) == pytest.approx(
+        (wilson_by_hand(1.0, 150, q)[0], 1.0)
+    )
+    assert stats.mean_ci(np.array([1.0, 1.0, 1.0]), ACC, 50)[1] == 1.0
+
+
+def test_loss_intervals_are_degenerate_only_when_the_seeds_agree():
+    # (mean - low) * exp(+-q se / (mean - low)) whatever the mean's size: a mean loss of half a nat, and
+    # a standard error of exactly 1 ([9, 11]: s^2 = 2 over 2 seeds), get intervals like any other.
+    loss = stats.metric_range("val/loss")
+    for values in (np.array([0.4, 0.6]), np.array([9.0, 11.0])):
+        factor = math.exp(T1 * sps.sem(values) / values.mean())
+        expected = (values.mean() / factor, values.mean() * factor)
+        assert stats.mean_ci(values, loss) == pytest.approx(expected, rel=1e-12)
+    assert stats.mean_ci(np.array([0.5, 0.5]), loss) == (0.5, 0.5)
+
+
+def test_examples_is_the_fewest_that_a_completed_trial_measured():
+    df = table({"a": [0.5, 0.6, 0.7]}).assign(**{"examples/test": [300, 1, 40], "examples/valid": 200})
+    assert stats.examples(df, "test/seq_acc") == 1
+    assert stats.examples(df, "val/loss") == 200  # validation metrics are named val/, their split valid
+    assert stats.examples(df, "test_long/seq_acc") is None  # no count recorded for that split
+    df["examples/test"] = [300, 0, 40]
+    assert stats.examples(df, "test/seq_acc") is None  # an empty split gives no binomial floor
+    df["state"] = "FAIL"
+    assert stats.examples(df, "test/seq_acc") is None
+
+
+def test_summary_differences_take_the_example_count_too():
+    # Seeds without spread: only the binomial floor of 500 examples gives either side any width.
+    df = table({"tf": [1.0, 1.0], "nopos": [0.0, 0.0]}).assign(**{"examples/test": 500})
+    row = stats.summarize(df, METRIC, ["tf", "nopos"], "tf").set_index("variant").loc["nopos"]
+    expected = stats.diff_ci([(np.array([0.0, 0.0]), np.array([1.0, 1.0]))], ACC, 500)
+    assert (row["diff"], row["diff_ci_low"], row["diff_ci_high"]) == pytest.approx(expected, rel=1e-12)
+    assert row["diff_ci_low"] == -1.0 < row["diff_ci_high"] < -0.95
 
 
 def test_differences_of_accuracies_stay_within_minus_one_and_one():
