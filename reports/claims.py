@@ -269,11 +269,9 @@ def evaluate_interaction(
         cell_pairs = [(c1.to_numpy(), t1.to_numpy()), (t2.to_numpy(), c2.to_numpy())]
         estimate, lo, hi = diff_ci(cell_pairs, level=level)
         result.diff, lo, hi = 2 * estimate, 2 * lo, 2 * hi
-    # (a - b) - (c - d) with a, b in [low, high] and c, d in [low', high'] lies in
-    # [(low - high) - (high' - low'), (high - low) + (high' - low')].
-    first, second = metric_range(metric), metric_range(versus_metric)
-    spread = (first.high - first.low) + (second.high - second.low)
-    result.ci_low, result.ci_high = max(lo, -spread), min(hi, spread)
+    # (a - b) - (c - d): a difference in the first metric's difference range less one in the second's.
+    first, second = metric_range(metric).difference(), metric_range(versus_metric).difference()
+    result.ci_low, result.ci_high = max(lo, first.low - second.high), min(hi, first.high - second.low)
     fewest = min(len(s) for s in (c1, t1, c2, t2))
     if fewest < MIN_SEEDS:
         result.reason = f"a cell has {fewest} completed seed(s); a verdict needs {MIN_SEEDS}"
@@ -310,20 +308,19 @@ def _uninformative(result: ClaimResult, sides: list[tuple[str, list[str], np.nda
     return bool(unlearnt)
 
 
-def _at_bound(result: ClaimResult) -> bool:
-    """A `similar` claim whose two sides both sit within the margin of the metric's bound."""
+def _at_bound(result: ClaimResult) -> None:
+    """Marks a `similar` claim whose two sides both sit within the margin of the metric's bound."""
     rng, m = metric_range(result.metric), abs(result.claim.margin)
     if result.claim.expect != "similar":
-        return False
+        return
     means = (result.mean_compare, result.mean_to)
     if all(x >= rng.high - m for x in means):
         result.verdict, bound = CEILING, f"the upper bound {rng.high:g}"
     elif all(x <= rng.low + m for x in means):
         result.verdict, bound = FLOOR, f"the lower bound {rng.low:g}"
     else:
-        return False
+        return
     result.reason = f"both means lie within the margin {m:g} of {bound}: neither side can move"
-    return True
 
 
 def _reason(r: ClaimResult) -> str:

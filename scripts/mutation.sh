@@ -16,7 +16,10 @@ declare -A TESTS=(
   [reports/claims.py]="tests/test_stats.py tests/test_claims.py
     tests/test_adaptive.py::test_a_claim_is_decided_at_its_first_decisive_look_and_only_open_claims_want_seeds
     tests/test_adaptive.py::test_a_running_look_gives_a_provisional_verdict_and_wants_nothing
-    tests/test_adaptive.py::test_a_list_of_seeds_is_one_look_at_95_percent"
+    tests/test_adaptive.py::test_a_list_of_seeds_is_one_look_at_95_percent
+    tests/test_adaptive.py::test_a_claim_whose_first_look_is_not_queued_yet_is_running_and_wants_nothing
+    tests/test_adaptive.py::test_a_decided_claim_keeps_its_look_when_its_variants_run_on_for_another_claim
+    tests/test_adaptive.py::test_seeds_wanted_takes_the_most_any_open_claim_wants_and_skips_a_claim_without_a_side"
   [models/rnn.py]="tests/test_reference_rnn.py tests/test_rnn.py"
   [models/positional.py]="tests/test_reference_attention.py tests/test_positional.py"
   [models/positional_layers.py]="tests/test_reference_attention.py tests/test_positional.py"

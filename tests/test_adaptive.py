@@ -129,6 +129,46 @@ def test_a_running_look_gives_a_provisional_verdict_and_wants_nothing():
     assert claims.seeds_wanted(spec, [positions, norm]) == {}
 
 
+def test_a_claim_whose_first_look_is_not_queued_yet_is_running_and_wants_nothing():
+    # Only pre has trials: neither claim's variants have all their first look's seeds queued.
+    spec = adaptive_spec()
+    positions, norm = claims.evaluate_all(spec, table({"pre": [1.0, 0.97]}))
+    assert positions.running and norm.running and not (positions.decided or positions.budget_spent)
+    assert positions.level == norm.level == claims.look_level(spec)
+    assert positions.decision == "open: look 1 of 3 running"
+    assert claims.seeds_wanted(spec, [positions, norm]) == {}
+    # One seed listed, one variant without its trial: the look was not reached, whatever the count.
+    (positions, _) = claims.evaluate_all(adaptive_spec([0]), table({"pos": [1.0], "pre": [1.0]}))
+    assert positions.running and not positions.budget_spent
+
+
+def test_a_decided_claim_keeps_its_look_when_its_variants_run_on_for_another_claim():
+    # Both claims compare pre with pos: the first is decided at look 1, the second (token accuracy,
+    # similar within 1e-6) stays open and takes pre and pos to a third seed. The first keeps its look.
+    spec = StudySpec.model_validate({"name": "adaptive", "variants": VARIANTS, "seeds": {"min": 2, "max": 4},
+        "claims": [{"text": "Pre-LN is far worse here.", "compare": {"model.norm": "pre"}, "to": POS,
+                    "expect": "lower", "margin": 0.3},
+                   {"text": "Pre-LN matches post-LN in token accuracy.", "compare": {"model.norm": "pre"},
+                    "to": POS, "metric": "test/tok_acc", "expect": "similar", "margin": 0.000001}]})  # fmt: skip
+    df = table({"pos": [1.0, 1.0, 0.97], "pre": [0.031, 0.016, 0.02]})
+    df["test/tok_acc"] = [1.0, 0.97, 1.0, 1.0, 0.98, 0.99]
+    first, second = claims.evaluate_all(spec, df)
+    assert (first.verdict, first.decided, first.look, first.seeds) == (REPRODUCED, True, 0, 2)
+    assert (second.verdict, second.look, second.seeds) == (INCONCLUSIVE, 1, 3)
+
+
+def test_seeds_wanted_takes_the_most_any_open_claim_wants_and_skips_a_claim_without_a_side():
+    spec = adaptive_spec()  # looks of 2, 3 and 4 seeds
+
+    def open_after(look: int, compare: list[str], to: list[str]) -> claims.ClaimResult:
+        return claims.ClaimResult(claim=spec.claims[0], metric=METRIC, verdict=INCONCLUSIVE, reason="",
+                                  compare=compare, to=to, variants=compare + to, look=look)  # fmt: skip
+
+    later, earlier = open_after(1, ["pre"], ["pos"]), open_after(0, ["nopos"], ["pos"])
+    assert claims.seeds_wanted(spec, [later, earlier]) == {"pre": 4, "pos": 4, "nopos": 3}
+    assert claims.seeds_wanted(spec, [open_after(0, ["nopos"], [])]) == {}  # `to` matched no variant
+
+
 def test_a_list_of_seeds_is_one_look_at_95_percent():
     spec = adaptive_spec([0, 1])
     positions, norm = claims.evaluate_all(

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,7 +12,7 @@ from scipy import stats as sps
 
 from harness.config import ConfigError
 from harness.study.spec import ClaimSpec, StudySpec, apply_profile, load_study, variant_settings
-from reports import claims
+from reports import claims, stats
 from reports.claims import CEILING, CONTRADICTED, FLOOR, INCONCLUSIVE, REPRODUCED, UNLEARNT
 from reports.render import build_report
 
@@ -277,3 +279,125 @@ def test_an_undecided_claim_says_how_many_seeds_would_decide_it(expect, margin, 
         f"about {needed} seeds a side would decide it at this spread" if needed
         else "no seed count up to 1000 would: Δ sits on the margin"
     )  # fmt: skip
+
+
+def undecided(expect: str, margin: float, diff: float, ci: tuple[float, float], seeds: int = 3):
+    spec = ClaimSpec(text="c", compare={"a": 1}, to={"a": 2}, expect=expect, margin=margin)
+    return claims.ClaimResult(claim=spec, metric=SHORT, verdict=INCONCLUSIVE, reason="", diff=diff,
+                              ci_low=ci[0], ci_high=ci[1], seeds=seeds, n_compare=seeds, n_to=seeds,
+                              level=0.95, budget_spent=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "expect,margin,diff,ci,seeds,needed",
+    [
+        # Δ on the wrong side of 0: the edge to clear is still the margin's own, -0.1 (0.15 away, the
+        # half-width itself), so the first count past 3 does: not the 9 a distance |m - |Δ|| = 0.05 needs.
+        ("lower", 0.1, 0.05, (-0.1, 0.2), 3, 4),
+        ("higher", 0.1, -0.05, (-0.2, 0.1), 3, 4),
+        # Two seeds: t(1)/sqrt(2) = 8.985; a third of it is 2.995, and n=3 gives 4.303/1.732 = 2.484.
+        ("lower", 0.1, -0.15, (-0.3, 0.0), 2, 3),
+        # An asymmetric CI narrower than the distance (half-width 0.085, distance 0.1): still one more seed.
+        ("lower", 0.1, -0.2, (-0.22, -0.05), 3, 4),
+        ("lower", 0.1, -0.05, (-0.05, -0.05), 3, None),  # no spread: more seeds change nothing
+        ("lower", 0.1, -0.101, (-0.251, 0.049), 3, None),  # 0.001 from the margin: past 1000 seeds
+    ],
+)
+def test_seed_projection_measures_from_the_margins_edge(expect, margin, diff, ci, seeds, needed):
+    assert claims.seeds_to_decide(undecided(expect, margin, diff, ci, seeds)) == needed
+
+
+def test_seed_projection_is_strict_and_looks_up_to_exactly_max_projected_seeds():
+    width = lambda n: stats.t_quantile(0.95, n - 1) / math.sqrt(n)  # noqa: E731
+    half = (0.2 - -0.1) / 2
+    # Δ exactly where the projected half-width at 5 seeds lands (margin 0, so the distance is |Δ|): a CI
+    # that only reaches the edge does not clear it, so 6.
+    assert claims.seeds_to_decide(undecided("higher", 0.0, half * width(5) / width(3), (-0.1, 0.2))) == 6
+    # A distance between the projections at n - 1 and n seeds is first cleared at n: 1000 is the last
+    # count projected, 1001 is past it.
+    for last, needed in ((1000, 1000), (1001, None)):
+        diff = half * (width(last - 1) + width(last)) / 2 / width(3)
+        assert claims.seeds_to_decide(undecided("higher", 0.0, diff, (-0.1, 0.2))) == needed
+
+
+@pytest.mark.parametrize("shared_seeds", [True, False])
+def test_an_interaction_is_judged_at_the_level_it_is_given(shared_seeds):
+    grid = (
+        GRID
+        if shared_seeds
+        else {(v, s + 2 if v.startswith("d_model=16") else s): x for (v, s), x in GRID.items()}
+    )
+    df = trials({key: {"test/seq_acc": x} for key, x in grid.items()})
+    spec = grid_spec({})
+    result = claims.evaluate(spec, spec.claims[0], df, level=0.99)
+    groups = [np.array([GRID[(v, 0)], GRID[(v, 1)]]) for v in (
+        "d_model=256,scale=none", "d_model=256,scale=sqrt", "d_model=16,scale=none", "d_model=16,scale=sqrt")]  # fmt: skip
+    if shared_seeds:
+        contrast = groups[0] - groups[1] - groups[2] + groups[3]
+        expected = sps.t.interval(0.99, 1, loc=contrast.mean(), scale=sps.sem(contrast))
+    else:
+        estimate = (groups[0].mean() - groups[1].mean()) - (groups[2].mean() - groups[3].mean())
+        terms = [g.var(ddof=1) / len(g) for g in groups]
+        dof = sum(terms) ** 2 / sum(t**2 / (len(g) - 1) for t, g in zip(terms, groups))
+        half = sps.t.ppf(0.995, dof) * np.sqrt(sum(terms))
+        expected = (estimate - half, estimate + half)
+    assert result.level == 0.99 and result.paired_by_seed == shared_seeds
+    assert (result.ci_low, result.ci_high) == pytest.approx(expected, rel=1e-12)
+    # Each side's mean is its change from the first sub-grid to the second; the reason gives both differences.
+    assert result.mean_compare == pytest.approx(groups[0].mean() - groups[2].mean())
+    assert result.mean_to == pytest.approx(groups[1].mean() - groups[3].mean())
+    first, versus = groups[0].mean() - groups[1].mean(), groups[2].mean() - groups[3].mean()
+    assert result.reason.startswith(
+        f"Δ = ({first:.3g} on test/seq_acc) - ({versus:.3g} on test/seq_acc); CI of compare - to ["
+    )
+
+
+def test_an_interaction_cell_that_cannot_learn_is_named_by_its_arm():
+    near_zero = {("d_model=256,scale=none", 0): 0.01, ("d_model=256,scale=none", 1): 0.011,
+                 ("d_model=16,scale=none", 0): 0.02, ("d_model=16,scale=none", 1): 0.021}  # fmt: skip
+    df = trials({key: {"test/seq_acc": x} for key, x in {**GRID, **near_zero}.items()})
+    (result,) = claims.evaluate_all(grid_spec({"chance": 0.05}), df)
+    assert result.verdict == UNLEARNT
+    assert result.reason == (
+        "compare (d_model=256,scale=none); compare' (d_model=16,scale=none): "
+        "95% CI of the mean on the chance side of 0.05"
+    )
+
+
+def test_every_side_that_cannot_learn_is_listed_with_its_variants():
+    # Sorting-like scores near 0 on both sides, two variants a side; both sides also sit at the floor of a
+    # similar claim, but a side that cannot learn says more than that.
+    spec = StudySpec.model_validate({
+        "name": "s", "seeds": [0, 1],
+        "factors": {"preset": ["lstm", "lstm-bahdanau"], "task.split": ["simple", "length"]},
+        "claims": [{"text": "t", "compare": {"task.split": "length"}, "to": {"task.split": "simple"},
+                    "expect": "similar", "margin": 0.05, "chance": 0.1}],
+    })  # fmt: skip
+    values = {"simple": [0.02, 0.021], "length": [0.0, 0.001]}
+    df = trials({(f"preset={p},split={s}", seed): {"test/seq_acc": x} for p in ("lstm", "lstm-bahdanau")
+                 for s, xs in values.items() for seed, x in enumerate(xs)})  # fmt: skip
+    (result,) = claims.evaluate_all(spec, df)
+    assert result.verdict == UNLEARNT
+    assert result.reason == (
+        "compare (preset=lstm,split=length, preset=lstm-bahdanau,split=length); "
+        "to (preset=lstm,split=simple, preset=lstm-bahdanau,split=simple): "
+        "95% CI of the mean on the chance side of 0.1"
+    )
+
+
+def test_cannot_learn_reads_the_metrics_direction_and_is_strict():
+    # AER is lower-is-better: a CI wholly above chance cannot learn; one that touches chance can.
+    assert claims.cannot_learn(np.array([0.6, 0.61]), "test/aer", 0.5)
+    assert not claims.cannot_learn(np.array([0.5, 0.5]), "test/aer", 0.5)
+    assert not claims.cannot_learn(np.array([0.6, 0.61]), "test/seq_acc", 0.5)
+    assert claims.cannot_learn(np.array([0.04, 0.041]), "test/seq_acc", 0.05)
+    assert not claims.cannot_learn(np.array([0.05, 0.05]), "test/seq_acc", 0.05)
+
+
+def test_the_bounds_margin_includes_its_edge():
+    # Means exactly a margin of 0.25 from the bound count as at the bound (0.75 and 0.25 are exact).
+    similar = {"metric": SHORT, "expect": "similar", "margin": 0.25}
+    ceiling = degradation([0.75] * 3, [0, 0, 0], [0.75] * 3, [0, 0, 0])
+    assert claims.evaluate_all(named_spec(similar), ceiling)[0].verdict == CEILING
+    floor = degradation([0.25] * 3, [0, 0, 0], [0.25] * 3, [0, 0, 0])
+    assert claims.evaluate_all(named_spec(similar), floor)[0].verdict == FLOOR

@@ -540,6 +540,14 @@ def test_summary_differences_take_the_example_count_too():
     expected = stats.diff_ci([(np.array([0.0, 0.0]), np.array([1.0, 1.0]))], ACC, 500)
     assert (row["diff"], row["diff_ci_low"], row["diff_ci_high"]) == pytest.approx(expected, rel=1e-12)
     assert row["diff_ci_low"] == -1.0 < row["diff_ci_high"] < -0.95
+    spec = StudySpec.model_validate({
+        "name": "n", "seeds": [0, 1],
+        "variants": {"tf": {"preset": "transformer"}, "nopos": {"preset": "transformer", "model.pos_encoding": "none"}},
+        "claims": [{"text": "t", "compare": {"model.pos_encoding": "none"}, "to": {"preset": "transformer"},
+                    "expect": "lower", "margin": 0.3}],
+    })  # fmt: skip
+    (result,) = claims.evaluate_all(spec, df)  # the claim reads the same count
+    assert (result.ci_low, result.ci_high) == pytest.approx(expected[1:], rel=1e-12)
 
 
 def test_differences_of_accuracies_stay_within_minus_one_and_one():
