@@ -16,11 +16,19 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+def ablate_exe() -> str:
+    """The console script installed beside the Python running the tests, so that `.venv/bin/python -m pytest`
+    tests its own install whether or not the virtualenv is activated; PATH's otherwise."""
+    beside = Path(sys.executable).parent / "ablate"
+    return str(beside) if beside.exists() else shutil.which("ablate") or "ablate"
+
+
 def ablate(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Runs the installed console script as a user would."""
-    exe = shutil.which("ablate") or str(Path(sys.executable).parent / "ablate")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [ablate_exe(), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 TINY_TASK = {

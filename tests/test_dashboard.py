@@ -9,7 +9,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,7 +21,7 @@ import optuna_dashboard
 import pandas as pd
 import pytest
 import yaml
-from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
 from matplotlib import image
 from test_report_browser import CHROMIUM, chromium
 from test_reports import SRC, attention_sample, synthetic  # noqa: F401  (the session's report)
@@ -210,7 +209,7 @@ def test_dashboard_shows_the_objective_and_the_claim_verdicts(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    exe = shutil.which("ablate") or "ablate"
+    exe = ablate_exe()
     server = subprocess.Popen([exe, "dashboard", "tiny-dash", "--out", str(runs), "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     base = f"http://127.0.0.1:{port}"

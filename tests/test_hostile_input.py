@@ -18,7 +18,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import yaml
-from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
 
 from harness.artifacts import MAX_FOLDER_BYTES, slugify
 from harness.cli import error_line
@@ -509,7 +509,7 @@ def shared_dir():
 def ablate_unprivileged(*args: str, home: Path) -> subprocess.CompletedProcess:
     """`ablate` as a user without CAP_DAC_OVERRIDE: as root, through setpriv as nobody."""
     env = {**os.environ, "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", "WANDB_MODE": "disabled"}
-    exe = shutil.which("ablate")
+    exe = ablate_exe()
     prefix: list[str] = []
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:

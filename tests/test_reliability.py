@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 import sqlalchemy.exc
 import torch
 import yaml
-from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
 from optuna.exceptions import StorageInternalError
 from optuna.trial import TrialState
 from test_workers import tiny_spec
@@ -40,10 +39,6 @@ from harness.study.storage import open_storage
 from harness.workers import run_worker
 from models.module import Seq2SeqModule
 from reports.render import build_report
-
-
-def ablate_exe() -> str:
-    return shutil.which("ablate") or str(Path(sys.executable).parent / "ablate")
 
 
 def start_worker(study: Path, runs: Path, *extra: str) -> subprocess.Popen:

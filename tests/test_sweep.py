@@ -16,7 +16,7 @@ import optuna
 import pandas as pd
 import pytest
 import yaml
-from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
 from test_tracking import offline_run
 from typer.testing import CliRunner
 
@@ -174,7 +174,7 @@ def test_dashboard_serves_the_study_on_loopback(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [shutil.which("ablate") or "ablate", "dashboard", "tiny", "--out", str(runs), "--port", str(port)],
+        [ablate_exe(), "dashboard", "tiny", "--out", str(runs), "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

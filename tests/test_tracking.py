@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate_exe
 from wandb.proto import wandb_internal_pb2 as pb
 
 from harness import tracking
@@ -153,7 +151,7 @@ def test_a_wandb_sweep_agent_runs_ablate_train_as_the_readme_shows(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SWEEP_ID": "sweep01", "WANDB_RUN_ID": "run0001"}
     env.pop("WANDB_SERVICE", None)  # its own W&B service, as under an agent, not this test process's
     proc = subprocess.run(
-        [shutil.which("ablate") or str(Path(sys.executable).parent / "ablate"), *command[1:], "--json"],
+        [ablate_exe(), *command[1:], "--json"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
