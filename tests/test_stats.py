@@ -533,6 +533,15 @@ def test_examples_is_the_fewest_that_a_completed_trial_measured():
     assert stats.examples(df, "test/seq_acc") is None
 
 
+# Two seeds of a Transformer with and without positions, and the claim that the second is far lower.
+NO_POSITIONS_SPEC = StudySpec.model_validate({
+    "name": "n", "seeds": [0, 1],
+    "variants": {"tf": {"preset": "transformer"}, "nopos": {"preset": "transformer", "model.pos_encoding": "none"}},
+    "claims": [{"text": "t", "compare": {"model.pos_encoding": "none"}, "to": {"preset": "transformer"},
+                "expect": "lower", "margin": 0.3}],
+})  # fmt: skip
+
+
 def test_summary_differences_take_the_example_count_too():
     # Seeds without spread: only the binomial floor of 500 examples gives either side any width.
     df = table({"tf": [1.0, 1.0], "nopos": [0.0, 0.0]}).assign(**{"examples/test": 500})
@@ -540,13 +549,7 @@ def test_summary_differences_take_the_example_count_too():
     expected = stats.diff_ci([(np.array([0.0, 0.0]), np.array([1.0, 1.0]))], ACC, 500)
     assert (row["diff"], row["diff_ci_low"], row["diff_ci_high"]) == pytest.approx(expected, rel=1e-12)
     assert row["diff_ci_low"] == -1.0 < row["diff_ci_high"] < -0.95
-    spec = StudySpec.model_validate({
-        "name": "n", "seeds": [0, 1],
-        "variants": {"tf": {"preset": "transformer"}, "nopos": {"preset": "transformer", "model.pos_encoding": "none"}},
-        "claims": [{"text": "t", "compare": {"model.pos_encoding": "none"}, "to": {"preset": "transformer"},
-                    "expect": "lower", "margin": 0.3}],
-    })  # fmt: skip
-    (result,) = claims.evaluate_all(spec, df)  # the claim reads the same count
+    (result,) = claims.evaluate_all(NO_POSITIONS_SPEC, df)  # the claim reads the same count
     assert (result.ci_low, result.ci_high) == pytest.approx(expected[1:], rel=1e-12)
 
 
@@ -587,13 +590,7 @@ def test_summary_and_claims_read_the_example_counts_and_ranges():
     summary = stats.summarize(df, METRIC, ["tf", "nopos"], "tf").set_index("variant")
     assert summary.loc["nopos", "ci_high"] == pytest.approx(T1**2 / (1000 + T1**2), rel=1e-12)
     assert summary.loc["nopos", "diff_ci_low"] >= -1 and summary.loc["tf", "ci_high"] < 1
-    spec = StudySpec.model_validate({
-        "name": "n", "seeds": [0, 1],
-        "variants": {"tf": {"preset": "transformer"}, "nopos": {"preset": "transformer", "model.pos_encoding": "none"}},
-        "claims": [{"text": "t", "compare": {"model.pos_encoding": "none"}, "to": {"preset": "transformer"},
-                    "expect": "lower", "margin": 0.3}],
-    })  # fmt: skip
-    (result,) = claims.evaluate_all(spec, df)
+    (result,) = claims.evaluate_all(NO_POSITIONS_SPEC, df)
     assert (result.ci_low, result.ci_high) == pytest.approx(
         tuple(summary.loc["nopos", ["diff_ci_low", "diff_ci_high"]])
     )
