@@ -7,7 +7,7 @@ import pytest
 import sacrebleu
 import torch
 
-from harness.config import TaskConfig
+from harness.config import TaskConfig, build_config
 from harness.metrics import (
     TextScore,
     accuracy_by_length,
@@ -15,6 +15,8 @@ from harness.metrics import (
     bleu,
     chrf,
     exact_match,
+    length_table,
+    produced_metrics,
     text_metrics,
     token_accuracy,
 )
@@ -204,3 +206,38 @@ def test_alignment_error_rate_takes_tensors_that_require_grad_and_checks_its_inp
         alignment_error_rate([tall], [[(0, 3)]])  # target 3 is past the last row
     # No gold links and no predicted ones (every row points past the source): undefined, not 1 or 0.
     assert math.isnan(alignment_error_rate([np.eye(2)], [[]], sizes=[(0, 2)]))
+
+
+def test_length_table_keeps_each_target_length_apart_by_default():
+    # The per-length table of every trial (harness/evaluation.py) uses the default: one length a bucket.
+    rows = length_table([score([4, EOS_ID], [4, EOS_ID]), score([4, 5, EOS_ID], [4, 6, EOS_ID])])
+    assert [(r["length_min"], r["length_max"], r["n"]) for r in rows] == [(1, 1, 1), (2, 2, 1)]
+
+
+EVERY = {"loss", "ppl", "seq_acc", "tok_acc"}
+
+
+@pytest.mark.parametrize(
+    "preset, task, model, splits, names",
+    [
+        # An encoder-decoder Transformer on an aligned task with longer test inputs: AER, both collapses.
+        ("transformer", {"name": "reverse"}, {}, ("test", "test_long"),
+         {"aer", "rank_collapse_encoder", "rank_collapse_decoder"}),
+        # No cross-attention: no encoder to collapse, no alignment to score; synthetic translation is text.
+        ("transformer", {"name": "synth_mt"}, {"cross_attention": False}, ("test", "test_long"),
+         {"bleu", "chrf", "rank_collapse_decoder"}),
+        ("lstm-bahdanau", {"name": "synth_mt"}, {}, ("test", "test_long"), {"bleu", "chrf", "aer"}),
+        # No attention: no AER; test inputs no longer than training's: no test_long.
+        ("lstm", {"name": "synth_mt", "min_len": 2, "max_len": 6, "test_max_len": 6}, {}, ("test",),
+         {"bleu", "chrf"}),
+        ("lstm-bahdanau", {"name": "addition"}, {}, ("test", "test_long"), set()),  # no gold alignment
+        # A corpus has a test_long split only when max_tokens keeps the longer pairs out of training.
+        ("lstm", {"name": "parallel", "path": "pairs.tsv", "max_tokens": 20}, {}, ("test", "test_long"),
+         {"bleu", "chrf"}),
+        ("lstm", {"name": "parallel", "path": "pairs.tsv"}, {}, ("test",), {"bleu", "chrf"}),
+    ],
+)  # fmt: skip
+def test_produced_metrics_follow_the_task_and_the_model(preset, task, model, splits, names):
+    cfg = build_config({"preset": preset, "task": task, "model": model})
+    expected = {f"val/{n}" for n in EVERY} | {f"{split}/{n}" for split in splits for n in EVERY | names}
+    assert produced_metrics(cfg) == expected
