@@ -251,6 +251,13 @@ def test_the_report_prints_each_claims_source_beside_its_verdict(tmp_path, monke
     assert 'class="inconclusive">inconclusive</td>' in html
 
 
+def undecided(expect: str, margin: float, diff: float, ci: tuple[float, float], seeds: int = 3):
+    spec = ClaimSpec(text="c", compare={"a": 1}, to={"a": 2}, expect=expect, margin=margin)
+    return claims.ClaimResult(claim=spec, metric=SHORT, verdict=INCONCLUSIVE, reason="", diff=diff,
+                              ci_low=ci[0], ci_high=ci[1], seeds=seeds, n_compare=seeds, n_to=seeds,
+                              level=0.95, budget_spent=True)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "expect,margin,diff,ci,needed",
     [
@@ -269,23 +276,13 @@ def test_the_report_prints_each_claims_source_beside_its_verdict(tmp_path, monke
     ],
 )
 def test_an_undecided_claim_says_how_many_seeds_would_decide_it(expect, margin, diff, ci, needed):
-    spec = ClaimSpec(text="c", compare={"a": 1}, to={"a": 2}, expect=expect, margin=margin)
-    result = claims.ClaimResult(claim=spec, metric=SHORT, verdict=INCONCLUSIVE, reason="", diff=diff,
-                                ci_low=ci[0], ci_high=ci[1], seeds=3, n_compare=3, n_to=3, level=0.95,
-                                budget_spent=True)  # fmt: skip
+    result = undecided(expect, margin, diff, ci)
     assert claims.seeds_to_decide(result) == needed
     assert result.decision.startswith("budget spent (3 seeds, 95% CIs); ")
     assert result.decision.endswith(
         f"about {needed} seeds a side would decide it at this spread" if needed
         else "no seed count up to 1000 would: Δ sits on the margin"
     )  # fmt: skip
-
-
-def undecided(expect: str, margin: float, diff: float, ci: tuple[float, float], seeds: int = 3):
-    spec = ClaimSpec(text="c", compare={"a": 1}, to={"a": 2}, expect=expect, margin=margin)
-    return claims.ClaimResult(claim=spec, metric=SHORT, verdict=INCONCLUSIVE, reason="", diff=diff,
-                              ci_low=ci[0], ci_high=ci[1], seeds=seeds, n_compare=seeds, n_to=seeds,
-                              level=0.95, budget_spent=True)  # fmt: skip
 
 
 @pytest.mark.parametrize(
