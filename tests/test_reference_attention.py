@@ -36,6 +36,11 @@ SRC = torch.tensor([[4, 5, 6, 7, 8, 9]])
 TGT_IN = torch.tensor([[1, 10, 4, 5, 6]])
 
 
+def affine(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """x W^T + b, the projection written out."""
+    return x @ linear.weight.T + linear.bias
+
+
 def self_attention(pos_encoding: str, heads: int, side: str, src=SRC, tgt_in=TGT_IN, seed: int = 0, **model):
     """The first layer's self-attention on `side` of a one-layer float64 Transformer, reached through the
     model's forward: weights (H, L, L) of the first sentence and the layer's unrotated per-head queries
@@ -52,7 +57,7 @@ def self_attention(pos_encoding: str, heads: int, side: str, src=SRC, tgt_in=TGT
             tgt_in, net.tgt_embed, net.decoder[0])  # fmt: skip
         x = embed.weight[tokens[0]] * D**0.5  # post-norm: the layer's attention reads the scaled embeddings
         attn = layer.self_attn.fn.attn
-        per_head = lambda proj: (x @ proj.weight.T + proj.bias).view(len(x), heads, -1).transpose(0, 1)  # noqa: E731
+        per_head = lambda proj: affine(proj, x).view(len(x), heads, -1).transpose(0, 1)  # noqa: E731
         return weights[side][0][0], per_head(attn.q_proj), per_head(attn.k_proj)
 
 
@@ -203,11 +208,6 @@ def test_tanh_score_v_starts_uniform_within_one_over_sqrt_head_dim():
     torch.manual_seed(0)
     v = AdditiveScore(64, 4).v
     assert v.abs().max() <= 0.25 and v.min() < -0.15 and v.max() > 0.15
-
-
-def affine(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """x W^T + b, the projection written out."""
-    return x @ linear.weight.T + linear.bias
 
 
 def multi_head_by_hand(attn: MultiHeadAttention, query, key, allowed=None, bias=None) -> tuple:
