@@ -231,10 +231,12 @@ def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
 
 
 def seeds_text(spec: StudySpec) -> str:
-    """The study's seeds: '0, 1, 2', or 'adaptive: 2 to 4 per variant (3 looks)'."""
+    """The study's seeds: '0, 1, 2', or 'adaptive: 2 to 4 per variant (3 looks)', with ', seeds 100-103'
+    where a range does not start at 0."""
     if spec.adaptive is None:
         return ", ".join(map(str, spec.seed_pool))
-    return f"adaptive: {spec.adaptive.min} to {spec.adaptive.max} per variant ({len(spec.seed_looks)} looks)"
+    text = f"adaptive: {spec.adaptive.min} to {spec.adaptive.max} per variant ({len(spec.seed_looks)} looks)"
+    return text + (f", seeds {spec.seed_pool[0]}-{spec.seed_pool[-1]}" if spec.adaptive.start else "")
 
 
 def seeds_run(spec: StudySpec, df: pd.DataFrame) -> str:

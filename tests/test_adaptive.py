@@ -17,11 +17,12 @@ from test_postgres import postgres_url  # noqa: F401  (a fixture)
 
 from harness.config import ConfigError
 from harness.study import looks
-from harness.study.queue import EVAL, load_phase_study, prepare_study, trial_seed
+from harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, trial_seed
 from harness.study.spec import StudySpec, load_study
 from harness.study.storage import open_storage
 from reports import claims
 from reports.claims import INCONCLUSIVE, REPRODUCED
+from reports.render import seeds_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -59,10 +60,13 @@ def test_the_study_file_takes_a_seed_range_or_a_list():
     assert spec.seed_pool == list(range(10)) and spec.seed_looks == [3, 4, 5, 6, 7, 8, 9, 10]
     spec = adaptive_spec({"min": 3, "max": 10, "step": 3})
     assert spec.seed_looks == [3, 6, 9, 10]
+    spec = adaptive_spec({"min": 2, "max": 4, "start": 100})
+    assert spec.seed_pool == [100, 101, 102, 103] and spec.seed_looks == [2, 3, 4]
     spec = adaptive_spec([4, 7])
     assert spec.adaptive is None and spec.seed_pool == [4, 7] and spec.seed_looks == [2]
     for seeds, message in (({"min": 1, "max": 4}, "min"), ({"min": 3, "max": 2}, "max"),
-                           ({"min": 2, "max": 4, "every": 1}, "every")):  # fmt: skip
+                           ({"min": 2, "max": 4, "every": 1}, "every"),
+                           ({"min": 2, "max": 4, "start": -1}, "start")):  # fmt: skip
         with pytest.raises(ValidationError, match=message):
             adaptive_spec(seeds)
 
@@ -71,7 +75,8 @@ def test_the_study_file_takes_a_seed_range_or_a_list():
     "seeds, message",
     [("{min: 1, max: 4}", "seeds.min: Input should be greater than or equal to 2 (got 1)"),
      ("{min: 3, max: 2}", "seeds.max: must be at least min=3 (got 2)"),
-     ("{min: 2, max: 4, every: 1}", "seeds.every: unknown config key"), ("{min: 2}", "seeds.max: Field required")],
+     ("{min: 2, max: 4, every: 1}", "seeds.every: unknown config key"), ("{min: 2}", "seeds.max: Field required"),
+     ("{min: 2, max: 4, start: 4294967294}", "seeds.start: Input should be less than 4294967296 (got 4294967297)")],
 )  # fmt: skip
 def test_a_bad_seed_range_is_named_in_one_line(tmp_path, seeds, message):
     study = tmp_path / "bad.yaml"
@@ -190,10 +195,11 @@ def finish_waiting(spec: StudySpec, storage) -> None:
         assert storage.set_trial_state_values(frozen._trial_id, TrialState.RUNNING)
         trial = optuna.Trial(study, frozen._trial_id)
         variant = trial.suggest_categorical("variant", list(spec.variant_overrides()))
-        seed = trial_seed(frozen)  # queued as an attribute, not a parameter to sample
-        trial.set_user_attr("metrics", {METRIC: SCORES[variant][seed]})
+        # Queued as an attribute, not a parameter to sample; SCORES holds the pool's seeds in order.
+        score = SCORES[variant][spec.seed_pool.index(trial_seed(frozen))]
+        trial.set_user_attr("metrics", {METRIC: score})
         trial.set_user_attr("split_sizes", {"test": 64})
-        study.tell(trial, SCORES[variant][seed])
+        study.tell(trial, score)
 
 
 def grid_points(spec: StudySpec, storage) -> list[str]:
@@ -229,6 +235,25 @@ def test_looks_add_seeds_only_to_open_claims_until_the_budget(storage_url):
     finish_waiting(spec, storage)
     assert not looks.queue_next_look(spec, storage)  # the budget is spent: the study is finished
     assert len(grid_points(spec, storage)) == len(set(grid_points(spec, storage))) == 10
+
+
+def test_a_seed_range_with_a_start_queues_its_own_seeds_at_every_look(tmp_path):
+    """A replication on fresh seeds: the looks count seeds from `start`, none of 0 .. max - 1 runs."""
+    spec = adaptive_spec({"min": 2, "max": 4, "start": 100})
+    assert seeds_text(spec) == "adaptive: 2 to 4 per variant (3 looks), seeds 100-103"
+    assert seeds_text(adaptive_spec()) == "adaptive: 2 to 4 per variant (3 looks)"
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    prepare_study(spec, storage)
+    finish_waiting(spec, storage)
+    assert looks.queue_next_look(spec, storage)
+    finish_waiting(spec, storage)
+    assert looks.queue_next_look(spec, storage)
+    finish_waiting(spec, storage)
+    assert not looks.queue_next_look(spec, storage)
+    assert grid_points(spec, storage) == sorted(
+        [grid_point(v, s) for v in ("pos", "pre") for s in (100, 101, 102, 103)]
+        + [grid_point("nopos", s) for s in (100, 101)]
+    )
 
 
 @pytest.mark.parametrize("workers", [2, 6])

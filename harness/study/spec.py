@@ -111,12 +111,14 @@ class HeartbeatSpec(BaseModel):
 
 class AdaptiveSeeds(BaseModel):
     """`seeds: {min: 3, max: 10}`: every variant runs seeds 0 .. min - 1; after each look the variants of
-    claims still open get `step` more, up to max (seeds 0 .. max - 1). See reports.claims for the looks."""
+    claims still open get `step` more, up to max (seeds 0 .. max - 1). `start: 100` shifts the seeds to
+    100 .. 100 + max - 1: a replication on fresh seeds. See reports.claims for the looks."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     min: int = Field(ge=2, strict=True)  # a claim needs two seeds a side
     max: int = Field(strict=True)
     step: int = Field(1, ge=1, strict=True)
+    start: int = Field(0, ge=0, strict=True)
 
     @model_validator(mode="after")
     def _max(self) -> AdaptiveSeeds:
@@ -188,8 +190,10 @@ class StudySpec(BaseModel):
 
     @property
     def seed_pool(self) -> list[int]:
-        """Every seed a variant may run, in the order they run: the listed seeds, or 0 .. max - 1."""
-        return list(range(self.seeds.max)) if isinstance(self.seeds, AdaptiveSeeds) else list(self.seeds)
+        """Every seed a variant may run, in the order they run: the listed seeds, or start .. start + max - 1."""
+        if isinstance(self.seeds, AdaptiveSeeds):
+            return list(range(self.seeds.start, self.seeds.start + self.seeds.max))
+        return list(self.seeds)
 
     @property
     def seed_looks(self) -> list[int]:

@@ -148,7 +148,8 @@ def variant_duplicates(spec: StudySpec, configs: dict[str, ExperimentConfig]) ->
 def seed_problems(spec: StudySpec) -> list[Problem]:
     """Each listed seed, or the largest of a seed range, is one the generators accept."""
     if isinstance(spec.seeds, AdaptiveSeeds):
-        seeds = [("seeds.max", spec.seeds.max - 1)]
+        largest = spec.seeds.start + spec.seeds.max - 1  # not from seed_pool: max may be 2**32
+        seeds = [("seeds.start" if spec.seeds.start else "seeds.max", largest)]
     else:
         seeds = [(f"seeds[{i}]", seed) for i, seed in enumerate(spec.seeds)]
     problems = []
