@@ -23,8 +23,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pret
 console = Console(stderr=True)
 
 RunsOption = Annotated[Path, typer.Option("--out", help="Root folder of study outputs.")]
+# From the environment too, so that a password need not sit on a command line (shell history, `ps`).
 StorageOption = Annotated[
-    str | None, typer.Option("--storage", help="SQLAlchemy URL (default: SQLite in runs/<study>/).")
+    str | None,
+    typer.Option(
+        "--storage", envvar="ABLATE_STORAGE", help="SQLAlchemy URL (default: SQLite in runs/<study>/)."
+    ),
 ]
 ArtifactsOption = Annotated[
     str | None,
@@ -398,17 +402,14 @@ def dashboard(
     host: Annotated[str, typer.Option("--host", help="Address to serve on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to serve on.")] = 8080,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the optuna-dashboard command instead of running it.")
+        bool, typer.Option("--dry-run", help="Say what would be served (password masked), serve nothing.")
     ] = False,
     artifacts: ArtifactsOption = None,
 ) -> None:
     """optuna-dashboard on the study storage, with the trials' artifacts."""
-    import shlex
-    import shutil
-    import subprocess
-
-    from harness.artifacts import STUDY_DB, artifact_dir, default_storage_url, slugify
+    from harness.artifacts import STUDY_DB, artifact_dir, artifact_store, default_storage_url, slugify
     from harness.extras import require
+    from harness.study.storage import masked_url
 
     try:
         if storage is None:
@@ -422,42 +423,33 @@ def dashboard(
                 study = found[0].parent.name
             storage = default_storage_url(slugify(_study_name(study)), out)
         if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
-            from harness.study.storage import masked_url
-
             raise ConfigError(f"storage {masked_url(storage)}: no such database")
         check_artifacts(artifacts)
         if artifacts and study is None:
             raise ConfigError("--artifacts: name the study too (its files lie under the prefix by name)")
     except ConfigError as e:
         raise fail(str(e)) from None
-    if artifacts:
-        # optuna-dashboard's command line knows artifact folders only: serve the bucket from here.
-        from optuna_dashboard import run_server
-
-        from harness.artifacts import artifact_store
-
-        if dry_run:
-            print(
-                f"optuna_dashboard.run_server({storage!r}, host={host!r}, port={port}, artifacts={artifacts!r})"
-            )
-            return
-        console.print(f"optuna-dashboard on http://{host}:{port} (Ctrl-C to stop)")
-        run_server(storage, host=host, port=port,
-                   artifact_store=artifact_store(slugify(_study_name(study)), out, artifacts))  # fmt: skip
-        return
-    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
-    command = [exe, storage, "--host", host, "--port", str(port)]
-    if study is not None:
-        command += ["--artifact-dir", str(artifact_dir(slugify(_study_name(study)), out))]
+    # The trials' files: the study's artifact store (its folder's, or under the bucket by study name).
+    slug = slugify(_study_name(study)) if study is not None else None
     if dry_run:
-        print(shlex.join(command))
+        files = "none" if slug is None else artifact_dir(slug, out)
+        files = f"{artifacts.rstrip('/')}/{slug}" if artifacts else files
+        print(f"optuna-dashboard on http://{host}:{port}: storage {masked_url(storage)}, artifacts {files}")
         return
     try:
         require("optuna_dashboard", extra="dashboard", feature="ablate dashboard")
     except ConfigError as e:
         raise fail(str(e)) from None
+    from optuna_dashboard import run_server
+
+    # In this process, not a child one: a killed `ablate` leaves no server behind, and the URL stays off
+    # the command lines that `ps` shows.
     console.print(f"optuna-dashboard on http://{host}:{port} (Ctrl-C to stop)")
-    raise typer.Exit(code=subprocess.call(command))
+    try:
+        store = None if slug is None else artifact_store(slug, out, artifacts)
+        run_server(storage, host=host, port=port, artifact_store=store)
+    except KeyboardInterrupt:
+        pass
 
 
 def _stored_study(command: str, study: str, storage: str | None, out: Path):

@@ -361,10 +361,12 @@ def spawn_workers(
     threads = max(1, (os.cpu_count() or 1) // len(slots))
     # -P keeps the working folder off sys.path: there a study's output folder (`bottleneck/` with --out .)
     # or a stray file would shadow a module the worker imports. This harness's own root goes first instead.
-    command = [sys.executable, "-P", "-m", "harness.cli", "worker", study_name, "--storage", storage_url,
+    command = [sys.executable, "-P", "-m", "harness.cli", "worker", study_name,
                "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads), "--no-report",
                *(["--artifacts", artifacts] if artifacts else [])]  # fmt: skip
-    return [subprocess.Popen(command, env={**os.environ, **import_root(), **slot}) for slot in slots]
+    # The URL travels in the environment: on the command line its password would show in `ps`.
+    env = {**os.environ, **import_root(), "ABLATE_STORAGE": storage_url}
+    return [subprocess.Popen(command, env={**env, **slot}) for slot in slots]
 
 
 def import_root() -> dict[str, str]:

@@ -14,6 +14,8 @@ SCAN_DIR = REPO.parent / "shared" / "data" / "scan"
 # Tests never talk to W&B servers.
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+# A storage URL in the developer's environment would become every test's --storage.
+os.environ.pop("ABLATE_STORAGE", None)
 
 
 def ablate_exe() -> str:

@@ -149,20 +149,28 @@ def test_train_json_prints_metrics_last(tmp_path):
     assert proc.stderr.strip() == "error: model.bogus: unknown config key"
 
 
-def test_dashboard_command_names_the_study_storage_and_artifacts(tmp_path):
+def test_dashboard_names_the_study_storage_and_artifacts(tmp_path):
     runs = tmp_path / "runs"
     (runs / "tiny").mkdir(parents=True)
     (runs / "tiny" / "study.db").touch()
     result = CliRunner().invoke(app, ["dashboard", "--out", str(runs), "--port", "8123", "--dry-run"])
     assert result.exit_code == 0, result.output
-    command = result.stdout.split()
-    assert command[0].endswith("optuna-dashboard")
-    assert command[1:] == [
-        f"sqlite:///{(runs / 'tiny' / 'study.db').resolve()}", "--host", "127.0.0.1", "--port", "8123",
-        "--artifact-dir", str(runs / "tiny" / "artifacts"),
-    ]  # fmt: skip
+    db, files = (runs / "tiny" / "study.db").resolve(), runs / "tiny" / "artifacts"
+    assert result.stdout.strip() == (
+        f"optuna-dashboard on http://127.0.0.1:8123: storage sqlite:///{db}, artifacts {files}"
+    )
     result = CliRunner().invoke(app, ["dashboard", "missing", "--out", str(runs), "--dry-run"])
     assert result.exit_code == 2 and "no such database" in result.stderr
+    # A password, from the option or the environment, is never printed.
+    url = "postgresql://ablate:s3cret@db.example/studies"
+    for args, env in ((["--storage", url], {}), ([], {"ABLATE_STORAGE": url})):
+        args += ["--artifacts", "s3://b/p", "--dry-run"]
+        result = CliRunner().invoke(app, ["dashboard", "tiny", *args], env=env)
+        assert result.exit_code == 0, result.output
+        assert result.stdout.strip() == (
+            "optuna-dashboard on http://127.0.0.1:8080: storage postgresql://ablate:***@db.example/studies, "
+            "artifacts s3://b/p/tiny"
+        )
 
 
 @pytest.mark.slow
@@ -190,3 +198,6 @@ def test_dashboard_serves_the_study_on_loopback(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    # The server was `ablate` itself: stopping it stopped the server (a child process would serve on).
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2)

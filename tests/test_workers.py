@@ -1,5 +1,6 @@
 """Workers with real (tiny) training: a diverging variant fails with its reason while the others complete,
-artifacts come back from the store, tuning prunes through Lightning."""
+artifacts come back from the store, tuning prunes through Lightning; spawned workers keep the storage
+password off their command lines."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 from optuna.trial import TrialState
 
+from harness import workers
 from harness.artifacts import artifact_store, download_trial_files
 from harness.study.queue import EVAL, load_phase_study, prepare_study
 from harness.study.spec import StudySpec
@@ -88,3 +90,28 @@ def test_tuning_prunes_by_step_and_eval_runs_the_best(tmp_path):
         assert "resume" in t.user_attrs  # it did publish resume checkpoints while it ran
         assert not any("resume" in name for name in t.user_attrs["artifacts"])
     assert not [p for p in (tmp_path / "runs").rglob("*") if p.name.startswith(("resume-", "resume.ckpt"))]
+
+
+def test_spawned_workers_get_the_storage_url_from_the_environment_not_their_command_line(monkeypatch):
+    """Any user on the machine can read a process's command line (`ps`); its environment only its owner."""
+    started = []
+    monkeypatch.setattr(workers.subprocess, "Popen", lambda command, env: started.append((command, env)))
+    url = "postgresql://ablate:s3cret@db.example:5432/studies"
+    workers.spawn_workers("grid", url, "runs", "disabled", [{"CUDA_VISIBLE_DEVICES": "0"}, {}])
+    assert len(started) == 2
+    for command, env in started:
+        assert "s3cret" not in " ".join(command) and "--storage" not in command
+        assert env["ABLATE_STORAGE"] == url and command[command.index("worker") + 1] == "grid"
+    assert started[0][1]["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_storage_comes_from_ablate_storage_when_no_option_names_it(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    monkeypatch.setenv("ABLATE_STORAGE", "postgresql://ablate:s3cret@127.0.0.1:9/studies")
+    result = CliRunner().invoke(app, ["status", "tiny", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    # The port-9 server cannot be reached: the message names the environment's URL, password masked.
+    assert "ablate:***@127.0.0.1:9/studies: cannot open" in result.output and "s3cret" not in result.output
