@@ -120,7 +120,7 @@ class ClaimResult:
         if self.budget_spent:
             needed = seeds_to_decide(self)
             return f"budget spent ({at}); " + (
-                f"about {needed} seeds a side would decide it at this spread" if needed
+                f"about {needed} seeds per variant would decide it at this spread" if needed
                 else f"no seed count up to {MAX_PROJECTED_SEEDS} would: Δ sits on the margin"
             )  # fmt: skip
         return (
@@ -131,9 +131,10 @@ class ClaimResult:
 
 
 def seeds_to_decide(r: ClaimResult) -> int | None:
-    """Seeds a side at which an undecided claim's CI would clear its margin if Δ and the spread between
-    seeds stayed as they are: the half-width scales as t(k - 1)/sqrt(k) at the claim's level. None when no
-    count up to MAX_PROJECTED_SEEDS would (Δ on, or too near, the margin)."""
+    """Seeds per variant at which an undecided claim's CI would clear its margin if Δ and the spread
+    between seeds stayed as they are: the half-width scales as t(k - 1)/sqrt(k) at the claim's level, k the
+    values a side (seeds times the variants a side pools). None when no k up to MAX_PROJECTED_SEEDS would
+    (Δ on, or too near, the margin)."""
     k, half = max(r.seeds, min(r.n_compare, r.n_to)), (r.ci_high - r.ci_low) / 2
     m = r.claim.margin
     edge = {"lower": -m, "higher": m}.get(r.claim.expect)
@@ -142,9 +143,11 @@ def seeds_to_decide(r: ClaimResult) -> int | None:
     if k < MIN_SEEDS or not (np.isfinite(half) and half > 0 and distance > 0):
         return None
     width = lambda n: t_quantile(r.level, n - 1) / math.sqrt(n)  # noqa: E731
-    return next(
+    needed = next(
         (n for n in range(k + 1, MAX_PROJECTED_SEEDS + 1) if half * width(n) / width(k) < distance), None
     )
+    # A side pooling two variants gains two values a seed: the budget is counted in seeds per variant.
+    return None if needed is None else math.ceil(needed * max(r.seeds, 1) / k)
 
 
 def matching_variants(overrides: dict[str, dict[str, Value]], selector: dict[str, Value]) -> list[str]:

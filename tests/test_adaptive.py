@@ -113,7 +113,7 @@ def test_a_claim_is_decided_at_its_first_decisive_look_and_only_open_claims_want
     # Δ -0.005 against a margin of 1e-6, CI half-width 0.07 at 4 seeds: about 190 seeds would contradict it.
     assert (
         norm.decision
-        == "budget spent (4 seeds, 98.3% CIs); about 192 seeds a side would decide it at this spread"
+        == "budget spent (4 seeds, 98.3% CIs); about 192 seeds per variant would decide it at this spread"
     )
     assert claims.seeds_wanted(spec, [positions, norm]) == {}
 

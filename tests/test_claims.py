@@ -280,7 +280,7 @@ def test_an_undecided_claim_says_how_many_seeds_would_decide_it(expect, margin, 
     assert claims.seeds_to_decide(result) == needed
     assert result.decision.startswith("budget spent (3 seeds, 95% CIs); ")
     assert result.decision.endswith(
-        f"about {needed} seeds a side would decide it at this spread" if needed
+        f"about {needed} seeds per variant would decide it at this spread" if needed
         else "no seed count up to 1000 would: Δ sits on the margin"
     )  # fmt: skip
 
@@ -302,6 +302,15 @@ def test_an_undecided_claim_says_how_many_seeds_would_decide_it(expect, margin, 
 )
 def test_seed_projection_measures_from_the_margins_edge(expect, margin, diff, ci, seeds, needed):
     assert claims.seeds_to_decide(undecided(expect, margin, diff, ci, seeds)) == needed
+
+
+def test_a_side_pooling_two_variants_projects_seeds_per_variant():
+    """Three seeds of two variants a side are six values: t(n - 1)/sqrt(n) must fall below
+    (0.1/0.15) t(5)/sqrt(6) = 0.700, first at n = 11 values (2.228/3.317 = 0.672), so six seeds a variant."""
+    result = undecided("lower", 0.1, -0.2, (-0.35, -0.05), seeds=3)
+    result.n_compare = result.n_to = 6
+    assert claims.seeds_to_decide(result) == 6
+    assert result.decision.endswith("about 6 seeds per variant would decide it at this spread")
 
 
 def test_seed_projection_is_strict_and_looks_up_to_exactly_max_projected_seeds():
