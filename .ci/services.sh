@@ -19,6 +19,9 @@ chown postgres "$pg_data"
 run_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/sh -c "$*"; else sh -c "$*"; fi; }
 run_pg "$pg_bin/initdb -D $pg_data -U postgres --auth=trust -E UTF8 >/dev/null"
 run_pg "$pg_bin/pg_ctl -D $pg_data -o '-c listen_addresses=127.0.0.1 -p $pg_port -k /tmp' -l $pg_data/log -w start >/dev/null"
+# Stopped and removed when the shell that sourced this exits, however it exits: on a developer's machine
+# each run used to leave a server behind.
+trap 'run_pg "$pg_bin/pg_ctl -D $pg_data -m fast -w stop" >/dev/null 2>&1; rm -rf "$pg_data"' EXIT
 run_pg "$pg_bin/createdb -h 127.0.0.1 -p $pg_port -U postgres ablate_test"
 export ABLATE_TEST_POSTGRES_URL="postgresql+psycopg2://postgres@127.0.0.1:$pg_port/ablate_test"
 echo "PostgreSQL on 127.0.0.1:$pg_port ($pg_data)"
