@@ -163,12 +163,21 @@ def test_a_failing_study_lists_all_its_problems_with_their_locations(tmp_path):
         metric={"name": "test/bleu"},
         claims=[{"text": "t", "compare": {"model.norm": "pre"}, "to": {}, "expect": "lower"}],
     )
-    lines = problems_of(path)
-    # Parsing finds the bad seed type; fix it and the rest shows, all at once.
-    assert lines == [f"{path}: seeds[2]: Input should be a valid integer (got True)"]
+    # A study field that does not parse (the seed True) does not hide the variants' problems: their
+    # configs are built from the parts that did parse. The metric and claim need the whole study.
+    assert problems_of(path) == [
+        f"{path}: seeds[2]: Input should be a valid integer (got True)",
+        f"{path}: variants.c.model.bogus: unknown config key",
+        f"{path}: variants.b.train.max_time: Input should be greater than 0 (got -1.0)",
+    ]
+    # An unknown key does not hide the other variants' problems, nor the seeds'.
     path = study(tmp_path, variants={"a": {"model.norm": "pre"}, "b": {"train.max_time": -1.0},
                                      "c": {"model.bogus": 1}}, seeds=[0, -1])  # fmt: skip
-    assert problems_of(path) == [f"{path}: variants.c.model.bogus: unknown config key"]
+    assert problems_of(path) == [
+        f"{path}: variants.c.model.bogus: unknown config key",
+        f"{path}: seeds[1]: Input should be greater than or equal to 0 (got -1)",
+        f"{path}: variants.b.train.max_time: Input should be greater than 0 (got -1.0)",
+    ]
     path = study(tmp_path, variants={"a": {"model.norm": "pre"}, "b": {"train.max_time": -1.0},
                                      "c": {"train.lr": math.inf}}, seeds=[0, -1, 2**32])  # fmt: skip
     assert problems_of(path) == [
@@ -183,6 +192,20 @@ def test_a_failing_study_lists_all_its_problems_with_their_locations(tmp_path):
         f"{path}: variants.a.model.heads: must divide d_model=16 (got heads=3)",
         f"{path}: variants.a.train.lr: Input should be greater than 0 (got -1.0)",
     ]
+
+
+def test_a_claim_that_does_not_parse_leaves_the_configs_checked_and_a_bad_grid_adds_nothing(tmp_path):
+    claims = [{"text": "t", "compare": {"model.heads": 1}, "to": {"model.heads": 4}, "expect": "sideways"}]
+    path = study(tmp_path, base={**base(), "model": {"d_modle": 64}}, factors={"model.heads": [1, 4]},
+                 fixed={"train.lr": -1.0}, claims=claims)  # fmt: skip
+    assert problems_of(path) == [
+        f"{path}: claims[0].expect: Input should be 'lower', 'higher' or 'similar' (got 'sideways')",
+        f"{path}: base.model.d_modle: unknown config key",
+        f"{path}: fixed.train.lr: Input should be greater than 0 (got -1.0)",
+    ]
+    # The grid itself does not parse: no variant can be built, so nothing is said of their configs.
+    path = study(tmp_path, base={**base(), "model": {"d_modle": 64}}, factors=["model.heads"], claims=claims)
+    assert [line.split(": ")[1] for line in problems_of(path)] == ["factors", "claims[0].expect"]
 
 
 @pytest.mark.parametrize(

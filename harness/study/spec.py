@@ -300,7 +300,7 @@ def load_study(
     """Reads a study file (with one of its profiles, and --set keys added to `fixed`) and checks all of it
     (harness/study/validate.py), together with the command line's own problems `also`; StudyError (a
     ConfigError) lists every problem. `max_trials` refuses a bigger grid before any variant is built."""
-    from harness.study.validate import raise_problems, study_problems
+    from harness.study.validate import part_problems, raise_problems, study_problems
 
     path = resolve_study_path(path)
     tree = apply_profile(read_yaml(path), profile, str(path))
@@ -309,7 +309,9 @@ def load_study(
     try:
         spec = StudySpec.model_validate(tree)
     except ValidationError as e:
-        raise_problems(str(path), validation_problems(e), also)
+        failed = {str(err["loc"][0]) for err in e.errors() if err["loc"]}
+        parts = part_problems(tree, failed, sets or {}, max_trials)
+        raise_problems(str(path), validation_problems(e) + parts, also)
     raise_problems(str(path), study_problems(spec, sets or {}, max_trials), also)
     return spec
 

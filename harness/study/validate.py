@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from harness.config import ConfigError, ExperimentConfig, TaskConfig, build_config
+from pydantic import ValidationError
+
+from harness.config import ConfigError, ExperimentConfig, TaskConfig, build_config, flatten
 from harness.study.spec import AdaptiveSeeds, ClaimSpec, StudySpec, TuneSpec, Value, variant_settings
 
 Problem = tuple[str, str]  # (where in the study file or command line, what is wrong)
@@ -67,24 +69,56 @@ def study_problems(
         where = "factors" if spec.factors else "variants"
         return [*problems, (where, f"{count:,} trials (variants x seeds) exceed {max_trials:,}; "
                                    "pass --allow-large to run them")]  # fmt: skip
-    if problems or count == 0:
+    if count == 0:
         return problems
     problems += factor_duplicates(spec)
     problems += seed_problems(spec)
-    configs: dict[str, ExperimentConfig] = {}  # at seed 0: the seeds are checked on their own
-    for name, overrides in spec.variant_overrides().items():
-        try:
-            configs[name] = spec.config_for(overrides, 0)
-        except ConfigError as e:
-            for key, msg in e.problems or [tuple(str(e).partition(": ")[::2])]:
-                problems.append((origin(spec, name, key, set(set_keys)), msg))
-    if len(configs) < len(spec.variant_overrides()):
+    configs, config_errors = variant_configs(spec, set_keys)
+    problems += config_errors
+    if config_errors:
         return problems  # references and data need every variant's config
     problems += variant_duplicates(spec, configs)
     problems += reference_problems(spec, configs)
     problems += data_problems(spec, configs, set(set_keys))
     if spec.tune:
         problems += tune_problems(spec, spec.tune)
+    return problems
+
+
+def variant_configs(
+    spec: StudySpec, set_keys: Iterable[str] = ()
+) -> tuple[dict[str, ExperimentConfig], list[Problem]]:
+    """Each variant's config at seed 0 (the seeds are checked on their own), and the problems of those
+    that cannot be built, each where its value came from."""
+    configs: dict[str, ExperimentConfig] = {}
+    problems = []
+    for name, overrides in spec.variant_overrides().items():
+        try:
+            configs[name] = spec.config_for(overrides, 0)
+        except ConfigError as e:
+            for key, msg in e.problems or [tuple(str(e).partition(": ")[::2])]:
+                problems.append((origin(spec, name, key, set(set_keys)), msg))
+    return configs, problems
+
+
+CONFIG_PARTS = ("base", "factors", "variants", "fixed", "budget")  # what builds the variants' configs
+
+
+def part_problems(
+    tree: dict[str, Any], failed: set[str], set_keys: Iterable[str] = (), max_trials: int | None = None
+) -> list[Problem]:
+    """For a study file whose `failed` top-level fields did not parse: the problems of the configs that its
+    other parts build, so a bad `seeds` or `claims` block does not hide an unknown model key until the next
+    run. Nothing when a part that builds the configs failed itself."""
+    if failed & set(CONFIG_PARTS):
+        return []
+    try:
+        spec = StudySpec.model_validate({"name": "study", **{k: tree[k] for k in CONFIG_PARTS if k in tree}})
+    except ValidationError:
+        return []
+    problems = key_problems(spec)
+    if max_trials is None or variant_count(spec) <= max_trials:
+        problems += variant_configs(spec, set_keys)[1]
     return problems
 
 
@@ -110,8 +144,7 @@ def origin(spec: StudySpec, variant: str, key: str, set_keys: set[str]) -> str:
     for section, keys in (("--set", set_keys), ("fixed", spec.fixed), ("budget", spec.budget)):
         if key in keys:
             return f"{section} {key}" if section == "--set" else f"{section}.{key}"
-    base = ExperimentConfig().flat()
-    if key in base or key == "preset":
+    if key in ExperimentConfig().flat() or key == "preset" or key in flatten(spec.base):
         return f"base.{key}"
     return f"variants.{variant}" if spec.variants else f"variant {variant!r}: {key}"
 
