@@ -311,6 +311,11 @@ def test_a_side_pooling_two_variants_projects_seeds_per_variant():
     result.n_compare = result.n_to = 6
     assert claims.seeds_to_decide(result) == 6
     assert result.decision.endswith("about 6 seeds per variant would decide it at this spread")
+    # One seed of two variants a side (a listed seed): 3 values a side decide it (as for two seeds of one
+    # variant, above), so two seeds a variant.
+    result = undecided("lower", 0.1, -0.15, (-0.3, 0.0), seeds=1)
+    result.n_compare = result.n_to = 2
+    assert claims.seeds_to_decide(result) == 2
 
 
 def test_seed_projection_is_strict_and_looks_up_to_exactly_max_projected_seeds():
