@@ -76,7 +76,8 @@ def test_the_study_file_takes_a_seed_range_or_a_list():
     [("{min: 1, max: 4}", "seeds.min: Input should be greater than or equal to 2 (got 1)"),
      ("{min: 3, max: 2}", "seeds.max: must be at least min=3 (got 2)"),
      ("{min: 2, max: 4, every: 1}", "seeds.every: unknown config key"), ("{min: 2}", "seeds.max: Field required"),
-     ("{min: 2, max: 4, start: 4294967294}", "seeds.start: Input should be less than 4294967296 (got 4294967297)")],
+     ("{min: 2, max: 4, start: 4294967294}",
+      "seeds.start: Input should be less than 4294967296 (got 4294967297)")],
 )  # fmt: skip
 def test_a_bad_seed_range_is_named_in_one_line(tmp_path, seeds, message):
     study = tmp_path / "bad.yaml"

@@ -190,7 +190,8 @@ class StudySpec(BaseModel):
 
     @property
     def seed_pool(self) -> list[int]:
-        """Every seed a variant may run, in the order they run: the listed seeds, or start .. start + max - 1."""
+        """Every seed a variant may run, in the order they run: the listed seeds, or a range's max seeds
+        from its start."""
         if isinstance(self.seeds, AdaptiveSeeds):
             return list(range(self.seeds.start, self.seeds.start + self.seeds.max))
         return list(self.seeds)
