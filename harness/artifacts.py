@@ -91,11 +91,25 @@ def artifact_store(slug: str, runs_root: str | Path = "runs", location: str | No
     an Optuna artifact store, the study's folder's or the bucket `location` names; trials record them in the
     storage."""
     if location is not None:
-        bucket, prefix = parse_s3_url(location)
-        return prefixed_s3_store(bucket, f"{prefix}/{slug}".lstrip("/"))
+        return prefixed_s3_store(*study_prefix(slug, location))
     path = artifact_dir(slug, runs_root)
     path.mkdir(parents=True, exist_ok=True)
     return FileSystemArtifactStore(path)
+
+
+def artifact_location(slug: str, runs_root: str | Path = "runs", location: str | None = None) -> str:
+    """Where artifact_store keeps a study's files, as a user names it: its folder, or s3://bucket/prefix."""
+    if location is None:
+        return str(artifact_dir(slug, runs_root))
+    bucket, prefix = study_prefix(slug, location)
+    return f"s3://{bucket}/{prefix}"
+
+
+def study_prefix(slug: str, location: str) -> tuple[str, str]:
+    """The bucket of `location` and the key prefix of a study's files in it: the location's own, then the
+    study's name."""
+    bucket, prefix = parse_s3_url(location)
+    return bucket, f"{prefix}/{slug}".lstrip("/")
 
 
 def parse_s3_url(location: str) -> tuple[str, str]:

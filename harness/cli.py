@@ -407,7 +407,7 @@ def dashboard(
     artifacts: ArtifactsOption = None,
 ) -> None:
     """optuna-dashboard on the study storage, with the trials' artifacts."""
-    from harness.artifacts import STUDY_DB, artifact_dir, artifact_store, default_storage_url, slugify
+    from harness.artifacts import STUDY_DB, artifact_location, artifact_store, default_storage_url, slugify
     from harness.extras import require
     from harness.study.storage import masked_url
 
@@ -432,8 +432,7 @@ def dashboard(
     # The trials' files: the study's artifact store (its folder's, or under the bucket by study name).
     slug = slugify(_study_name(study)) if study is not None else None
     if dry_run:
-        files = "none" if slug is None else artifact_dir(slug, out)
-        files = f"{artifacts.rstrip('/')}/{slug}" if artifacts else files
+        files = "none" if slug is None else artifact_location(slug, out, artifacts)
         print(f"optuna-dashboard on http://{host}:{port}: storage {masked_url(storage)}, artifacts {files}")
         return
     try:
