@@ -33,13 +33,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness import provenance
-from models import build_model
-from models.config import ModelConfig
-from models.decoding import beam_search, greedy_decode
-from models.module import token_cross_entropy
-from models.positional_layers import sinusoidal_table
-from models.sequences import BOS_ID, EOS_ID, PAD_ID
+from ablate.harness import provenance
+from ablate.models import build_model
+from ablate.models.config import ModelConfig
+from ablate.models.decoding import beam_search, greedy_decode
+from ablate.models.module import token_cross_entropy
+from ablate.models.positional_layers import sinusoidal_table
+from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID
 
 # Dense bf16 tensor-core peaks (no sparsity), FLOP/s, from the vendors' data sheets; matched in order.
 PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
@@ -242,7 +242,7 @@ def bench_transformer(sizes: Sizes, device: torch.device) -> Figure:
 
 def overhead_config(quick: bool):
     """The quickstart study's trial settings (reverse, d_model 64), without validation."""
-    from harness.config import build_config
+    from ablate.harness.config import build_config
 
     steps = 20 if quick else 100
     return build_config({
@@ -258,10 +258,10 @@ def bench_overhead(device: torch.device, quick: bool, repeats: int) -> Figure:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from harness.callbacks import CostMonitor
-    from harness.tasks import build_task
-    from harness.tasks.datamodule import Seq2SeqDataModule
-    from harness.trial import build_module, build_trainer
+    from ablate.harness.callbacks import CostMonitor
+    from ablate.harness.tasks import build_task
+    from ablate.harness.tasks.datamodule import Seq2SeqDataModule
+    from ablate.harness.trial import build_module, build_trainer
 
     cfg = overhead_config(quick)
     data = build_task(cfg.task, cfg.seed)
@@ -392,9 +392,9 @@ def bench_decoding(sizes: Sizes, device: torch.device, beam_size: int = 4) -> li
 
 def bench_padding(quick: bool) -> Figure:
     """Reverse with lengths 1-50: token-budget buckets against random batches of 64."""
-    from harness.config import TaskConfig
-    from harness.tasks import build_task
-    from harness.tasks.datamodule import Seq2SeqDataModule
+    from ablate.harness.config import TaskConfig
+    from ablate.harness.tasks import build_task
+    from ablate.harness.tasks.datamodule import Seq2SeqDataModule
 
     data = build_task(TaskConfig(name="reverse", min_len=1, max_len=50, n_train=1000 if quick else 10000,
                                  n_valid=10, n_test=10), seed=0)  # fmt: skip
@@ -414,7 +414,7 @@ def bench_padding(quick: bool) -> Figure:
 
 
 def sweep_spec(k: int, trials: int):
-    from harness.study.spec import StudySpec
+    from ablate.harness.study.spec import StudySpec
 
     return StudySpec(
         name=f"bench-sweep-k{k}",
@@ -449,10 +449,10 @@ def sweep_rate(k: int, trials: int, device: torch.device, root: Path) -> tuple[f
     spawning); returns (trials per hour, seconds, finished trials). Worker start-up counts: every sweep pays it."""
     import optuna
 
-    from harness.artifacts import default_storage_url
-    from harness.study.queue import prepare_study, study_progress
-    from harness.study.storage import open_storage
-    from harness.workers import spawn_workers, worker_slots
+    from ablate.harness.artifacts import default_storage_url
+    from ablate.harness.study.queue import prepare_study, study_progress
+    from ablate.harness.study.storage import open_storage
+    from ablate.harness.workers import spawn_workers, worker_slots
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = sweep_spec(k, trials)
@@ -593,7 +593,7 @@ def guarded(key: str, what: str, measure: Callable[[], Figure | list[Figure]]) -
 
 def run_bench(device: torch.device, quick: bool = False, progress: Callable[[str], None] = lambda _: None):
     """Every figure, in order; returns {'machine': ..., 'quick': ..., 'figures': {key: figure dict}}."""
-    from harness.trial import quiet_lightning
+    from ablate.harness.trial import quiet_lightning
 
     quiet_lightning()
     sizes = bench_sizes(device, quick)

@@ -15,10 +15,10 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 from optuna_integration import PyTorchLightningPruningCallback
 
-from harness.compat import pruning_trial
-from harness.probes import Probe, capture, log_images
-from models.module import Seq2SeqModule
-from models.sequences import PAD_ID
+from ablate.harness.compat import pruning_trial
+from ablate.harness.probes import Probe, capture, log_images
+from ablate.models.module import Seq2SeqModule
+from ablate.models.sequences import PAD_ID
 
 
 class TrialFailed(RuntimeError):

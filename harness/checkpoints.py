@@ -23,8 +23,8 @@ import torch
 from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from harness import compat, signals
-from harness.artifacts import BEST_CHECKPOINT, RESUME_CHECKPOINT
+from ablate.harness import compat, signals
+from ablate.harness.artifacts import BEST_CHECKPOINT, RESUME_CHECKPOINT
 
 RESUME_ATTR = "resume"  # user attr: {"step", "key", "state": artifact id, "best": artifact id or absent}
 BEST_FILE = f"{BEST_CHECKPOINT}.ckpt"

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from harness.config import ConfigError
+from ablate.harness.config import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 console = Console(stderr=True)
@@ -75,9 +75,9 @@ def train(
     """Train and evaluate one configuration, logged to W&B as one sweep trial is."""
     import os
 
-    from harness import tracking
-    from harness.config import load_config, parse_override
-    from harness.study.validate import raise_problems, run_problems
+    from ablate.harness import tracking
+    from ablate.harness.config import load_config, parse_override
+    from ablate.harness.study.validate import raise_problems, run_problems
 
     configs = [a for a in args or [] if "=" not in a]
     overrides = [*(sets or []), *(a for a in args or [] if "=" in a)]
@@ -91,7 +91,7 @@ def train(
         requested = wandb if wandb or os.environ.get("WANDB_SWEEP_ID") else "disabled"
         raise_problems("", [], run_problems(out=out, wandb=requested))
         mode = wandb_mode(requested)
-        from harness.trial import run_trial
+        from ablate.harness.trial import run_trial
 
         label = preset or (Path(configs[0]).stem if configs else cfg.model.arch)
         with tracking.wandb_logger(
@@ -120,7 +120,7 @@ WandbOption = Annotated[
 
 def wandb_mode(requested: str | None):
     """The W&B mode to run with; the flag and WANDB_MODE were checked by validate.run_problems."""
-    from harness import tracking
+    from ablate.harness import tracking
 
     return tracking.resolve_mode(requested)  # type: ignore[arg-type]
 
@@ -152,12 +152,12 @@ def sweep(
     """Tune (if the study says so) and run every variant x seed of a study, then write its report.
 
     Resumes what the storage holds: finished trials are kept, interrupted ones run again."""
-    from harness.artifacts import default_storage_url
-    from harness.config import parse_override
-    from harness.study.queue import prepare_study
-    from harness.study.spec import load_study
-    from harness.study.storage import masked_url, open_storage
-    from harness.study.validate import MAX_TRIALS, run_problems, seed_count, trial_count, variant_count
+    from ablate.harness.artifacts import default_storage_url
+    from ablate.harness.config import parse_override
+    from ablate.harness.study.queue import prepare_study
+    from ablate.harness.study.spec import load_study
+    from ablate.harness.study.storage import masked_url, open_storage
+    from ablate.harness.study.validate import MAX_TRIALS, run_problems, seed_count, trial_count, variant_count
 
     try:
         if workers and devices:
@@ -187,8 +187,8 @@ def sweep(
             )
     except ConfigError as e:
         raise fail(str(e)) from None
-    from harness import signals
-    from harness.workers import (  # Lightning: seconds to import, so after the checks
+    from ablate.harness import signals
+    from ablate.harness.workers import (  # Lightning: seconds to import, so after the checks
         NO_SPACE_EXIT,
         forward_signal,
         spawn_workers,
@@ -212,7 +212,7 @@ def sweep(
     if crashed:
         console.print(f"[red]{len(crashed)} worker(s) exited with an error (codes {crashed})[/]")
     if not no_report:
-        from reports.render import build_report
+        from ablate.reports.render import build_report
 
         out_dir = build_report(spec, store, out, wandb_mode=mode, artifact_location=artifacts)
         console.print(f"report: {out_dir / 'report.html'}")
@@ -222,7 +222,7 @@ def sweep(
 
 def check_artifacts(location: str | None) -> None:
     """--artifacts: an s3:// URL with a bucket, and boto3 to reach it."""
-    from harness.artifacts import parse_s3_url
+    from ablate.harness.artifacts import parse_s3_url
 
     if location is None:
         return
@@ -242,9 +242,9 @@ def watch_workers(spec, store, procs) -> None:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from harness import signals
-    from harness.study.queue import study_progress, time_left_s
-    from harness.workers import stop_workers
+    from ablate.harness import signals
+    from ablate.harness.study.queue import study_progress, time_left_s
+    from ablate.harness.workers import stop_workers
 
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[left]}")]  # fmt: skip
@@ -294,12 +294,12 @@ def worker(
     worker that finishes the study's last trial writes its report.
 
     SIGTERM or Ctrl-C: the running trial checkpoints and waits again; the same command resumes it."""
-    from harness import signals
-    from harness.artifacts import default_storage_url
-    from harness.study.queue import prepare_study
-    from harness.study.spec import load_study
-    from harness.study.storage import open_storage
-    from harness.study.validate import raise_problems, run_problems
+    from ablate.harness import signals
+    from ablate.harness.artifacts import default_storage_url
+    from ablate.harness.study.queue import prepare_study
+    from ablate.harness.study.spec import load_study
+    from ablate.harness.study.storage import open_storage
+    from ablate.harness.study.validate import raise_problems, run_problems
 
     try:
         check_artifacts(artifacts)
@@ -323,7 +323,7 @@ def worker(
         import torch
 
         torch.set_num_threads(threads)
-    from harness.workers import NO_SPACE_EXIT, run_worker
+    from ablate.harness.workers import NO_SPACE_EXIT, run_worker
 
     done = run_worker(spec, store, out, mode, artifacts)
     if done.stopped:
@@ -331,7 +331,7 @@ def worker(
         received = signals.received()
         raise typer.Exit(code=signals.exit_code(received) if received else NO_SPACE_EXIT)
     if done.finished_last and not no_report:
-        from reports.render import build_report
+        from ablate.reports.render import build_report
 
         report = build_report(spec, store, out, wandb_mode=mode, artifact_location=artifacts)
         console.print(f"report: {report / 'report.html'}")
@@ -345,8 +345,8 @@ def status(
 ) -> None:
     """Progress of a study, per variant: done, running, failed, pruned, time spent and left; with adaptive
     seeds, each claim's look and verdict."""
-    from harness.study.looks import next_look
-    from harness.study.queue import study_progress, time_left_s
+    from ablate.harness.study.looks import next_look
+    from ablate.harness.study.queue import study_progress, time_left_s
 
     spec, store = _stored_study("status", study, storage, out)
     rows = study_progress(spec, store)
@@ -374,8 +374,8 @@ def status(
 
 def looks_table(spec, store) -> Table:
     """Adaptive seeds: per claim, the look it stands at (seeds per variant) and its verdict so far."""
-    from harness.study.looks import judge
-    from harness.study.queue import EVAL, load_phase_study
+    from ablate.harness.study.looks import judge
+    from ablate.harness.study.queue import EVAL, load_phase_study
 
     results = judge(spec, load_phase_study(spec, store, EVAL).get_trials(deepcopy=False))
     looks = " ".join(map(str, spec.seed_looks))
@@ -407,9 +407,15 @@ def dashboard(
     artifacts: ArtifactsOption = None,
 ) -> None:
     """optuna-dashboard on the study storage, with the trials' artifacts."""
-    from harness.artifacts import STUDY_DB, artifact_location, artifact_store, default_storage_url, slugify
-    from harness.extras import require
-    from harness.study.storage import masked_url
+    from ablate.harness.artifacts import (
+        STUDY_DB,
+        artifact_location,
+        artifact_store,
+        default_storage_url,
+        slugify,
+    )
+    from ablate.harness.extras import require
+    from ablate.harness.study.storage import masked_url
 
     try:
         if storage is None:
@@ -453,9 +459,9 @@ def dashboard(
 
 def _stored_study(command: str, study: str, storage: str | None, out: Path):
     """The spec and storage of a study that exists in the storage; exit 2 otherwise."""
-    from harness.artifacts import default_storage_url, slugify
-    from harness.study.queue import load_spec_from_storage, stored_study_names
-    from harness.study.storage import masked_url, open_storage
+    from ablate.harness.artifacts import default_storage_url, slugify
+    from ablate.harness.study.queue import load_spec_from_storage, stored_study_names
+    from ablate.harness.study.storage import masked_url, open_storage
 
     try:
         name = _study_name(study)
@@ -488,7 +494,7 @@ def report(
         check_artifacts(artifacts)
     except ConfigError as e:
         raise fail(str(e)) from None
-    from reports.render import build_report
+    from ablate.reports.render import build_report
 
     out_dir = build_report(spec, store, out, report_dir, artifact_location=artifacts)
     console.print(f"report built in {time.perf_counter() - start:.1f} s: {out_dir / 'report.html'}")
@@ -501,7 +507,7 @@ def _is_study_file(study: str) -> bool:
 def _study_name(study: str) -> str:
     """A study given by name, or by its file (whose `name` is read)."""
     if _is_study_file(study):
-        from harness.study.spec import load_study
+        from ablate.harness.study.spec import load_study
 
         return load_study(study).name
     return study
@@ -519,7 +525,7 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON line.")] = False,
 ) -> None:
     """Throughput of the fast paths against their references (harness/bench.py says what each figure is)."""
-    from harness import bench as benchmarks
+    from ablate.harness import bench as benchmarks
 
     try:
         resolved = benchmarks.resolve_device(device)
@@ -539,10 +545,10 @@ def bench(
 @app.command("list")
 def list_all() -> None:
     """Tasks, presets, bundled studies and config keys."""
-    from harness.config import ExperimentConfig, accepted_values
-    from harness.study.spec import bundled_studies_dir
-    from harness.tasks import TASKS
-    from models.config import PRESETS
+    from ablate.harness.config import ExperimentConfig, accepted_values
+    from ablate.harness.study.spec import bundled_studies_dir
+    from ablate.harness.tasks import TASKS
+    from ablate.models.config import PRESETS
 
     out = Console()
     tasks = Table(title="tasks (task.name)")
@@ -589,14 +595,14 @@ RUN_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM}
 
 def error_line(e: BaseException) -> tuple[int, str] | None:
     """(exit code, message) for an error the user can act on; None for a bug (its traceback is shown)."""
-    from harness.config import RunFailed
+    from ablate.harness.config import RunFailed
 
     if isinstance(e, ConfigError):
         return 2, str(e)
     if isinstance(e, RunFailed):
         return 1, str(e)
     if isinstance(e, OSError):
-        from harness.study.validate import os_reason
+        from ablate.harness.study.validate import os_reason
 
         # A path the system refuses (not a folder, no permission, name too long): the path and the reason.
         where = f"{e.filename}: " if e.filename else ""

@@ -13,8 +13,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from models.config import Count, ModelConfig, preset_keys
-from models.optim import OptimConfig
+from ablate.models.config import Count, ModelConfig, preset_keys
+from ablate.models.optim import OptimConfig
 
 
 class ConfigError(ValueError):
@@ -57,7 +57,9 @@ class TaskConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _known_task(cls, v: str) -> str:
-        from harness.tasks import TASKS  # the registry imports this module for TaskConfig: read it on use
+        from ablate.harness.tasks import (
+            TASKS,  # the registry imports this module for TaskConfig: read it on use
+        )
 
         if v not in TASKS:
             raise ValueError(f"unknown task {v!r}; known: {', '.join(TASKS)}")

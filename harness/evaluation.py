@@ -11,12 +11,12 @@ from typing import Any
 import lightning as L
 import torch
 
-from harness.artifacts import AttentionSample
-from harness.metrics import alignment_error_rate, length_table, text_metrics
-from harness.probes import Probe
-from harness.tasks import Example, TaskData
-from models.diagnostics import rank_collapse
-from models.sequences import PAD_ID, SequenceScore
+from ablate.harness.artifacts import AttentionSample
+from ablate.harness.metrics import alignment_error_rate, length_table, text_metrics
+from ablate.harness.probes import Probe
+from ablate.harness.tasks import Example, TaskData
+from ablate.models.diagnostics import rank_collapse
+from ablate.models.sequences import PAD_ID, SequenceScore
 
 
 class SplitPass:

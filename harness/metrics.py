@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import sacrebleu
 
-from harness.config import ExperimentConfig
-from harness.tasks import ALIGNED_TASKS, GENERATED_TASKS, TEXT_TASKS
-from harness.tasks.base import TaskData
-from models.sequences import SequenceScore, score, summarise
+from ablate.harness.config import ExperimentConfig
+from ablate.harness.tasks import ALIGNED_TASKS, GENERATED_TASKS, TEXT_TASKS
+from ablate.harness.tasks.base import TaskData
+from ablate.models.sequences import SequenceScore, score, summarise
 
 Row = tuple[Sequence[int], Sequence[int]]  # (prediction ids, target ids)
 Alignment = Iterable[tuple[int, int]]  # (source index, target index) pairs

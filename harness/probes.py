@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from matplotlib import colormaps
 
-from harness.artifacts import AttentionSample
-from harness.tasks.base import TaskData
-from harness.tasks.datamodule import EncodedSplit, collate
-from models.module import Seq2SeqModule
-from models.sequences import BOS, EOS
+from ablate.harness.artifacts import AttentionSample
+from ablate.harness.tasks.base import TaskData
+from ablate.harness.tasks.datamodule import EncodedSplit, collate
+from ablate.models.module import Seq2SeqModule
+from ablate.models.sequences import BOS, EOS
 
 PROBES_PER_SPLIT = {"test": 2, "test_long": 1}
 

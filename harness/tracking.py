@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.study.spec import short_name
+from ablate.harness.study.spec import short_name
 
 WandbMode = Literal["online", "offline", "disabled"]
 PROJECT = os.environ.get("WANDB_PROJECT", "attention-ablate")

@@ -26,24 +26,24 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import WandbLogger
 
-from harness import artifacts, tracking
-from harness.artifacts import AttentionSample
-from harness.callbacks import (
+from ablate.harness import artifacts, tracking
+from ablate.harness.artifacts import AttentionSample
+from ablate.harness.callbacks import (
     AttentionImages,
     CostMonitor,
     HistoryCallback,
     StepBudgetProgressBar,
     ValidateOnStop,
 )
-from harness.checkpoints import BestCheckpoint, Checkpointer
-from harness.config import ConfigError, ExperimentConfig, RunFailed
-from harness.evaluation import Evaluation
-from harness.probes import log_images, select_probes
-from harness.tasks import TaskData, build_task
-from harness.tasks.datamodule import Seq2SeqDataModule
-from models.decoding import generation_budget
-from models.module import Seq2SeqModule
-from reports.attention import save_probe_image
+from ablate.harness.checkpoints import BestCheckpoint, Checkpointer
+from ablate.harness.config import ConfigError, ExperimentConfig, RunFailed
+from ablate.harness.evaluation import Evaluation
+from ablate.harness.probes import log_images, select_probes
+from ablate.harness.tasks import TaskData, build_task
+from ablate.harness.tasks.datamodule import Seq2SeqDataModule
+from ablate.models.decoding import generation_budget
+from ablate.models.module import Seq2SeqModule
+from ablate.reports.attention import save_probe_image
 
 MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
 

@@ -12,7 +12,6 @@ import errno
 import math
 import os
 import signal
-import site
 import socket
 import subprocess
 import sys
@@ -29,8 +28,8 @@ import optuna
 import torch
 from optuna.trial import TrialState
 
-from harness import compat, provenance, signals, tracking
-from harness.artifacts import (
+from ablate.harness import compat, provenance, signals, tracking
+from ablate.harness.artifacts import (
     CHECKPOINTS,
     RESUME_CHECKPOINT,
     artifact_store,
@@ -39,10 +38,10 @@ from harness.artifacts import (
     trial_dir,
     upload_trial_files,
 )
-from harness.callbacks import DivergenceGuard, ReportValidation, StepPruning, TrialFailed
-from harness.checkpoints import RESUME_ATTR, Preempted, StoredCheckpoints, fetch
-from harness.study.looks import queue_next_look
-from harness.study.queue import (
+from ablate.harness.callbacks import DivergenceGuard, ReportValidation, StepPruning, TrialFailed
+from ablate.harness.checkpoints import RESUME_ATTR, Preempted, StoredCheckpoints, fetch
+from ablate.harness.study.looks import queue_next_look
+from ablate.harness.study.queue import (
     EVAL,
     TUNE,
     best_tuned_params,
@@ -52,8 +51,8 @@ from harness.study.queue import (
     trial_seed,
     trial_variant,
 )
-from harness.study.spec import StudySpec, tune_metric, validation_metric
-from harness.study.storage import quiet_experimental
+from ablate.harness.study.spec import StudySpec, tune_metric, validation_metric
+from ablate.harness.study.storage import quiet_experimental
 
 NO_SPACE_EXIT = 75  # a worker stopped by a full disk (EX_TEMPFAIL: run it again once space is freed)
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
@@ -256,7 +255,7 @@ class Worker:
             self.root, claim.phase, trial.number, slugify(variant) if claim.phase == TUNE else None
         )
         tags = tracking.run_tags(overrides)
-        from harness.trial import run_trial
+        from ablate.harness.trial import run_trial
 
         # Preempted, or the copy of a trial whose worker died (it inherits the user attrs): resume.
         resumed = trial.user_attrs.get(RESUME_ATTR)
@@ -330,7 +329,7 @@ def run_worker(
 ) -> Worker:
     """Runs queued trials of a prepared study (see study.prepare_study) until none is left, or until a stop
     signal or a full disk (worker.stopped says which)."""
-    from harness.trial import quiet_lightning
+    from ablate.harness.trial import quiet_lightning
 
     quiet_lightning()
     signals.install()
@@ -360,22 +359,13 @@ def spawn_workers(
     that starts them writes the report once they have all exited, so they do not."""
     threads = max(1, (os.cpu_count() or 1) // len(slots))
     # -P keeps the working folder off sys.path: there a study's output folder (`bottleneck/` with --out .)
-    # or a stray file would shadow a module the worker imports. This harness's own root goes first instead.
-    command = [sys.executable, "-P", "-m", "harness.cli", "worker", study_name,
+    # or a stray file would shadow a module the worker imports; the installed `ablate` is found without it.
+    command = [sys.executable, "-P", "-m", "ablate.harness.cli", "worker", study_name,
                "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads), "--no-report",
                *(["--artifacts", artifacts] if artifacts else [])]  # fmt: skip
     # The URL travels in the environment: on the command line its password would show in `ps`.
-    env = {**os.environ, **import_root(), "ABLATE_STORAGE": storage_url}
+    env = {**os.environ, "ABLATE_STORAGE": storage_url}
     return [subprocess.Popen(command, env={**env, **slot}) for slot in slots]
-
-
-def import_root() -> dict[str, str]:
-    """PYTHONPATH for a worker started with -P: the folder holding this `harness` package first, unless it
-    is a site-packages folder (an installed harness is found there without help)."""
-    root = str(Path(__file__).resolve().parent.parent)
-    if root in {*site.getsitepackages(), site.getusersitepackages()}:
-        return {}
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
 
 
 def forward_signal(procs: list[subprocess.Popen], signum: signal.Signals) -> None:

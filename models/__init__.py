@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from models.config import PRESETS, ModelConfig
+from ablate.models.config import PRESETS, ModelConfig
 
 if TYPE_CHECKING:  # torch loads in seconds; config checks (and the CLI's errors) need no torch
     from torch import nn
@@ -12,8 +12,8 @@ if TYPE_CHECKING:  # torch loads in seconds; config checks (and the CLI's errors
 
 def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0) -> nn.Module:
     """The nn.Module for `cfg.arch`; every family shares forward / record_states / init_state / step."""
-    from models.rnn import RNNSeq2Seq
-    from models.transformer import Transformer
+    from ablate.models.rnn import RNNSeq2Seq
+    from ablate.models.transformer import Transformer
 
     family = {"lstm": RNNSeq2Seq, "transformer": Transformer}[cfg.arch]
     return family(cfg, src_vocab, tgt_vocab, pad_id)

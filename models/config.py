@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from models.positional import POSITIONAL, check_fits, positional_kind
-from models.scores import SCORES
+from ablate.models.positional import POSITIONAL, check_fits, positional_kind
+from ablate.models.scores import SCORES
 
 Scale = Literal["sqrt", "none"] | float
 # A count of at least one; strict, so a boolean (YAML's `true`) is not taken for 1.

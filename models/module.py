@@ -15,11 +15,11 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from models import build_model
-from models.config import ModelConfig
-from models.decoding import beam_search, greedy_decode, max_target_length
-from models.optim import OptimConfig
-from models.sequences import BOS_ID, EOS_ID, PAD_ID, score
+from ablate.models import build_model
+from ablate.models.config import ModelConfig
+from ablate.models.decoding import beam_search, greedy_decode, max_target_length
+from ablate.models.optim import OptimConfig
+from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID, score
 
 
 def lr_lambda(schedule: str, warmup_steps: int, max_steps: int):

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from models.config import Count
+from ablate.models.config import Count
 
 
 class OptimConfig(BaseModel):

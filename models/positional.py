@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import nn
 
-    from models.config import ModelConfig
+    from ablate.models.config import ModelConfig
 
 # Builds one part from the layers module and the config.
 Part = Callable[[ModuleType, "ModelConfig"], "nn.Module"]
@@ -98,7 +98,7 @@ def check_fits(cfg: ModelConfig) -> None:
 
 def build_positions(cfg: ModelConfig) -> nn.Module:
     """The Transformer's positional parts as one module (models/positional_layers.Positions)."""
-    from models import positional_layers as layers  # torch: kept out of config checks
+    from ablate.models import positional_layers as layers  # torch: kept out of config checks
 
     kind = positional_kind(cfg.pos_encoding)
     makers = {part: getattr(kind, part) for part in PARTS}

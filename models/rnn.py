@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from models.attention import ScoreAttention
-from models.config import ModelConfig
-from models.scores import make_score
+from ablate.models.attention import ScoreAttention
+from ablate.models.config import ModelConfig
+from ablate.models.scores import make_score
 
 
 class Encoder(nn.Module):

@@ -40,6 +40,6 @@ SCORES: dict[str, ScoreKind] = {
 
 def make_score(kind: str, d_model: int, heads: int, max_positions: int) -> nn.Module:
     """The score module named by `model.attention`."""
-    from models import attention  # torch: kept out of config checks
+    from ablate.models import attention  # torch: kept out of config checks
 
     return SCORES[kind].build(attention, d_model, heads, max_positions)

@@ -19,9 +19,9 @@ from itertools import repeat
 import torch
 from torch import nn
 
-from models.attention import MultiHeadAttention
-from models.config import ModelConfig
-from models.positional import build_positions
+from ablate.models.attention import MultiHeadAttention
+from ablate.models.config import ModelConfig
+from ablate.models.positional import build_positions
 
 Cache = dict[str, torch.Tensor]  # one decoder layer's keys and values (B, H, L, Dh) for incremental decoding
 SELF_CACHE = ("self_k", "self_v")

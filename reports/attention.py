@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from harness.artifacts import AttentionSample
-from harness.metrics import alignment_error_rate
+from ablate.harness.artifacts import AttentionSample
+from ablate.harness.metrics import alignment_error_rate
 
 KINDS = {"cross": "cross-attention", "encoder": "encoder self-attention", "decoder": "decoder self-attention"}
 

@@ -61,8 +61,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from harness.study.spec import ClaimSpec, StudySpec, Value, variant_settings
-from reports.stats import (
+from ablate.harness.study.spec import ClaimSpec, StudySpec, Value, variant_settings
+from ablate.reports.stats import (
     LEVEL,
     diff_ci,
     examples,

@@ -16,10 +16,10 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from harness import artifacts
-from harness.artifacts import AttentionSample
-from harness.study.queue import EVAL, TUNE, optuna_study_name, trial_seed, trial_variant
-from harness.study.spec import StudySpec
+from ablate.harness import artifacts
+from ablate.harness.artifacts import AttentionSample
+from ablate.harness.study.queue import EVAL, TUNE, optuna_study_name, trial_seed, trial_variant
+from ablate.harness.study.spec import StudySpec
 
 # Cost figures a trial may store as user attributes next to params and wall_time.
 COST_COLUMNS = ["params", "wall_time", "tokens_per_sec", "peak_mem_mb", "steps"]

@@ -21,12 +21,12 @@ import pandas as pd
 import yaml
 from jinja2 import Environment, PackageLoader
 
-from harness import artifacts, tracking
-from harness.provenance import environment
-from harness.study.queue import study_progress
-from harness.study.spec import StudySpec, short_name, tune_metric, validation_metric
-from reports import attention, claims, dashboard, plots, stats
-from reports.collect import StudyData, collect
+from ablate.harness import artifacts, tracking
+from ablate.harness.provenance import environment
+from ablate.harness.study.queue import study_progress
+from ablate.harness.study.spec import StudySpec, short_name, tune_metric, validation_metric
+from ablate.reports import attention, claims, dashboard, plots, stats
+from ablate.reports.collect import StudyData, collect
 
 ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
 
@@ -275,7 +275,7 @@ def _md_cell(text: Any) -> str:
 
 def _environment(html: bool) -> Environment:
     env = Environment(
-        loader=PackageLoader("reports", "templates"), autoescape=html, trim_blocks=True, lstrip_blocks=True
+        loader=PackageLoader("ablate.reports", "templates"), autoescape=html, trim_blocks=True, lstrip_blocks=True
     )
     env.filters.update(num=_num, pvalue=_pvalue, md=_md_cell)
     return env

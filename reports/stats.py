@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from reports.collect import examples_column
+from ablate.reports.collect import examples_column
 
 LEVEL = 0.95
 

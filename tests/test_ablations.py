@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.study.spec import bundled_studies_dir, load_study
-from harness.trial import run_trial
-from reports.stats import metric_range
+from ablate.harness.study.spec import bundled_studies_dir, load_study
+from ablate.harness.trial import run_trial
+from ablate.reports.stats import metric_range
 
 STUDIES = sorted(bundled_studies_dir().glob("*.yaml"))
 # Shrinks any study's trial to seconds; task sizes stay as the study sets them except where capped here.

@@ -15,14 +15,14 @@ from optuna.trial import TrialState
 from pydantic import ValidationError
 from test_postgres import postgres_url  # noqa: F401  (a fixture)
 
-from harness.config import ConfigError
-from harness.study import looks
-from harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, trial_seed
-from harness.study.spec import StudySpec, load_study
-from harness.study.storage import open_storage
-from reports import claims
-from reports.claims import INCONCLUSIVE, REPRODUCED
-from reports.render import seeds_text
+from ablate.harness.config import ConfigError
+from ablate.harness.study import looks
+from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, trial_seed
+from ablate.harness.study.spec import StudySpec, load_study
+from ablate.harness.study.storage import open_storage
+from ablate.reports import claims
+from ablate.reports.claims import INCONCLUSIVE, REPRODUCED
+from ablate.reports.render import seeds_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -135,7 +135,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
 def test_a_storage_server_that_never_answers_is_given_up_within_the_connect_timeout(tmp_path):
     """A server that accepts the connection and then says nothing (a hung host behind a live port): the
     connect timeout, not the operating system's minutes, decides when the user hears about it."""
-    from harness.study.storage import CONNECT_TIMEOUT_S
+    from ablate.harness.study.storage import CONNECT_TIMEOUT_S
 
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))

@@ -12,7 +12,7 @@ from conftest import ablate
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
-from harness.bench import (
+from ablate.harness.bench import (
     FIGURE_KEYS,
     Sizes,
     TorchTransformer,
@@ -22,10 +22,10 @@ from harness.bench import (
     transformer_config,
     transformer_train_flops,
 )
-from harness.cli import app
-from models import build_model
-from models.module import token_cross_entropy
-from models.sequences import PAD_ID
+from ablate.harness.cli import app
+from ablate.models import build_model
+from ablate.models.module import token_cross_entropy
+from ablate.models.sequences import PAD_ID
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

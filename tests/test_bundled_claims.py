@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config import build_config, read_yaml
-from harness.metrics import produced_metrics
-from harness.study.spec import bundled_studies_dir, load_study, variant_settings
-from harness.tasks import ALIGNED_TASKS, GENERATED_TASKS, TASKS, TEXT_TASKS
-from harness.trial import run_trial
-from reports.claims import claim_sides
+from ablate.harness.config import build_config, read_yaml
+from ablate.harness.metrics import produced_metrics
+from ablate.harness.study.spec import bundled_studies_dir, load_study, variant_settings
+from ablate.harness.tasks import ALIGNED_TASKS, GENERATED_TASKS, TASKS, TEXT_TASKS
+from ablate.harness.trial import run_trial
+from ablate.reports.claims import claim_sides
 
 STUDIES = sorted(bundled_studies_dir().glob("*.yaml"))
 PROFILES = [

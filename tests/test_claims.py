@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from harness.config import ConfigError
-from harness.study.spec import ClaimSpec, StudySpec, apply_profile, load_study, variant_settings
-from reports import claims, stats
-from reports.claims import CEILING, CONTRADICTED, FLOOR, INCONCLUSIVE, REPRODUCED, UNLEARNT
-from reports.render import build_report
+from ablate.harness.config import ConfigError
+from ablate.harness.study.spec import ClaimSpec, StudySpec, apply_profile, load_study, variant_settings
+from ablate.reports import claims, stats
+from ablate.reports.claims import CEILING, CONTRADICTED, FLOOR, INCONCLUSIVE, REPRODUCED, UNLEARNT
+from ablate.reports.render import build_report
 
 SHORT, LONG = "test/tok_acc", "test_long/tok_acc"
 SOURCE = {

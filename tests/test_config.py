@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from harness.config import ConfigError, accepted_values, build_config, load_config, parse_override
-from models.config import PRESETS, ModelConfig
-from models.positional import POSITIONAL
-from models.scores import SCORES
+from ablate.harness.config import ConfigError, accepted_values, build_config, load_config, parse_override
+from ablate.models.config import PRESETS, ModelConfig
+from ablate.models.positional import POSITIONAL
+from ablate.models.scores import SCORES
 from tests.conftest import ablate
 
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from harness.config import ConfigError, TaskConfig
-from harness.tasks import build_task
-from harness.tasks.tokenizers import BpeTokenizer, load_tokenizer
+from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.tasks import build_task
+from ablate.harness.tasks.tokenizers import BpeTokenizer, load_tokenizer
 
 WORDS = ["cat", "dog", "bird", "fish", "horse"]
 FRENCH = {"cat": "chat", "dog": "chien", "bird": "oiseau", "fish": "poisson", "horse": "cheval"}

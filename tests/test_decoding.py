@@ -4,8 +4,14 @@ import pytest
 import torch
 from torch import nn
 
-from models import ModelConfig, build_model
-from models.decoding import beam_search, generation_budget, greedy_decode, length_penalty, max_target_length
+from ablate.models import ModelConfig, build_model
+from ablate.models.decoding import (
+    beam_search,
+    generation_budget,
+    greedy_decode,
+    length_penalty,
+    max_target_length,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

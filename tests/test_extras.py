@@ -8,10 +8,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from harness.cli import app
-from harness.config import ConfigError
-from harness.extras import require
-from harness.study.storage import with_driver
+from ablate.harness.cli import app
+from ablate.harness.config import ConfigError
+from ablate.harness.extras import require
+from ablate.harness.study.storage import with_driver
 
 
 def missing(monkeypatch, module: str) -> None:

@@ -20,12 +20,19 @@ import pytest
 import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
 
-from harness.artifacts import MAX_FOLDER_BYTES, slugify
-from harness.cli import error_line
-from harness.config import ConfigError, ExperimentConfig, RunFailed, accepted_values, build_config, read_yaml
-from harness.study.spec import StudySpec, load_study
-from harness.study.storage import masked_url, open_storage
-from harness.study.validate import MAX_TRIALS, StudyError, run_problems, trial_count
+from ablate.harness.artifacts import MAX_FOLDER_BYTES, slugify
+from ablate.harness.cli import error_line
+from ablate.harness.config import (
+    ConfigError,
+    ExperimentConfig,
+    RunFailed,
+    accepted_values,
+    build_config,
+    read_yaml,
+)
+from ablate.harness.study.spec import StudySpec, load_study
+from ablate.harness.study.storage import masked_url, open_storage
+from ablate.harness.study.validate import MAX_TRIALS, StudyError, run_problems, trial_count
 
 FLAT = ExperimentConfig().flat()
 FLOAT_KEYS = [k for k, v in FLAT.items() if isinstance(v, float)] + ["train.max_time"]
@@ -110,7 +117,7 @@ class StopBeforeTheFirstStep(L.Callback):
 
 
 def test_a_trial_that_ran_no_optimizer_step_fails(single_thread):
-    from harness.trial import run_trial
+    from ablate.harness.trial import run_trial
 
     cfg = build_config(base())
     with pytest.raises(RunFailed, match="no optimizer step ran"):

@@ -7,8 +7,8 @@ import pytest
 import sacrebleu
 import torch
 
-from harness.config import TaskConfig, build_config
-from harness.metrics import (
+from ablate.harness.config import TaskConfig, build_config
+from ablate.harness.metrics import (
     TextScore,
     accuracy_by_length,
     alignment_error_rate,
@@ -20,10 +20,10 @@ from harness.metrics import (
     text_metrics,
     token_accuracy,
 )
-from harness.tasks import build_task
-from harness.tasks.base import Example, TaskData, Vocab
-from harness.tasks.tokenizers import WordTokenizer, build_tokenizer
-from models.sequences import BOS_ID, EOS_ID, PAD_ID, score
+from ablate.harness.tasks import build_task
+from ablate.harness.tasks.base import Example, TaskData, Vocab
+from ablate.harness.tasks.tokenizers import WordTokenizer, build_tokenizer
+from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID, score
 
 E, P = EOS_ID, PAD_ID
 # (prediction, target) as the decoder emits and the data holds them: EOS kept, then padding. The definition

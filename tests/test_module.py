@@ -11,15 +11,15 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import WandbLogger
 
-from harness.artifacts import AttentionSample
-from harness.callbacks import peak_rss_mb
-from harness.config import load_config
-from harness.probes import heatmap
-from harness.tasks import build_task
-from harness.trial import build_module, resolve_precision, run_trial
-from models.module import Seq2SeqModule, lr_lambda, token_cross_entropy
-from models.optim import OptimConfig
-from models.sequences import EOS_ID
+from ablate.harness.artifacts import AttentionSample
+from ablate.harness.callbacks import peak_rss_mb
+from ablate.harness.config import load_config
+from ablate.harness.probes import heatmap
+from ablate.harness.tasks import build_task
+from ablate.harness.trial import build_module, resolve_precision, run_trial
+from ablate.models.module import Seq2SeqModule, lr_lambda, token_cross_entropy
+from ablate.models.optim import OptimConfig
+from ablate.models.sequences import EOS_ID
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -174,7 +174,7 @@ def test_checkpoint_round_trip_restores_identical_outputs(logged_trial):
         assert module.optim == OptimConfig.of(tiny().train)
     # The test metrics and probes come from the best checkpoint, so reloading it reproduces the probes.
     module = Seq2SeqModule.load_from_checkpoint(out / "checkpoints" / "best.ckpt", weights_only=True)
-    from harness.probes import capture, select_probes
+    from ablate.harness.probes import capture, select_probes
 
     cfg = tiny()
     again = capture(module, select_probes(build_task(cfg.task, cfg.seed)))
@@ -243,7 +243,7 @@ def test_per_length_table_weighted_gives_the_split_totals(logged_trial):
 
 def test_each_test_split_is_read_once(monkeypatch):
     """AER, rank collapse and the attention samples come from the pass that gives the test loss."""
-    from harness.tasks.datamodule import Seq2SeqDataModule
+    from ablate.harness.tasks.datamodule import Seq2SeqDataModule
 
     batches: dict[int, int] = {}  # batches yielded per test loader (Lightning may call iter() to probe one)
 
@@ -514,5 +514,5 @@ def test_the_schedule_steps_with_every_optimiser_step():
 
 def test_generate_is_greedy_unless_given_a_beam(monkeypatch):
     module, _, _ = fixed_module()
-    monkeypatch.setattr("models.module.beam_search", lambda *a, **kw: pytest.fail("beam search by default"))
+    monkeypatch.setattr("ablate.models.module.beam_search", lambda *a, **kw: pytest.fail("beam search by default"))
     assert module.generate(torch.full((1, 2), A)).tolist() == [[A, B, EOS]]

@@ -18,11 +18,11 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, Timer
 from torch import nn
 
-from harness.config import ExperimentConfig, build_config
-from harness.tasks import build_task
-from harness.tasks.datamodule import Seq2SeqDataModule
-from harness.trial import build_module, build_trainer, run_trial
-from models.sequences import PAD_ID
+from ablate.harness.config import ExperimentConfig, build_config
+from ablate.harness.tasks import build_task
+from ablate.harness.tasks.datamodule import Seq2SeqDataModule
+from ablate.harness.trial import build_module, build_trainer, run_trial
+from ablate.models.sequences import PAD_ID
 from tests.conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -105,7 +105,7 @@ def first_step_loss(built: Built) -> tuple[float, float]:
 
 def search_calls(built: Built, monkeypatch) -> list[tuple[int, float]]:
     """(beam size, length penalty) of every beam search a test step runs."""
-    import models.module as module_code
+    import ablate.models.module as module_code
 
     calls = []
     real = module_code.beam_search

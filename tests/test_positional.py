@@ -8,10 +8,10 @@ import re
 import pytest
 import torch
 
-from models.config import ModelConfig
-from models.decoding import greedy_decode
-from models.positional import POSITIONAL, PositionalKind
-from models.positional_layers import (
+from ablate.models.config import ModelConfig
+from ablate.models.decoding import greedy_decode
+from ablate.models.positional import POSITIONAL, PositionalKind
+from ablate.models.positional_layers import (
     ALiBi,
     LearnedEncoding,
     Positions,
@@ -19,8 +19,8 @@ from models.positional_layers import (
     SinusoidalEncoding,
     sinusoidal_table,
 )
-from models.sequences import BOS_ID, EOS_ID
-from models.transformer import Transformer
+from ablate.models.sequences import BOS_ID, EOS_ID
+from ablate.models.transformer import Transformer
 
 
 def test_sinusoidal_table_matches_the_lectures():

@@ -24,10 +24,16 @@ import math
 import pytest
 import torch
 
-from models import build_model
-from models.attention import AdditiveScore, GeneralScore, LocationScore, MultiHeadAttention, ScoreAttention
-from models.config import ModelConfig
-from models.positional_layers import ALiBi, Rotary
+from ablate.models import build_model
+from ablate.models.attention import (
+    AdditiveScore,
+    GeneralScore,
+    LocationScore,
+    MultiHeadAttention,
+    ScoreAttention,
+)
+from ablate.models.config import ModelConfig
+from ablate.models.positional_layers import ALiBi, Rotary
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -19,8 +19,8 @@ import itertools
 import pytest
 import torch
 
-from models import build_model
-from models.config import ModelConfig
+from ablate.models import build_model
+from ablate.models.config import ModelConfig
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -29,16 +29,16 @@ from optuna.exceptions import StorageInternalError
 from optuna.trial import TrialState
 from test_workers import tiny_spec
 
-import harness.trial
-import harness.workers
-from harness import tracking
-from harness.config import ConfigError
-from harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study
-from harness.study.spec import load_study
-from harness.study.storage import open_storage
-from harness.workers import run_worker
-from models.module import Seq2SeqModule
-from reports.render import build_report
+from ablate.harness import tracking
+from ablate.harness import trial as harness_trial
+from ablate.harness import workers as harness_workers
+from ablate.harness.config import ConfigError
+from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study
+from ablate.harness.study.spec import load_study
+from ablate.harness.study.storage import open_storage
+from ablate.harness.workers import run_worker
+from ablate.models.module import Seq2SeqModule
+from ablate.reports.render import build_report
 
 
 def start_worker(study: Path, runs: Path, *extra: str) -> subprocess.Popen:
@@ -112,7 +112,7 @@ def uninterrupted_history(study: Path, seed: int) -> list[dict]:
     """The validation history of the study's trial for `seed`, run here without interruption."""
     spec = load_study(study)
     torch.set_num_threads(1)  # as the workers run
-    return harness.trial.run_trial(spec.config_for(spec.variant_overrides()["base"], seed)).history
+    return harness_trial.run_trial(spec.config_for(spec.variant_overrides()["base"], seed)).history
 
 
 def kill_mid_trial_and_recover(tmp_path: Path, storage_url: str | None) -> None:
@@ -233,7 +233,7 @@ FAULTS = {"ok": 0.01, "oom": 0.011, "boom": 0.012, "unwritable": 0.013, "store_d
 
 
 def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monkeypatch, single_thread):
-    real_step, real_write = Seq2SeqModule.training_step, harness.trial.write_artifacts
+    real_step, real_write = Seq2SeqModule.training_step, harness_trial.write_artifacts
 
     def faulty_step(self, batch, batch_idx):
         if self.optim.weight_decay == FAULTS["oom"] and batch_idx == 1:
@@ -253,10 +253,10 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
             raise OSError(errno.ECONNREFUSED, "artifact store unreachable (simulated)")
         return real_upload(trial, out_dir, store)
 
-    real_upload = harness.workers.upload_trial_files
+    real_upload = harness_workers.upload_trial_files
     monkeypatch.setattr(Seq2SeqModule, "training_step", faulty_step)
-    monkeypatch.setattr("harness.trial.write_artifacts", unwritable)
-    monkeypatch.setattr("harness.workers.upload_trial_files", unreachable_store)
+    monkeypatch.setattr("ablate.harness.trial.write_artifacts", unwritable)
+    monkeypatch.setattr("ablate.harness.workers.upload_trial_files", unreachable_store)
     variants = {name: {"train.weight_decay": wd} for name, wd in FAULTS.items()}
     spec = tiny_spec(variants={**variants, "nan": {"train.lr": 1.0e6}})
     runs = tmp_path / "runs"
@@ -296,25 +296,25 @@ def test_full_disk_queues_the_trial_again_and_stops_until_space_is_freed(
 ):
     """The disk under --out fills up while a trial writes: the trial waits again as it was (every later
     trial would fail the same way), the worker stops saying so, and once space is freed the study completes."""
-    real_write, full = harness.trial.write_artifacts, [True]
+    real_write, full = harness_trial.write_artifacts, [True]
 
     def full_disk(out, cfg, result, loggers):
         if full[0]:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "metrics.json"))
         return real_write(out, cfg, result, loggers)
 
-    monkeypatch.setattr("harness.trial.write_artifacts", full_disk)
+    monkeypatch.setattr("ablate.harness.trial.write_artifacts", full_disk)
     spec, runs = tiny_spec(seeds=[0, 1]), tmp_path / "runs"
     storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
     prepare_study(spec, storage)
-    stopped = harness.workers.Worker(spec, storage, runs, "disabled")
+    stopped = harness_workers.Worker(spec, storage, runs, "disabled")
     stopped.run()
     assert stopped.stopped == f"no space left on device under {runs / 'tiny'}; trial 0 queued again"
     study = load_phase_study(spec, storage, EVAL)
     assert [t.state for t in study.get_trials()] == [TrialState.WAITING, TrialState.WAITING]
 
     full[0] = False  # space freed
-    again = harness.workers.Worker(spec, storage, runs, "disabled")
+    again = harness_workers.Worker(spec, storage, runs, "disabled")
     again.run()
     assert again.stopped is None
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.COMPLETE]

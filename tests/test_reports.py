@@ -16,13 +16,13 @@ import pandas as pd
 import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 
-from harness.artifacts import AttentionSample, study_dir
-from harness.study.queue import optuna_study_name, prepare_study
-from harness.study.spec import StudySpec
-from harness.study.storage import open_storage
-from harness.workers import run_worker
-from reports import collect, plots, stats
-from reports.render import (
+from ablate.harness.artifacts import AttentionSample, study_dir
+from ablate.harness.study.queue import optuna_study_name, prepare_study
+from ablate.harness.study.spec import StudySpec
+from ablate.harness.study.storage import open_storage
+from ablate.harness.workers import run_worker
+from ablate.reports import collect, plots, stats
+from ablate.reports.render import (
     _md_cell,
     build_report,
     importance_evaluator,
@@ -383,12 +383,10 @@ def test_reports_import_neither_torch_nor_lightning():
     import subprocess
     import sys
 
-    import reports
+    from ablate import reports
 
-    modules = sorted(f"reports.{m.name}" for m in pkgutil.iter_modules(reports.__path__))
-    assert {"reports.collect", "reports.stats", "reports.plots", "reports.claims", "reports.render"} <= set(
-        modules
-    )
+    modules = sorted(f"ablate.reports.{m.name}" for m in pkgutil.iter_modules(reports.__path__))
+    assert {f"ablate.reports.{name}" for name in ("collect", "stats", "plots", "claims", "render")} <= set(modules)
     check = (f"import sys, {', '.join(modules)}; "
              "loaded = [m for m in ('torch', 'lightning') if m in sys.modules]; "
              "assert not loaded, f'reports imported {loaded}'")  # fmt: skip

@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.config import ConfigError, load_config
-from models import build_model
-from models.attention import MultiHeadAttention, ScoreAttention
-from models.config import PRESETS, ModelConfig
-from models.decoding import beam_search, greedy_decode
-from models.scores import make_score
+from ablate.harness.config import ConfigError, load_config
+from ablate.models import build_model
+from ablate.models.attention import MultiHeadAttention, ScoreAttention
+from ablate.models.config import PRESETS, ModelConfig
+from ablate.models.decoding import beam_search, greedy_decode
+from ablate.models.scores import make_score
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -309,7 +309,7 @@ BUDGETS = {"lstm": ["model.d_model=128", "train.max_steps=2000"]}
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", RNN_PRESETS)
 def test_every_preset_learns_copy(preset):
-    from harness.trial import run_trial
+    from ablate.harness.trial import run_trial
 
     cfg = load_config(None, preset, [
         "task.name=copy", "task.max_len=10", "task.test_max_len=10", "task.n_train=10000",

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import ConfigError, TaskConfig
-from harness.tasks import build_task
-from harness.tasks.scan import all_commands, read_scan_file
+from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.tasks import build_task
+from ablate.harness.tasks.scan import all_commands, read_scan_file
 
 OFFICIAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "scan"
 needs_official = pytest.mark.skipif(

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from harness.study.spec import StudySpec
-from reports import claims, stats
-from reports.claims import CONTRADICTED, INCONCLUSIVE, REPRODUCED
+from ablate.harness.study.spec import StudySpec
+from ablate.reports import claims, stats
+from ablate.reports.claims import CONTRADICTED, INCONCLUSIVE, REPRODUCED
 
 METRIC = "test/seq_acc"
 UNBOUNDED = "test/score"  # no range in stats.METRIC_RANGES

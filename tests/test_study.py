@@ -14,13 +14,13 @@ from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
-from harness import compat
-from harness.cli import app
-from harness.config import ConfigError
-from harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, study_progress
-from harness.study.spec import HeartbeatSpec, StudySpec, load_study
-from harness.study.storage import open_storage
-from harness.workers import Worker
+from ablate.harness import compat
+from ablate.harness.cli import app
+from ablate.harness.config import ConfigError
+from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, study_progress
+from ablate.harness.study.spec import HeartbeatSpec, StudySpec, load_study
+from ablate.harness.study.storage import open_storage
+from ablate.harness.workers import Worker
 
 
 def study_tree(**extra) -> dict:
@@ -146,7 +146,7 @@ def instant_results(monkeypatch, calls: list):
     """run_trial replaced by a stand-in that 'trains' instantly and scores lr's distance from 3e-3."""
     import math
 
-    from harness.trial import TrialResult
+    from ablate.harness.trial import TrialResult
 
     def fake_run_trial(cfg, out_dir=None, loggers=None, callbacks=None, progress=False, **resume):
         calls.append(cfg)
@@ -158,7 +158,7 @@ def instant_results(monkeypatch, calls: list):
         metrics = {"test/tok_acc": score, "val/tok_acc": score}
         return TrialResult(metrics=metrics, params=7, wall_time=0.01, split_sizes={"train": 1})
 
-    monkeypatch.setattr("harness.trial.run_trial", fake_run_trial)
+    monkeypatch.setattr("ablate.harness.trial.run_trial", fake_run_trial)
 
 
 def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, monkeypatch):

@@ -5,11 +5,20 @@ import json
 import numpy as np
 import pytest
 
-from harness.config import ConfigError, TaskConfig
-from harness.tasks import TASKS, build_task
-from harness.tasks.base import Vocab
-from harness.tasks.datamodule import Seq2SeqDataModule
-from harness.tasks.synth_mt import ADJECTIVES, DETERMINERS, NOUNS, OBJECT, PAST, PREPOSITIONS, SUBJECT, VERBS
+from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.tasks import TASKS, build_task
+from ablate.harness.tasks.base import Vocab
+from ablate.harness.tasks.datamodule import Seq2SeqDataModule
+from ablate.harness.tasks.synth_mt import (
+    ADJECTIVES,
+    DETERMINERS,
+    NOUNS,
+    OBJECT,
+    PAST,
+    PREPOSITIONS,
+    SUBJECT,
+    VERBS,
+)
 
 GENERATED = ["copy", "reverse", "sort", "addition", "recall", "synth_mt"]
 

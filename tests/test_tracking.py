@@ -13,8 +13,8 @@ import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate_exe
 from wandb.proto import wandb_internal_pb2 as pb
 
-from harness import tracking
-from harness.trial import best_validation
+from ablate.harness import tracking
+from ablate.harness.trial import best_validation
 
 
 def offline_records(run_dir: Path) -> list[pb.Record]:

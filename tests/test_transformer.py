@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention import MultiHeadAttention
-from models.config import ModelConfig
-from models.diagnostics import attention_entropy, layer_diagnostics, rank_collapse
-from models.transformer import FeedForward, Transformer
+from ablate.models.attention import MultiHeadAttention
+from ablate.models.config import ModelConfig
+from ablate.models.diagnostics import attention_entropy, layer_diagnostics, rank_collapse
+from ablate.models.transformer import FeedForward, Transformer
 
 VOCAB = 11  # 4 specials + 7 symbols
 PAD, BOS = 0, 1
@@ -515,7 +515,7 @@ def test_presets_are_vaswani_post_ln_and_xiong_pre_ln():
     ],
 )
 def test_bad_switch_values_fail_naming_the_key(key, value, message):
-    from harness.config import ConfigError, build_config
+    from ablate.harness.config import ConfigError, build_config
 
     with pytest.raises(ConfigError, match="^" + message.replace(".", r"\.")):
         build_config({"model": {**dict(d_model=16, heads=2), key: value}})
@@ -534,8 +534,8 @@ LEARN_REVERSE = {
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["transformer", "transformer-pre-ln"])
 def test_preset_learns_reverse(preset):
-    from harness.config import build_config
-    from harness.trial import run_trial
+    from ablate.harness.config import build_config
+    from ablate.harness.trial import run_trial
 
     result = run_trial(build_config({**LEARN_REVERSE, "preset": preset}))
     assert result.metrics["test/seq_acc"] >= 0.95

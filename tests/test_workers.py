@@ -10,12 +10,12 @@ import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 from optuna.trial import TrialState
 
-from harness import workers
-from harness.artifacts import artifact_store, download_trial_files
-from harness.study.queue import EVAL, load_phase_study, prepare_study
-from harness.study.spec import StudySpec
-from harness.study.storage import open_storage
-from harness.workers import run_worker
+from ablate.harness import workers
+from ablate.harness.artifacts import artifact_store, download_trial_files
+from ablate.harness.study.queue import EVAL, load_phase_study, prepare_study
+from ablate.harness.study.spec import StudySpec
+from ablate.harness.study.storage import open_storage
+from ablate.harness.workers import run_worker
 
 
 def tiny_spec(**extra) -> StudySpec:
@@ -108,7 +108,7 @@ def test_spawned_workers_get_the_storage_url_from_the_environment_not_their_comm
 def test_storage_comes_from_ablate_storage_when_no_option_names_it(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from harness.cli import app
+    from ablate.harness.cli import app
 
     monkeypatch.setenv("ABLATE_STORAGE", "postgresql://ablate:s3cret@127.0.0.1:9/studies")
     result = CliRunner().invoke(app, ["status", "tiny", "--out", str(tmp_path)])

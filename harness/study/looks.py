@@ -15,10 +15,10 @@ import time
 import optuna
 from optuna.trial import TrialState
 
-from harness.study.queue import EVAL, load_phase_study, optuna_study_name, queue_grid_points
-from harness.study.spec import StudySpec
-from reports import claims
-from reports.collect import trials_frame
+from ablate.harness.study.queue import EVAL, load_phase_study, optuna_study_name, queue_grid_points
+from ablate.harness.study.spec import StudySpec
+from ablate.reports import claims
+from ablate.reports.collect import trials_frame
 
 PENDING = (TrialState.WAITING, TrialState.RUNNING)
 

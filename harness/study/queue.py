@@ -18,8 +18,8 @@ from datetime import datetime
 import optuna
 from optuna.trial import TrialState
 
-from harness.config import ConfigError
-from harness.study.spec import StudySpec, Value, tune_metric
+from ablate.harness.config import ConfigError
+from ablate.harness.study.spec import StudySpec, Value, tune_metric
 
 EVAL, TUNE = "eval", "tune"
 

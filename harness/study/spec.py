@@ -24,8 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from harness.config import ConfigError, ExperimentConfig, build_config, read_yaml, validation_problems
-from models.config import PRESETS
+from ablate.harness.config import ConfigError, ExperimentConfig, build_config, read_yaml, validation_problems
+from ablate.models.config import PRESETS
 
 Value = str | int | float | bool
 
@@ -180,7 +180,9 @@ class StudySpec(BaseModel):
     @property
     def slug(self) -> str:
         """The study's folder name under runs/ (artifacts.slugify): distinct names get distinct folders."""
-        from harness.artifacts import slugify  # Optuna's artifact store is imported there: not to read a spec
+        from ablate.harness.artifacts import (
+            slugify,  # Optuna's artifact store is imported there: not to read a spec
+        )
 
         return slugify(self.name)
 
@@ -301,7 +303,7 @@ def load_study(
     """Reads a study file (with one of its profiles, and --set keys added to `fixed`) and checks all of it
     (harness/study/validate.py), together with the command line's own problems `also`; StudyError (a
     ConfigError) lists every problem. `max_trials` refuses a bigger grid before any variant is built."""
-    from harness.study.validate import part_problems, raise_problems, study_problems
+    from ablate.harness.study.validate import part_problems, raise_problems, study_problems
 
     path = resolve_study_path(path)
     tree = apply_profile(read_yaml(path), profile, str(path))
@@ -319,7 +321,7 @@ def load_study(
 
 def bundled_studies_dir() -> Path:
     """The ablations/ folder shipped with the package (also the checkout's own)."""
-    import ablations
+    from ablate import ablations
 
     return Path(next(iter(ablations.__path__)))
 

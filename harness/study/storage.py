@@ -15,9 +15,9 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, NoSuchModuleError, ProgrammingError
 
-from harness.config import ConfigError
-from harness.extras import require
-from harness.study.spec import HeartbeatSpec
+from ablate.harness.config import ConfigError
+from ablate.harness.extras import require
+from ablate.harness.study.spec import HeartbeatSpec
 
 CONNECT_TIMEOUT_S = 10  # an unreachable database server is reported, not waited on
 SCHEMA_ATTEMPTS = 10

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from harness.config import ConfigError, ExperimentConfig, TaskConfig, build_config, flatten
-from harness.study.spec import AdaptiveSeeds, ClaimSpec, StudySpec, TuneSpec, Value, variant_settings
+from ablate.harness.config import ConfigError, ExperimentConfig, TaskConfig, build_config, flatten
+from ablate.harness.study.spec import AdaptiveSeeds, ClaimSpec, StudySpec, TuneSpec, Value, variant_settings
 
 Problem = tuple[str, str]  # (where in the study file or command line, what is wrong)
 MAX_SHOWN = 20
@@ -196,7 +196,9 @@ def seed_problems(spec: StudySpec) -> list[Problem]:
 
 def reference_problems(spec: StudySpec, configs: dict[str, ExperimentConfig]) -> list[Problem]:
     """The study metric, the baseline and every claim against the variants as built."""
-    from harness.metrics import produced_metrics  # the task registry: seconds of imports, after the basics
+    from ablate.harness.metrics import (
+        produced_metrics,  # the task registry: seconds of imports, after the basics
+    )
 
     produced = {name: produced_metrics(cfg) for name, cfg in configs.items()}
     problems = metric_problems("metric.name", spec.metric.name, produced)
@@ -227,7 +229,7 @@ def claim_problems(
     """Each side of each difference a claim makes (its own, and `versus` for an interaction) selects a
     variant, matched as the report matches them (reports.claims: overrides plus the keys their preset sets),
     and reports the claim's metric."""
-    from reports.claims import claim_sides
+    from ablate.reports.claims import claim_sides
 
     known = {*ExperimentConfig().flat(), "preset"}
     selectors = {"compare": claim.compare, "to": claim.to, "within": claim.within,
@@ -254,7 +256,7 @@ def claim_problems(
 def data_problems(spec: StudySpec, configs: dict[str, ExperimentConfig], set_keys: set[str]) -> list[Problem]:
     """Each local corpus, read once by the task's own reader: it exists, parses and fills every split.
     Corpora named on the Hugging Face hub are fetched by the trial itself."""
-    from harness.tasks.corpora import looks_local  # the task registry: seconds of imports, when needed
+    from ablate.harness.tasks.corpora import looks_local  # the task registry: seconds of imports, when needed
 
     problems, read = [], {}
     for name, cfg in configs.items():
@@ -268,7 +270,7 @@ def data_problems(spec: StudySpec, configs: dict[str, ExperimentConfig], set_key
 
 
 def corpus_problem(task: TaskConfig, seed: int) -> str | None:
-    from harness.tasks import build_task
+    from ablate.harness.tasks import build_task
 
     try:
         data = build_task(task, seed)
@@ -335,7 +337,7 @@ def run_problems(
     wandb: str | None = None,
 ) -> list[Problem]:  # fmt: skip
     """--out, --storage, --devices and the W&B mode (the flag, else WANDB_MODE), before anything opens."""
-    from harness.study.storage import masked_url, url_problem
+    from ablate.harness.study.storage import masked_url, url_problem
 
     problems = []
     if out is not None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.config import ConfigError, TaskConfig
-from harness.tasks.base import SPLITS, Example, TaskData, Vocab
-from harness.tasks.corpora import parallel_task
-from harness.tasks.scan import scan_task
-from harness.tasks.synth_mt import synth_mt_task
-from harness.tasks.synthetic import addition_task, copy_task, recall_task, reverse_task, sort_task
+from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.tasks.base import SPLITS, Example, TaskData, Vocab
+from ablate.harness.tasks.corpora import parallel_task
+from ablate.harness.tasks.scan import scan_task
+from ablate.harness.tasks.synth_mt import synth_mt_task
+from ablate.harness.tasks.synthetic import addition_task, copy_task, recall_task, reverse_task, sort_task
 
 SYNTHETIC_OPTIONS = "min_len, max_len, test_max_len, n_train/n_valid/n_test"
 

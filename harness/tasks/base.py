@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from models.sequences import EOS_ID, SPECIALS, UNK_ID, through_eos
+from ablate.models.sequences import EOS_ID, SPECIALS, UNK_ID, through_eos
 
 if TYPE_CHECKING:
-    from harness.tasks.tokenizers import Tokenizer
+    from ablate.harness.tasks.tokenizers import Tokenizer
 
 # The split names every task provides; test_long holds lengths beyond training.
 SPLITS = ("train", "valid", "test", "test_long")

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.config import ConfigError, TaskConfig
-from harness.extras import require
-from harness.tasks.base import SPLITS, Example, TaskData, Vocab, longest_target
-from harness.tasks.reading import read_lines, require_file
-from harness.tasks.tokenizers import build_tokenizer
+from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.extras import require
+from ablate.harness.tasks.base import SPLITS, Example, TaskData, Vocab, longest_target
+from ablate.harness.tasks.reading import read_lines, require_file
+from ablate.harness.tasks.tokenizers import build_tokenizer
 
 RawPair = tuple[str, str]
 Corpus = dict[str, list[RawPair]]  # split name -> (source text, target text)

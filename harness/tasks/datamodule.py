@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from harness.tasks.base import Example, TaskData
-from models.sequences import BOS_ID, EOS_ID, PAD_ID
+from ablate.harness.tasks.base import Example, TaskData
+from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID
 
 EVAL_SPLITS = ("test", "test_long")
 

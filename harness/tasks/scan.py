@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.config import ConfigError, TaskConfig
-from harness.tasks.base import Example, TaskData, Vocab, longest_target
-from harness.tasks.reading import read_lines
+from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.tasks.base import Example, TaskData, Vocab, longest_target
+from ablate.harness.tasks.reading import read_lines
 
 PRIMITIVES = {"walk": "I_WALK", "look": "I_LOOK", "run": "I_RUN", "jump": "I_JUMP"}
 TURNS = {"left": "I_TURN_LEFT", "right": "I_TURN_RIGHT"}

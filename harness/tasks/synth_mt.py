@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.config import TaskConfig
-from harness.tasks.base import Example, TaskData, Vocab, longest_target
-from harness.tasks.synthetic import sample_splits
+from ablate.harness.config import TaskConfig
+from ablate.harness.tasks.base import Example, TaskData, Vocab, longest_target
+from ablate.harness.tasks.synthetic import sample_splits
 
 DETERMINERS = ("the", "a", "every", "this")
 NOUNS = {

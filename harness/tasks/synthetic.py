@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from harness.config import ConfigError, TaskConfig
-from harness.tasks.base import Example, TaskData, Vocab, longest_target
+from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.tasks.base import Example, TaskData, Vocab, longest_target
 
 Sampler = Callable[[np.random.Generator, int], Example]  # one random example of the given length
 Transform = Callable[[tuple[str, ...]], tuple[tuple[str, ...], tuple[tuple[int, int], ...]]]

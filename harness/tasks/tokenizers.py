@@ -12,7 +12,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from models.sequences import UNK
+from ablate.models.sequences import UNK
 
 
 class RuleTokenizer:

@@ -1,0 +1,1 @@
+"""The bundled study files: `ablate sweep NAME` finds NAME.yaml here."""
