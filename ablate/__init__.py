@@ -8,5 +8,5 @@ from pathlib import Path
 # Run from a checkout without installing it (a scratch copy under mutation testing, PYTHONPATH=<checkout>),
 # the same folders are found beside this one. An installed package never has a pyproject.toml beside it.
 _checkout = Path(__file__).resolve().parent.parent
-if (_checkout / "pyproject.toml").is_file() and (_checkout / "harness" / "cli.py").is_file():
+if (_checkout / "pyproject.toml").is_file() and (_checkout / "harness" / "trial.py").is_file():
     __path__.append(str(_checkout))

@@ -392,9 +392,9 @@ def bench_decoding(sizes: Sizes, device: torch.device, beam_size: int = 4) -> li
 
 def bench_padding(quick: bool) -> Figure:
     """Reverse with lengths 1-50: token-budget buckets against random batches of 64."""
-    from ablate.harness.config import TaskConfig
     from ablate.harness.tasks import build_task
     from ablate.harness.tasks.datamodule import Seq2SeqDataModule
+    from ablate.harness.tasks.options import TaskConfig
 
     data = build_task(TaskConfig(name="reverse", min_len=1, max_len=50, n_train=1000 if quick else 10000,
                                  n_valid=10, n_test=10), seed=0)  # fmt: skip

@@ -20,7 +20,6 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ablate.harness import compat, signals
@@ -88,7 +87,7 @@ class Checkpointer(L.Callback):
             self.publish(self.directory, trainer.global_step)
 
     def state_dict(self) -> dict[str, Any]:
-        rng = _collect_rng_states()
+        rng = compat.rng_states()
         # numpy's key array as a tensor: the checkpoint stays loadable with torch.load(weights_only=True).
         name, keys, *rest = rng["numpy"]
         return {"rng": {**rng, "numpy": (name, torch.from_numpy(keys.astype(np.int64)), *rest)}}
@@ -101,7 +100,7 @@ class Checkpointer(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # Restored here, not on load: whatever Lightning does before the first resumed step stays out of it.
         if self.restored_rng is not None:
-            _set_rng_states(self.restored_rng)
+            compat.restore_rng_states(self.restored_rng)
             self.restored_rng = None
 
 

@@ -5,7 +5,7 @@ so an upgrade that changes it fails there, by name, rather than somewhere inside
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -32,3 +32,18 @@ def validates_this_step(trainer: L.Trainer) -> bool:
     epoch ends, max_steps). A periodic checkpoint on such a step waits for it, so a resumed run holds that
     validation; Lightning decides it in its epoch loop and exposes no public query."""
     return trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+
+
+def rng_states() -> dict[str, Any]:
+    """Every generator's state a resumed trial needs (torch, CUDA, numpy, Python), as Lightning's own seeding
+    collects them; its public `pl_worker_init_function` and `seed_everything` only set seeds."""
+    from lightning.fabric.utilities.seed import _collect_rng_states
+
+    return _collect_rng_states()
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    """Sets the generators back to `rng_states()`'s result."""
+    from lightning.fabric.utilities.seed import _set_rng_states
+
+    _set_rng_states(states)

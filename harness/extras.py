@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ablate.harness.config import ConfigError
+from ablate.harness.errors import ConfigError
 
 
 def require(module: str, extra: str, feature: str) -> ModuleType:

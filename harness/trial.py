@@ -28,6 +28,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from ablate.harness import artifacts, tracking
 from ablate.harness.artifacts import AttentionSample
+from ablate.harness.attention_maps import save_probe_image
 from ablate.harness.callbacks import (
     AttentionImages,
     CostMonitor,
@@ -36,14 +37,14 @@ from ablate.harness.callbacks import (
     ValidateOnStop,
 )
 from ablate.harness.checkpoints import BestCheckpoint, Checkpointer
-from ablate.harness.config import ConfigError, ExperimentConfig, RunFailed
+from ablate.harness.config import ExperimentConfig
+from ablate.harness.errors import ConfigError, RunFailed
 from ablate.harness.evaluation import Evaluation
 from ablate.harness.probes import log_images, select_probes
 from ablate.harness.tasks import TaskData, build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
 from ablate.models.decoding import generation_budget
 from ablate.models.module import Seq2SeqModule
-from ablate.reports.attention import save_probe_image
 
 MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
 

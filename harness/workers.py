@@ -360,7 +360,7 @@ def spawn_workers(
     threads = max(1, (os.cpu_count() or 1) // len(slots))
     # -P keeps the working folder off sys.path: there a study's output folder (`bottleneck/` with --out .)
     # or a stray file would shadow a module the worker imports; the installed `ablate` is found without it.
-    command = [sys.executable, "-P", "-m", "ablate.harness.cli", "worker", study_name,
+    command = [sys.executable, "-P", "-m", "ablate.cli", "worker", study_name,
                "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads), "--no-report",
                *(["--artifacts", artifacts] if artifacts else [])]  # fmt: skip
     # The URL travels in the environment: on the command line its password would show in `ps`.

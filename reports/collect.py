@@ -16,13 +16,12 @@ from typing import Any
 import optuna
 import pandas as pd
 
+from ablate.analysis.table import COST_COLUMNS, trials_frame
 from ablate.harness import artifacts
 from ablate.harness.artifacts import AttentionSample
 from ablate.harness.study.queue import EVAL, TUNE, optuna_study_name, trial_seed, trial_variant
 from ablate.harness.study.spec import StudySpec
 
-# Cost figures a trial may store as user attributes next to params and wall_time.
-COST_COLUMNS = ["params", "wall_time", "tokens_per_sec", "peak_mem_mb", "steps"]
 PROVENANCE_ATTRS = ["hardware", "versions", "git_commit", "signatures"]
 
 
@@ -49,52 +48,6 @@ class StudyData:
 def eval_trials(spec: StudySpec, storage) -> list[optuna.trial.FrozenTrial]:
     study = optuna.load_study(study_name=optuna_study_name(spec), storage=storage)
     return study.get_trials(deepcopy=False)
-
-
-def _grid_point(t: optuna.trial.FrozenTrial) -> tuple[Any, Any]:
-    """(variant, seed); a trial still waiting has them as fixed params only."""
-    return trial_variant(t), trial_seed(t)
-
-
-def trials_frame(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> pd.DataFrame:
-    """Columns: trial, variant, seed, state, one per factor key and tuned key (dotted), the cost columns,
-    one per metric (named split/metric), one per split's example count (examples/split), fail_reason,
-    retry_of (the failed trial this one retries), resumed_from_step (0: started afresh), start and end times.
-    Cost figures a trial did not store as user attributes are filled from its metrics.json
-    artifact by `collect`."""
-    overrides = spec.variant_overrides()
-    rows = []
-    for t in trials:
-        variant, seed = _grid_point(t)
-        attrs = t.user_attrs
-        rows.append({
-            "trial": t.number, "variant": variant, "seed": seed, "state": t.state.name,
-            **overrides.get(variant, attrs.get("factors", {})),
-            **{c: attrs.get(c) for c in COST_COLUMNS},
-            **attrs.get("tuned", {}),
-            **attrs.get("metrics", {}),
-            **{examples_column(split): n for split, n in (attrs.get("split_sizes") or {}).items()},
-            "fail_reason": attrs.get("fail_reason"),
-            "retry_of": (t.system_attrs.get("retry_history") or [None])[-1],
-            "resumed_from_step": attrs.get("resumed_from_step", 0),
-            "started": t.datetime_start, "completed": t.datetime_complete,
-        })  # fmt: skip
-    columns = [
-        "trial",
-        "variant",
-        "seed",
-        "state",
-        *COST_COLUMNS,
-        "fail_reason",
-        "retry_of",
-        "resumed_from_step",
-    ]
-    return pd.DataFrame(rows, columns=list(dict.fromkeys(columns + [k for r in rows for k in r])))
-
-
-def examples_column(split: str) -> str:
-    """The trial table's column of how many examples a split held (the trial's 'split_sizes')."""
-    return f"examples/{split}"
 
 
 def read_artifacts(
@@ -167,7 +120,7 @@ def collect(
     for t in trials:
         if t.state != optuna.trial.TrialState.COMPLETE:
             continue
-        variant, seed = _grid_point(t)
+        variant, seed = trial_variant(t), trial_seed(t)
         art = read_artifacts(t, spec, runs_root, store)
         key = {"trial": t.number, "variant": variant, "seed": seed}
         history += [{**key, **row} for row in art.history]

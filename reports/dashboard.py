@@ -14,11 +14,11 @@ from typing import Any
 import optuna
 import pandas as pd
 
+from ablate.analysis.stats import mean_ci
 from ablate.harness import compat
 from ablate.harness.study.queue import optuna_study_name
 from ablate.reports.collect import StudyData
 from ablate.reports.plots import length_accuracy
-from ablate.reports.stats import mean_ci
 
 FIGURES = ("metric_by_variant", "accuracy_by_length")  # graph ids on the study page
 

@@ -14,9 +14,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from ablate.analysis.stats import MetricRange, examples, mean_ci, metric_range, pareto_front  # noqa: E402
 from ablate.harness.artifacts import AttentionSample  # noqa: E402
-from ablate.reports.attention import cross_attention, draw, probe_aer  # noqa: E402
-from ablate.reports.stats import MetricRange, examples, mean_ci, metric_range, pareto_front  # noqa: E402
+from ablate.harness.attention_maps import cross_attention, draw, probe_aer  # noqa: E402
 
 # Variant names are user text: never parse them as mathtext.
 plt.rcParams["text.parse_math"] = False

@@ -21,11 +21,12 @@ import pandas as pd
 import yaml
 from jinja2 import Environment, PackageLoader
 
-from ablate.harness import artifacts, tracking
+from ablate.analysis import claims, stats
+from ablate.harness import artifacts, attention_maps, tracking
 from ablate.harness.provenance import environment
 from ablate.harness.study.queue import study_progress
 from ablate.harness.study.spec import StudySpec, short_name, tune_metric, validation_metric
-from ablate.reports import attention, claims, dashboard, plots, stats
+from ablate.reports import dashboard, plots
 from ablate.reports.collect import StudyData, collect
 
 ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
@@ -59,7 +60,7 @@ def variant_summary(data: StudyData) -> pd.DataFrame:
     aer = {}
     for trial, samples in data.attention.items():
         variant = df.loc[df["trial"] == trial, "variant"].iloc[0]
-        aer.setdefault(variant, []).extend(attention.probe_aer(s) for s in samples)
+        aer.setdefault(variant, []).extend(attention_maps.probe_aer(s) for s in samples)
     summary["aer"] = summary["variant"].map(
         {v: float(np.nanmean(a)) for v, a in aer.items() if np.isfinite(a).any()}
     )
@@ -71,7 +72,7 @@ def attention_samples(data: StudyData, summary: pd.DataFrame) -> dict[str, list]
     df = data.trials.set_index("trial")
     first_trial: dict[str, int] = {}  # variant -> its trial with the lowest seed that has cross attention
     for trial in sorted(data.attention, key=lambda t: df.at[t, "seed"]):
-        if any(attention.cross_attention(s) is not None for s in data.attention[trial]):
+        if any(attention_maps.cross_attention(s) is not None for s in data.attention[trial]):
             first_trial.setdefault(df.at[trial, "variant"], trial)
     ranked = summary.sort_values("rank", na_position="last")["variant"].tolist()
     chosen = [v for v in dict.fromkeys([data.spec.baseline_variant(), *ranked]) if v in first_trial]

@@ -12,8 +12,8 @@ set -euo pipefail -o noglob  # pytest node ids hold [brackets]
 # Target file -> the tests that should kill its mutants (fast ones only: every mutant reruns them).
 declare -A TESTS=(
   [harness/metrics.py]="tests/test_metrics.py"
-  [reports/stats.py]="tests/test_stats.py"
-  [reports/claims.py]="tests/test_stats.py tests/test_claims.py
+  [analysis/stats.py]="tests/test_stats.py"
+  [analysis/claims.py]="tests/test_stats.py tests/test_claims.py
     tests/test_adaptive.py::test_a_claim_is_decided_at_its_first_decisive_look_and_only_open_claims_want_seeds
     tests/test_adaptive.py::test_a_running_look_gives_a_provisional_verdict_and_wants_nothing
     tests/test_adaptive.py::test_a_list_of_seeds_is_one_look_at_95_percent
@@ -35,14 +35,14 @@ declare -A TESTS=(
 )
 # Slow tests a target's mutants skip (pytest node ids): they cost minutes per run and test nothing the rest miss.
 declare -A DESELECT=(
-  [reports/claims.py]="tests/test_claims.py::test_the_report_prints_each_claims_source_beside_its_verdict"
+  [analysis/claims.py]="tests/test_claims.py::test_the_report_prints_each_claims_source_beside_its_verdict"
   [models/module.py]="tests/test_module.py::test_cpu_peak_memory_is_each_trials_own
     tests/test_module.py::test_compile_keeps_checkpoint_names tests/test_module.py::test_budgets_and_early_stopping
     tests/test_module.py::test_progress_bar_counts_epochs_without_a_negative_last_one
     tests/test_plumbing.py::test_key_reaches_its_user[train.keep_checkpoints]
     tests/test_plumbing.py::test_key_reaches_its_user[train.checkpoint_every]"
 )
-ORDER=(harness/metrics.py reports/stats.py reports/claims.py models/rnn.py models/scores.py
+ORDER=(harness/metrics.py analysis/stats.py analysis/claims.py models/rnn.py models/scores.py
        models/positional.py models/positional_layers.py models/attention.py models/transformer.py
        models/decoding.py models/sequences.py models/module.py models/optim.py models/config.py
        models/diagnostics.py)

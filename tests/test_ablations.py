@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ablate.harness.study.spec import bundled_studies_dir, load_study
+from ablate.analysis.stats import metric_range
+from ablate.harness.study.spec import bundled_studies_dir
+from ablate.harness.study.validate import load_study
 from ablate.harness.trial import run_trial
-from ablate.reports.stats import metric_range
 
 STUDIES = sorted(bundled_studies_dir().glob("*.yaml"))
 # Shrinks any study's trial to seconds; task sizes stay as the study sets them except where capped here.

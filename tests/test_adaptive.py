@@ -15,13 +15,14 @@ from optuna.trial import TrialState
 from pydantic import ValidationError
 from test_postgres import postgres_url  # noqa: F401  (a fixture)
 
-from ablate.harness.config import ConfigError
+from ablate.analysis import claims
+from ablate.analysis.claims import INCONCLUSIVE, REPRODUCED
+from ablate.harness.errors import ConfigError
 from ablate.harness.study import looks
 from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, trial_seed
-from ablate.harness.study.spec import StudySpec, load_study
+from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.storage import open_storage
-from ablate.reports import claims
-from ablate.reports.claims import INCONCLUSIVE, REPRODUCED
+from ablate.harness.study.validate import load_study
 from ablate.reports.render import seeds_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -12,6 +12,7 @@ from conftest import ablate
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
+from ablate.cli import app
 from ablate.harness.bench import (
     FIGURE_KEYS,
     Sizes,
@@ -22,7 +23,6 @@ from ablate.harness.bench import (
     transformer_config,
     transformer_train_flops,
 )
-from ablate.harness.cli import app
 from ablate.models import build_model
 from ablate.models.module import token_cross_entropy
 from ablate.models.sequences import PAD_ID

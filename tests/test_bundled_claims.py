@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from ablate.analysis.claims import claim_sides
 from ablate.harness.config import build_config, read_yaml
 from ablate.harness.metrics import produced_metrics
-from ablate.harness.study.spec import bundled_studies_dir, load_study, variant_settings
+from ablate.harness.study.spec import bundled_studies_dir, variant_settings
+from ablate.harness.study.validate import load_study
 from ablate.harness.tasks import ALIGNED_TASKS, GENERATED_TASKS, TASKS, TEXT_TASKS
 from ablate.harness.trial import run_trial
-from ablate.reports.claims import claim_sides
 
 STUDIES = sorted(bundled_studies_dir().glob("*.yaml"))
 PROFILES = [

@@ -10,10 +10,11 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from ablate.harness.config import ConfigError
-from ablate.harness.study.spec import ClaimSpec, StudySpec, apply_profile, load_study, variant_settings
-from ablate.reports import claims, stats
-from ablate.reports.claims import CEILING, CONTRADICTED, FLOOR, INCONCLUSIVE, REPRODUCED, UNLEARNT
+from ablate.analysis import claims, stats
+from ablate.analysis.claims import CEILING, CONTRADICTED, FLOOR, INCONCLUSIVE, REPRODUCED, UNLEARNT
+from ablate.harness.errors import ConfigError
+from ablate.harness.study.spec import ClaimSpec, StudySpec, apply_profile, variant_settings
+from ablate.harness.study.validate import load_study
 from ablate.reports.render import build_report
 
 SHORT, LONG = "test/tok_acc", "test_long/tok_acc"
@@ -25,7 +26,7 @@ SOURCE = {
 
 
 def trials(cells: dict[tuple[str, int], dict[str, float]]) -> pd.DataFrame:
-    """A trial table as collect.trials_frame gives it: one completed trial per (variant, seed)."""
+    """A trial table as analysis.table.trials_frame gives it: one completed trial per (variant, seed)."""
     rows = [{"trial": i, "variant": v, "seed": seed, "state": "COMPLETE", **metrics}
             for i, ((v, seed), metrics) in enumerate(cells.items())]  # fmt: skip
     return pd.DataFrame(rows)

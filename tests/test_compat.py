@@ -56,3 +56,17 @@ def test_lightning_still_decides_validation_steps_in_its_epoch_loop():
     run_trial(cfg, callbacks=[Spy()])
     # val_every 2, and the last step validates through ValidateOnStop.
     assert seen == [(1, False), (2, True), (3, False), (4, True), (5, True)]
+
+
+def test_rng_states_round_trip_every_generator_a_resumed_trial_draws_from():
+    import random
+
+    import numpy as np
+    import torch
+
+    states = compat.rng_states()
+    assert {"torch", "numpy", "python"} <= set(states)
+    first = (torch.rand(3), np.random.rand(3), random.random())
+    compat.restore_rng_states(states)
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1]) and first[2] == again[2]

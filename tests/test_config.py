@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from ablate.harness.config import ConfigError, accepted_values, build_config, load_config, parse_override
+from ablate.harness.config import accepted_values, build_config, load_config, parse_override
+from ablate.harness.errors import ConfigError
 from ablate.models.config import PRESETS, ModelConfig
 from ablate.models.positional import POSITIONAL
 from ablate.models.scores import SCORES

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.errors import ConfigError
 from ablate.harness.tasks import build_task
+from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.tokenizers import BpeTokenizer, load_tokenizer
 
 WORDS = ["cat", "dog", "bird", "fish", "horse"]

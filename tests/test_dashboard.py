@@ -26,12 +26,13 @@ from matplotlib import image
 from test_report_browser import CHROMIUM, chromium
 from test_reports import SRC, attention_sample, synthetic  # noqa: F401  (the session's report)
 
+from ablate.analysis import claims, stats
 from ablate.harness.artifacts import AttentionSample
+from ablate.harness.attention_maps import save_probe_image
 from ablate.harness.study.queue import optuna_study_name, prepare_study
 from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.storage import open_storage
-from ablate.reports import claims, collect, dashboard, stats
-from ablate.reports.attention import save_probe_image
+from ablate.reports import collect, dashboard
 from ablate.reports.render import build_report, variant_summary
 
 METRIC = "test/seq_acc"

@@ -8,8 +8,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from ablate.harness.cli import app
-from ablate.harness.config import ConfigError
+from ablate.cli import app
+from ablate.harness.errors import ConfigError
 from ablate.harness.extras import require
 from ablate.harness.study.storage import with_driver
 

@@ -20,19 +20,13 @@ import pytest
 import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
 
+from ablate.cli import error_line
 from ablate.harness.artifacts import MAX_FOLDER_BYTES, slugify
-from ablate.harness.cli import error_line
-from ablate.harness.config import (
-    ConfigError,
-    ExperimentConfig,
-    RunFailed,
-    accepted_values,
-    build_config,
-    read_yaml,
-)
-from ablate.harness.study.spec import StudySpec, load_study
+from ablate.harness.config import ExperimentConfig, accepted_values, build_config, read_yaml
+from ablate.harness.errors import ConfigError, RunFailed
+from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.storage import masked_url, open_storage
-from ablate.harness.study.validate import MAX_TRIALS, StudyError, run_problems, trial_count
+from ablate.harness.study.validate import MAX_TRIALS, StudyError, load_study, run_problems, trial_count
 
 FLAT = ExperimentConfig().flat()
 FLOAT_KEYS = [k for k, v in FLAT.items() if isinstance(v, float)] + ["train.max_time"]

@@ -7,7 +7,7 @@ import pytest
 import sacrebleu
 import torch
 
-from ablate.harness.config import TaskConfig, build_config
+from ablate.harness.config import build_config
 from ablate.harness.metrics import (
     TextScore,
     accuracy_by_length,
@@ -22,6 +22,7 @@ from ablate.harness.metrics import (
 )
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.base import Example, TaskData, Vocab
+from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.tokenizers import WordTokenizer, build_tokenizer
 from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID, score
 

@@ -18,8 +18,8 @@ from optuna.trial import TrialState
 from test_reliability import finish, kill_mid_trial_and_recover, start_worker
 
 from ablate.harness.study.queue import EVAL, grid_point, load_phase_study
-from ablate.harness.study.spec import load_study
 from ablate.harness.study.storage import open_storage
+from ablate.harness.study.validate import load_study
 
 URL_VARIABLE = "ABLATE_TEST_POSTGRES_URL"
 

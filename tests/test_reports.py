@@ -16,12 +16,13 @@ import pandas as pd
 import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 
+from ablate.analysis import stats
 from ablate.harness.artifacts import AttentionSample, study_dir
 from ablate.harness.study.queue import optuna_study_name, prepare_study
 from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.storage import open_storage
 from ablate.harness.workers import run_worker
-from ablate.reports import collect, plots, stats
+from ablate.reports import collect, plots
 from ablate.reports.render import (
     _md_cell,
     build_report,
@@ -376,20 +377,24 @@ def test_figures_skip_what_has_no_data():
     assert plots.probe_aer(attention_sample(aligned=True)) == 0.0
 
 
-def test_reports_import_neither_torch_nor_lightning():
-    """Building a report reads arrays and tables only; torch and Lightning would add seconds to every
-    `ablate report`. Every module of reports/, imported in a fresh interpreter."""
+def test_reports_and_analysis_import_neither_torch_nor_lightning():
+    """Building a report, or judging claims at a look, reads arrays and tables only; torch and Lightning
+    would add seconds to every `ablate report`. Every module of reports/ and analysis/, imported in a fresh
+    interpreter."""
     import pkgutil
     import subprocess
     import sys
 
-    from ablate import reports
+    from ablate import analysis, reports
 
-    modules = sorted(f"ablate.reports.{m.name}" for m in pkgutil.iter_modules(reports.__path__))
-    assert {f"ablate.reports.{name}" for name in ("collect", "stats", "plots", "claims", "render")} <= set(modules)
+    modules = sorted(f"{package.__name__}.{m.name}" for package in (analysis, reports)
+                     for m in pkgutil.iter_modules(package.__path__))  # fmt: skip
+    expected = ["analysis.table", "analysis.stats", "analysis.claims", "reports.collect", "reports.plots",
+                "reports.render"]  # fmt: skip
+    assert {f"ablate.{name}" for name in expected} <= set(modules)
     check = (f"import sys, {', '.join(modules)}; "
              "loaded = [m for m in ('torch', 'lightning') if m in sys.modules]; "
-             "assert not loaded, f'reports imported {loaded}'")  # fmt: skip
+             "assert not loaded, f'imported {loaded}'")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
 

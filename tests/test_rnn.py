@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ablate.harness.config import ConfigError, load_config
+from ablate.harness.config import load_config
+from ablate.harness.errors import ConfigError
 from ablate.models import build_model
 from ablate.models.attention import MultiHeadAttention, ScoreAttention
 from ablate.models.config import PRESETS, ModelConfig

@@ -18,8 +18,8 @@ from optuna.trial import TrialState
 from test_reliability import finish, start_worker, write_study
 
 from ablate.harness.study.queue import EVAL, load_phase_study
-from ablate.harness.study.spec import load_study
 from ablate.harness.study.storage import open_storage
+from ablate.harness.study.validate import load_study
 
 SECRET = "not-a-real-secret-but-never-on-disk"
 

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.errors import ConfigError
 from ablate.harness.tasks import build_task
+from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.scan import all_commands, read_scan_file
 
 OFFICIAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "scan"

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
+from ablate.analysis import claims, stats
+from ablate.analysis.claims import CONTRADICTED, INCONCLUSIVE, REPRODUCED
 from ablate.harness.study.spec import StudySpec
-from ablate.reports import claims, stats
-from ablate.reports.claims import CONTRADICTED, INCONCLUSIVE, REPRODUCED
 
 METRIC = "test/seq_acc"
 UNBOUNDED = "test/score"  # no range in stats.METRIC_RANGES
@@ -21,7 +21,7 @@ UNBOUNDED = "test/score"  # no range in stats.METRIC_RANGES
 def table(
     values: dict[str, list[float]], extra: list[dict] | None = None, metric: str = METRIC
 ) -> pd.DataFrame:
-    """A trial table as collect.trials_frame gives it: one completed trial per (variant, seed)."""
+    """A trial table as analysis.table.trials_frame gives it: one completed trial per (variant, seed)."""
     rows = [
         {"trial": 0, "variant": v, "seed": seed, "state": "COMPLETE", metric: x}
         for v, xs in values.items()

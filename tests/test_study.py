@@ -14,12 +14,13 @@ from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
+from ablate.cli import app
 from ablate.harness import compat
-from ablate.harness.cli import app
-from ablate.harness.config import ConfigError
+from ablate.harness.errors import ConfigError
 from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, study_progress
-from ablate.harness.study.spec import HeartbeatSpec, StudySpec, load_study
+from ablate.harness.study.spec import HeartbeatSpec, StudySpec
 from ablate.harness.study.storage import open_storage
+from ablate.harness.study.validate import load_study
 from ablate.harness.workers import Worker
 
 

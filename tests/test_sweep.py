@@ -20,7 +20,7 @@ from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
 from test_tracking import offline_run
 from typer.testing import CliRunner
 
-from ablate.harness.cli import app
+from ablate.cli import app
 
 
 def write_study(path, **extra):

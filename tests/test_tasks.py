@@ -5,10 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.config import build_config
+from ablate.harness.errors import ConfigError
 from ablate.harness.tasks import TASKS, build_task
 from ablate.harness.tasks.base import Vocab
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
+from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.synth_mt import (
     ADJECTIVES,
     DETERMINERS,
@@ -140,9 +142,9 @@ def test_synth_mt_needs_five_words():
 
 def test_registry_is_the_list_of_task_names_the_config_accepts(monkeypatch):
     for name in TASKS:
-        assert TaskConfig(name=name).name == name
-    with pytest.raises(ValueError, match=rf"unknown task 'juggle'; known: {', '.join(TASKS)} \["):
-        TaskConfig(name="juggle")
+        assert build_config({"task": {"name": name}}).task.name == name
+    with pytest.raises(ConfigError, match=rf"^task.name: unknown task 'juggle'; known: {', '.join(TASKS)}$"):
+        build_config({"task": {"name": "juggle"}})
     monkeypatch.setitem(TASKS, "echo", TASKS["copy"])  # a task added to the registry needs nothing else
     assert build_task(small("echo"), 0).splits["train"] == build_task(small("copy"), 0).splits["train"]
     assert all(

@@ -515,7 +515,8 @@ def test_presets_are_vaswani_post_ln_and_xiong_pre_ln():
     ],
 )
 def test_bad_switch_values_fail_naming_the_key(key, value, message):
-    from ablate.harness.config import ConfigError, build_config
+    from ablate.harness.config import build_config
+    from ablate.harness.errors import ConfigError
 
     with pytest.raises(ConfigError, match="^" + message.replace(".", r"\.")):
         build_config({"model": {**dict(d_model=16, heads=2), key: value}})

@@ -108,7 +108,7 @@ def test_spawned_workers_get_the_storage_url_from_the_environment_not_their_comm
 def test_storage_comes_from_ablate_storage_when_no_option_names_it(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from ablate.harness.cli import app
+    from ablate.cli import app
 
     monkeypatch.setenv("ABLATE_STORAGE", "postgresql://ablate:s3cret@127.0.0.1:9/studies")
     result = CliRunner().invoke(app, ["status", "tiny", "--out", str(tmp_path)])

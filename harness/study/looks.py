@@ -1,7 +1,7 @@
 """Adaptive seeds: after each look, the next look's seeds for the variants whose claims are still open.
 
 A look happens when a worker finds nothing waiting or running. It judges the claims from the storage
-alone (each trial's metrics are user attributes) with the report's own code, reports.claims, so the
+alone (each trial's metrics are user attributes) with the report's own code, analysis.claims, so the
 queue stops exactly where the report says a claim was decided. The next look's grid points are queued
 once however many workers reach the look together: the storage's unique study names are the lock, as
 in queue.prepare_study. The one worker whose `<study>:look:<n>` study is created queues the points and
@@ -15,10 +15,10 @@ import time
 import optuna
 from optuna.trial import TrialState
 
+from ablate.analysis import claims
+from ablate.analysis.table import trials_frame
 from ablate.harness.study.queue import EVAL, load_phase_study, optuna_study_name, queue_grid_points
 from ablate.harness.study.spec import StudySpec
-from ablate.reports import claims
-from ablate.reports.collect import trials_frame
 
 PENDING = (TrialState.WAITING, TrialState.RUNNING)
 

@@ -18,7 +18,7 @@ from datetime import datetime
 import optuna
 from optuna.trial import TrialState
 
-from ablate.harness.config import ConfigError
+from ablate.harness.errors import ConfigError
 from ablate.harness.study.spec import StudySpec, Value, tune_metric
 
 EVAL, TUNE = "eval", "tune"

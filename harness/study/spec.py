@@ -19,12 +19,12 @@ from pydantic import (
     PositiveInt,
     StrictInt,
     Tag,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
-from ablate.harness.config import ConfigError, ExperimentConfig, build_config, read_yaml, validation_problems
+from ablate.harness.config import ExperimentConfig, build_config
+from ablate.harness.errors import ConfigError
 from ablate.models.config import PRESETS
 
 Value = str | int | float | bool
@@ -112,7 +112,7 @@ class HeartbeatSpec(BaseModel):
 class AdaptiveSeeds(BaseModel):
     """`seeds: {min: 3, max: 10}`: every variant runs seeds 0 .. min - 1; after each look the variants of
     claims still open get `step` more, up to max (seeds 0 .. max - 1). `start: 100` shifts the seeds to
-    100 .. 100 + max - 1: a replication on fresh seeds. See reports.claims for the looks."""
+    100 .. 100 + max - 1: a replication on fresh seeds. See analysis.claims for the looks."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     min: int = Field(ge=2, strict=True)  # a claim needs two seeds a side
@@ -294,29 +294,6 @@ def apply_profile(tree: dict[str, Any], profile: str | None, where: str) -> dict
     if profile != next(iter(profiles)):
         tree["name"] = f"{tree.get('name')}-{profile}"
     return tree
-
-
-def load_study(
-    path: str | Path, profile: str | None = None, sets: dict[str, Any] | None = None,
-    max_trials: int | None = None, also: list[tuple[str, str]] = (),
-) -> StudySpec:  # fmt: skip
-    """Reads a study file (with one of its profiles, and --set keys added to `fixed`) and checks all of it
-    (harness/study/validate.py), together with the command line's own problems `also`; StudyError (a
-    ConfigError) lists every problem. `max_trials` refuses a bigger grid before any variant is built."""
-    from ablate.harness.study.validate import part_problems, raise_problems, study_problems
-
-    path = resolve_study_path(path)
-    tree = apply_profile(read_yaml(path), profile, str(path))
-    if sets:
-        tree = {**tree, "fixed": {**(tree.get("fixed") or {}), **sets}}
-    try:
-        spec = StudySpec.model_validate(tree)
-    except ValidationError as e:
-        failed = {str(err["loc"][0]) for err in e.errors() if err["loc"]}
-        parts = part_problems(tree, failed, sets or {}, max_trials)
-        raise_problems(str(path), validation_problems(e) + parts, also)
-    raise_problems(str(path), study_problems(spec, sets or {}, max_trials), also)
-    return spec
 
 
 def bundled_studies_dir() -> Path:

@@ -15,7 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, NoSuchModuleError, ProgrammingError
 
-from ablate.harness.config import ConfigError
+from ablate.harness.errors import ConfigError
 from ablate.harness.extras import require
 from ablate.harness.study.spec import HeartbeatSpec
 

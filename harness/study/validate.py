@@ -4,7 +4,7 @@ Each check adds (YAML location, what is wrong) to one list: every variant's conf
 makes (its metric, each claim's metric and compare / to, the baseline, tuned keys) against what the variants
 build and report, every local corpus of a `parallel` task, the seeds, the grid's size, and what the command
 line adds (storage URL, --out, --devices, W&B mode). A failing study raises one StudyError listing them all.
-No Optuna, no storage, no folder: nothing here writes.
+No Optuna, no storage, no folder: nothing here writes. `load_study` reads a study file and checks it here.
 """
 
 from __future__ import annotations
@@ -17,8 +17,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ablate.harness.config import ConfigError, ExperimentConfig, TaskConfig, build_config, flatten
-from ablate.harness.study.spec import AdaptiveSeeds, ClaimSpec, StudySpec, TuneSpec, Value, variant_settings
+from ablate.harness.config import ExperimentConfig, build_config, flatten, read_yaml, validation_problems
+from ablate.harness.errors import ConfigError
+from ablate.harness.study.spec import (
+    AdaptiveSeeds,
+    ClaimSpec,
+    StudySpec,
+    TuneSpec,
+    Value,
+    apply_profile,
+    resolve_study_path,
+    variant_settings,
+)
+from ablate.harness.tasks.options import TaskConfig
 
 Problem = tuple[str, str]  # (where in the study file or command line, what is wrong)
 MAX_SHOWN = 20
@@ -227,9 +238,9 @@ def claim_problems(
     where: str, claim: ClaimSpec, spec: StudySpec, produced: dict[str, set[str]]
 ) -> list[Problem]:
     """Each side of each difference a claim makes (its own, and `versus` for an interaction) selects a
-    variant, matched as the report matches them (reports.claims: overrides plus the keys their preset sets),
+    variant, matched as the report matches them (analysis.claims: overrides plus the keys their preset sets),
     and reports the claim's metric."""
-    from ablate.reports.claims import claim_sides
+    from ablate.analysis.claims import claim_sides
 
     known = {*ExperimentConfig().flat(), "preset"}
     selectors = {"compare": claim.compare, "to": claim.to, "within": claim.within,
@@ -385,3 +396,24 @@ def device_problems(devices: str) -> list[Problem]:
 def os_reason(e: OSError) -> str:
     """'permission denied', 'not a folder', 'file name too long', 'no space left on device', ..."""
     return (e.strerror or str(e)).lower().replace("not a directory", "not a folder")
+
+
+def load_study(
+    path: str | Path, profile: str | None = None, sets: dict[str, Any] | None = None,
+    max_trials: int | None = None, also: list[tuple[str, str]] = (),
+) -> StudySpec:  # fmt: skip
+    """Reads a study file (with one of its profiles, and --set keys added to `fixed`) and checks all of it
+    (below), together with the command line's own problems `also`; StudyError (a
+    ConfigError) lists every problem. `max_trials` refuses a bigger grid before any variant is built."""
+    path = resolve_study_path(path)
+    tree = apply_profile(read_yaml(path), profile, str(path))
+    if sets:
+        tree = {**tree, "fixed": {**(tree.get("fixed") or {}), **sets}}
+    try:
+        spec = StudySpec.model_validate(tree)
+    except ValidationError as e:
+        failed = {str(err["loc"][0]) for err in e.errors() if err["loc"]}
+        parts = part_problems(tree, failed, sets or {}, max_trials)
+        raise_problems(str(path), validation_problems(e) + parts, also)
+    raise_problems(str(path), study_problems(spec, sets or {}, max_trials), also)
+    return spec

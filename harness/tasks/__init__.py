@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.errors import ConfigError
 from ablate.harness.tasks.base import SPLITS, Example, TaskData, Vocab
 from ablate.harness.tasks.corpora import parallel_task
+from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.scan import scan_task
 from ablate.harness.tasks.synth_mt import synth_mt_task
 from ablate.harness.tasks.synthetic import addition_task, copy_task, recall_task, reverse_task, sort_task

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.errors import ConfigError
 from ablate.harness.extras import require
 from ablate.harness.tasks.base import SPLITS, Example, TaskData, Vocab, longest_target
+from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.reading import read_lines, require_file
 from ablate.harness.tasks.tokenizers import build_tokenizer
 

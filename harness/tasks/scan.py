@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.errors import ConfigError
 from ablate.harness.tasks.base import Example, TaskData, Vocab, longest_target
+from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.reading import read_lines
 
 PRIMITIVES = {"walk": "I_WALK", "look": "I_LOOK", "run": "I_RUN", "jump": "I_JUMP"}

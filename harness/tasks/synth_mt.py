@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ablate.harness.config import TaskConfig
 from ablate.harness.tasks.base import Example, TaskData, Vocab, longest_target
+from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.synthetic import sample_splits
 
 DETERMINERS = ("the", "a", "every", "this")

@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ablate.harness.config import ConfigError, TaskConfig
+from ablate.harness.errors import ConfigError
 from ablate.harness.tasks.base import Example, TaskData, Vocab, longest_target
+from ablate.harness.tasks.options import TaskConfig
 
 Sampler = Callable[[np.random.Generator, int], Example]  # one random example of the given length
 Transform = Callable[[tuple[str, ...]], tuple[tuple[str, ...], tuple[tuple[int, int], ...]]]

@@ -61,8 +61,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ablate.harness.study.spec import ClaimSpec, StudySpec, Value, variant_settings
-from ablate.reports.stats import (
+from ablate.analysis.stats import (
     LEVEL,
     diff_ci,
     examples,
@@ -72,6 +71,7 @@ from ablate.reports.stats import (
     t_quantile,
     variant_values,
 )
+from ablate.harness.study.spec import ClaimSpec, StudySpec, Value, variant_settings
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
 CEILING, FLOOR, UNLEARNT = "uninformative (ceiling)", "uninformative (floor)", "uninformative (cannot learn)"

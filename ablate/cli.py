@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ablate.harness.config import ConfigError
+from ablate.harness.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 console = Console(stderr=True)
@@ -155,9 +155,15 @@ def sweep(
     from ablate.harness.artifacts import default_storage_url
     from ablate.harness.config import parse_override
     from ablate.harness.study.queue import prepare_study
-    from ablate.harness.study.spec import load_study
     from ablate.harness.study.storage import masked_url, open_storage
-    from ablate.harness.study.validate import MAX_TRIALS, run_problems, seed_count, trial_count, variant_count
+    from ablate.harness.study.validate import (
+        MAX_TRIALS,
+        load_study,
+        run_problems,
+        seed_count,
+        trial_count,
+        variant_count,
+    )
 
     try:
         if workers and devices:
@@ -297,9 +303,8 @@ def worker(
     from ablate.harness import signals
     from ablate.harness.artifacts import default_storage_url
     from ablate.harness.study.queue import prepare_study
-    from ablate.harness.study.spec import load_study
     from ablate.harness.study.storage import open_storage
-    from ablate.harness.study.validate import raise_problems, run_problems
+    from ablate.harness.study.validate import load_study, raise_problems, run_problems
 
     try:
         check_artifacts(artifacts)
@@ -507,7 +512,7 @@ def _is_study_file(study: str) -> bool:
 def _study_name(study: str) -> str:
     """A study given by name, or by its file (whose `name` is read)."""
     if _is_study_file(study):
-        from ablate.harness.study.spec import load_study
+        from ablate.harness.study.validate import load_study
 
         return load_study(study).name
     return study
@@ -595,7 +600,7 @@ RUN_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM}
 
 def error_line(e: BaseException) -> tuple[int, str] | None:
     """(exit code, message) for an error the user can act on; None for a bug (its traceback is shown)."""
-    from ablate.harness.config import RunFailed
+    from ablate.harness.errors import RunFailed
 
     if isinstance(e, ConfigError):
         return 2, str(e)

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from ablate.reports.collect import examples_column
+from ablate.analysis.table import examples_column
 
 LEVEL = 0.95
 

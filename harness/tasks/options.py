@@ -1,0 +1,57 @@
+"""task.*: what a task builder reads. The names it accepts are the task registry's (harness/tasks/__init__.py),
+which imports the builders, which import this: so the name is checked one level up, in ExperimentConfig."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ablate.models.config import Count
+
+
+class TaskConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
+
+    name: str = Field("reverse", description="a name in the tasks table above")  # checked by ExperimentConfig
+    min_len: Count = 1
+    max_len: Count = 10
+    test_max_len: int | None = Field(None, ge=1, strict=True)  # default: 2 * max_len
+    vocab_size: Count = 10
+    n_train: Count = 5000
+    n_valid: Count = 500
+    n_test: Count = 1000
+    split: Literal["simple", "length", "addprim_jump", "addprim_turn_left"] = "simple"
+    path: str | None = None
+    tokenizer: Literal["char", "word", "bpe"] = "word"
+    bpe_vocab_size: Count = 1000
+    # parallel corpora: which side is which (Moses file suffix, JSONL / HF field or translation key)
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    hf_config: str | None = None  # configuration of a Hugging Face hub dataset, e.g. en-fr
+    min_tokens: Count = 1  # pairs with a shorter side are dropped
+    # longer train / valid pairs are dropped; longer test pairs form test_long
+    max_tokens: int | None = Field(None, ge=1, strict=True)
+    max_examples: int | None = Field(None, ge=1, strict=True)  # cap on training pairs (a seeded sample)
+
+    @model_validator(mode="after")
+    def _lengths(self) -> TaskConfig:
+        if self.min_len > self.max_len:
+            raise ValueError(f"min_len: must not exceed max_len={self.max_len} (got {self.min_len})")
+        if self.test_max_len is not None and self.test_max_len < self.max_len:
+            raise ValueError(
+                f"test_max_len: must be at least max_len={self.max_len} (got {self.test_max_len})"
+            )
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens: must not exceed max_tokens={self.max_tokens} (got {self.min_tokens})"
+            )
+        if (self.src_lang is None) != (self.tgt_lang is None):
+            raise ValueError(
+                f"{'tgt_lang' if self.tgt_lang is None else 'src_lang'}: give src_lang and tgt_lang together"
+            )
+        return self
+
+    @property
+    def long_max_len(self) -> int:
+        return self.test_max_len if self.test_max_len is not None else 2 * self.max_len
