@@ -525,7 +525,7 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON line.")] = False,
 ) -> None:
     """Throughput of the fast paths against their references (harness/bench.py says what each figure is)."""
-    from ablate.harness import bench as benchmarks
+    from ablate.bench import training as benchmarks
 
     try:
         resolved = benchmarks.resolve_device(device)

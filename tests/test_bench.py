@@ -12,7 +12,7 @@ from conftest import ablate
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
-from ablate.harness.bench import (
+from ablate.bench.training import (
     FIGURE_KEYS,
     Sizes,
     TorchTransformer,

@@ -1,0 +1,1 @@
+"""`ablate bench`: how fast the harness trains, decodes and sweeps."""
