@@ -1,7 +1,7 @@
 """attention-ablate: ablation studies of attention models, swept with Optuna and reported with statistics.
 
-The repository's folders models/, harness/, reports/ and ablations/ install as ablate.models,
-ablate.harness, ablate.reports and ablate.ablations (pyproject.toml maps them)."""
+The repository's folders models/, harness/, reports/, ablations/ and bench/ install as ablate.models,
+ablate.harness, ablate.reports, ablate.ablations and ablate.bench (pyproject.toml maps them)."""
 
 from pathlib import Path
 

@@ -529,8 +529,8 @@ def bench(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON line.")] = False,
 ) -> None:
-    """Throughput of the fast paths against their references (harness/bench.py says what each figure is)."""
-    from ablate.harness import bench as benchmarks
+    """Throughput of the fast paths against their references (bench/__init__.py says what each figure is)."""
+    from ablate.bench import run as benchmarks
 
     try:
         resolved = benchmarks.resolve_device(device)

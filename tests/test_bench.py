@@ -12,17 +12,11 @@ from conftest import ablate
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
+from ablate.bench.run import FIGURE_KEYS, resolve_device
+from ablate.bench.timing import interleaved
+from ablate.bench.training import TorchTransformer, transformer_train_flops
+from ablate.bench.workload import Sizes, random_batch, transformer_config
 from ablate.cli import app
-from ablate.harness.bench import (
-    FIGURE_KEYS,
-    Sizes,
-    TorchTransformer,
-    interleaved,
-    random_batch,
-    resolve_device,
-    transformer_config,
-    transformer_train_flops,
-)
 from ablate.models import build_model
 from ablate.models.module import token_cross_entropy
 from ablate.models.sequences import PAD_ID

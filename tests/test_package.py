@@ -18,7 +18,8 @@ from conftest import REPO, TINY_MODEL, TINY_TASK, TINY_TRAIN
 
 # Repository folder -> the package it installs as (pyproject.toml's package-dir).
 FOLDERS = {"ablate": "ablate", "models": "ablate.models", "harness": "ablate.harness",
-           "analysis": "ablate.analysis", "reports": "ablate.reports", "ablations": "ablate.ablations"}  # fmt: skip
+           "analysis": "ablate.analysis", "reports": "ablate.reports", "ablations": "ablate.ablations",
+           "bench": "ablate.bench"}  # fmt: skip
 # Which layer may import which: data flows spec -> queue -> trial -> artifacts -> report, never back.
 MAY_IMPORT = {
     "models": set(),
@@ -26,7 +27,8 @@ MAY_IMPORT = {
     "harness": {"models", "analysis", "ablations"},
     "analysis": {"harness"},  # the study schema and trial accessors only: SCHEMA below
     "reports": {"models", "harness", "analysis"},
-    "ablate": {"models", "harness", "analysis", "reports"},  # the command line and the Python API
+    "bench": {"models", "harness"},
+    "ablate": {"models", "harness", "analysis", "reports", "bench"},  # the command line and the Python API
 }
 SCHEMA = {"ablate.harness.study.spec", "ablate.harness.study.queue", "ablate.harness.config",
           "ablate.harness.errors"}  # fmt: skip

@@ -1,0 +1,129 @@
+"""The whole run of `ablate bench`: every figure, in order, in one list (a measurement that raises is
+reported as skipped, not lost with the run); the machine they were measured on; the device; the table."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ablate.bench.decoding import bench_decoding
+from ablate.bench.sweep import bench_sweep
+from ablate.bench.timing import Figure, skipped
+from ablate.bench.training import bench_lstm, bench_mfu, bench_overhead, bench_padding, bench_transformer
+from ablate.bench.workload import bench_sizes
+from ablate.harness import provenance
+
+FIGURE_KEYS = ("a_transformer_step", "b_harness_overhead", "c_lstm_parallel", "d_greedy", "d_beam",
+               "e_padding", "f_sweep_scaling", "g_mfu")  # fmt: skip
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    info = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpu": cpu_name(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": str(device),
+        "commit": provenance.git_commit(),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def guarded(key: str, what: str, measure: Callable[[], Figure | list[Figure]]) -> list[Figure]:
+    """A figure whose measurement raised is reported as skipped with the error, not lost with the run."""
+    try:
+        result = measure()
+    except Exception as e:  # one broken measurement must not hide the others
+        return [skipped(key, what, f"error: {type(e).__name__}: {e}")]
+    return result if isinstance(result, list) else [result]
+
+
+def run_bench(device: torch.device, quick: bool = False, progress: Callable[[str], None] = lambda _: None):
+    """Every figure, in order; returns {'machine': ..., 'quick': ..., 'figures': {key: figure dict}}."""
+    from ablate.harness.trial import quiet_lightning
+
+    quiet_lightning()
+    sizes = bench_sizes(device, quick)
+    info = machine(device)
+    steps = [
+        ("a_transformer_step", "Transformer step", lambda: bench_transformer(sizes, device)),
+        ("b_harness_overhead", "harness overhead", lambda: bench_overhead(device, quick, 1 if quick else 7)),
+        ("c_lstm_parallel", "LSTM family", lambda: bench_lstm(sizes, device)),
+        ("d_greedy", "decoding", lambda: bench_decoding(sizes, device)),
+        ("e_padding", "padding", lambda: bench_padding(quick)),
+        ("f_sweep_scaling", "sweep throughput", lambda: bench_sweep(device, quick)),
+        ("g_mfu", "MFU", lambda: bench_mfu(device, quick)),
+    ]
+    figures: list[Figure] = []
+    for key, what, measure in steps:
+        progress(what)
+        start = time.perf_counter()
+        for figure in guarded(key, what, measure):
+            figure.detail["bench_seconds"] = round(time.perf_counter() - start, 2)
+            figures.append(figure)
+    info["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return {"machine": info, "quick": quick, "figures": {f.key: asdict(f) for f in figures}}
+
+
+def resolve_device(requested: str | None) -> torch.device:
+    """cuda when asked for (an error without one) or, unasked, when there is one; cpu otherwise."""
+    if requested not in (None, "cpu", "cuda"):
+        raise ValueError(f"--device: expected cpu or cuda (got {requested!r})")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device: cuda requested, but torch sees no CUDA device")
+    if requested is None:
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    return (
+        torch.device(requested, torch.cuda.current_device()) if requested == "cuda" else torch.device("cpu")
+    )
+
+
+def format_value(figure: dict[str, Any]) -> str:
+    if figure["value"] is None:
+        return "-"
+    value, unit = figure["value"], figure["unit"]
+    if unit == "fraction":
+        return f"{value:.1%}"
+    return f"{value:.2f}{unit}" if unit == "x" else f"{value:,.1f} {unit}"
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """The figures as a table on stdout, with the machine they were measured on."""
+    from rich.console import Console
+    from rich.table import Table
+
+    info = result["machine"]
+    table = Table(
+        title=f"ablate bench on {info['device']} ({info['cpu']}, load {info['load_avg_1_5_15'][0]})"
+    )
+    for column in ("figure", "value", "target", "status", "detail"):
+        table.add_column(column, justify="right" if column == "value" else "left")
+    for f in result["figures"].values():
+        detail = ", ".join(f"{k}={v:,.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in f["detail"].items() if k != "sizes")  # fmt: skip
+        status = f"{f['status']} ({f['reason']})" if f["reason"] else f["status"]
+        table.add_row(f"{f['key']}: {f['what']}", format_value(f), f["target"], status, detail)
+    Console(width=200).print(table)

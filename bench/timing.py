@@ -1,0 +1,66 @@
+"""How a figure is measured and recorded: the Figure itself (value, target, status), and timing that
+interleaves the compared runs, synchronises CUDA and runs under the harness's autocast."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Figure:
+    key: str
+    what: str
+    value: float | None = None
+    unit: str = ""
+    target: str = ""  # e.g. ">= 1.0"; empty when the figure is for information
+    status: str = "info"  # pass | fail | info | skipped
+    reason: str = ""  # why it was skipped, or why the target does not apply here
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def judge(self, op: str, threshold: float) -> Figure:
+        """Sets target and status from `value op threshold`."""
+        self.target = f"{op} {threshold:g}"
+        ok = self.value >= threshold if op == ">=" else self.value <= threshold
+        self.status = "pass" if ok else "fail"
+        return self
+
+
+def skipped(key: str, what: str, reason: str, target: str = "") -> Figure:
+    return Figure(key, what, target=target, status="skipped", reason=reason)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved(
+    runs: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 1
+) -> dict[str, float]:
+    """Median seconds of each run; every repeat calls each run once, in turn (ABAB...)."""
+    for _ in range(warmup):
+        for run in runs.values():
+            run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            synchronize(device)
+            start = time.perf_counter()
+            run()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA (what train.precision=auto gives there); full precision on CPU, as the harness."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
