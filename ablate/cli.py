@@ -589,9 +589,21 @@ def options(
     debug: Annotated[
         bool, typer.Option("--debug", help="Show the traceback behind an error (also: ABLATE_DEBUG=1).")
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", help="Show what Optuna, Lightning and W&B log and warn (also: ABLATE_VERBOSE=1)."
+        ),
+    ] = False,
 ) -> None:
+    from ablate.harness import chatter
+
+    # The worker processes a sweep starts inherit both.
     if debug:
-        os.environ["ABLATE_DEBUG"] = "1"  # the worker processes a sweep starts inherit it
+        os.environ["ABLATE_DEBUG"] = "1"
+    if verbose:
+        os.environ[chatter.VERBOSE_ENV] = "1"
+    chatter.quiet_libraries()
 
 
 # errno values that are a fault of the machine during the run, not of what the user gave: exit 1, not 2

@@ -10,12 +10,10 @@ there, as harness.artifacts names them."""
 from __future__ import annotations
 
 import json
-import logging
 import math
 import shutil
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,17 +45,6 @@ from ablate.models.decoding import generation_budget
 from ablate.models.module import Seq2SeqModule
 
 MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
-
-
-def quiet_lightning() -> None:
-    """Many trials in one process: Lightning's per-run notices (accelerators, tips, checkpoint restores)
-    and its deprecation warnings would bury the one line a worker prints per trial."""
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    for category in (DeprecationWarning, FutureWarning):
-        warnings.filterwarnings("ignore", category=category, module="lightning")
-    # A resumed trial continues its epoch's batches itself (harness.checkpoints) in its own folder.
-    warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch")
-    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
 
 
 @dataclass

@@ -169,7 +169,9 @@ class Worker:
             if claimed:
                 # A trial queued again keeps its old heartbeat, stale at once: beat before anyone looks.
                 self.storage.record_heartbeat(compat.trial_id(frozen))
-                return Claim(study, optuna.Trial(study, compat.trial_id(frozen)), phase, variant, trial_seed(frozen))
+                return Claim(
+                    study, optuna.Trial(study, compat.trial_id(frozen)), phase, variant, trial_seed(frozen)
+                )
         return None
 
     def run_claimed(self, claim: Claim) -> None:
@@ -311,6 +313,7 @@ def no_space(e: BaseException) -> bool:
         e = e.__cause__ or e.__context__
     return False
 
+
 def free_device_memory() -> None:
     """After a failed trial (CUDA out of memory among others), return its cached blocks to the device."""
     import gc
@@ -329,9 +332,6 @@ def run_worker(
 ) -> Worker:
     """Runs queued trials of a prepared study (see study.prepare_study) until none is left, or until a stop
     signal or a full disk (worker.stopped says which)."""
-    from ablate.harness.trial import quiet_lightning
-
-    quiet_lightning()
     signals.install()
     worker = Worker(spec, storage, runs_root, wandb_mode, artifacts)
     worker.run()
