@@ -186,24 +186,37 @@ class ReportValidation(L.Callback):
 
 
 class StepBudgetProgressBar(RichProgressBar):
-    """Rich's bar, saying "Epoch 3" where Lightning writes "Epoch 3/-2" (a run bounded by steps has
-    max_epochs -1). Lightning's hooks and Rich's Progress.update only: no private Lightning API."""
+    """Rich's bar, counting the optimizer steps of a step budget (train.max_steps) across epochs, where
+    Lightning counts each epoch's batches under "Epoch 3/-2" (max_epochs is -1 then); an epoch budget keeps
+    Lightning's bar. Lightning's hooks and Rich's Progress.update only: no private Lightning API."""
+
+    DESCRIPTION = "steps"
+
+    @property
+    def total_train_batches(self) -> int | float:
+        return self.trainer.max_steps if self.by_steps(self.trainer) else super().total_train_batches
+
+    @staticmethod
+    def by_steps(trainer: L.Trainer) -> bool:
+        return trainer.max_epochs == -1 and trainer.max_steps > 0
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_epoch_start(trainer, pl_module)
-        self.describe(trainer)
+        if not self.by_steps(trainer) or self.train_progress_bar_id is None:  # one bar for the whole budget
+            super().on_train_epoch_start(trainer, pl_module)
+            self.show_steps(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        created = self.train_progress_bar_id is None  # Lightning adds the bar here on a mid-epoch resume
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if created:
-            self.describe(trainer)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # adds the bar on a resume
+        self.show_steps(trainer)
 
-    def describe(self, trainer: L.Trainer) -> None:
-        if trainer.max_epochs >= 0 or self.progress is None or self.train_progress_bar_id is None:
+    def show_steps(self, trainer: L.Trainer) -> None:
+        if not self.by_steps(trainer) or self.progress is None or self.train_progress_bar_id is None:
             return
-        description = f"Epoch {trainer.current_epoch}".ljust(len(self.validation_description))  # no flicker
+        description = self.DESCRIPTION.ljust(len(self.validation_description))  # no flicker
         style = self.theme.description
         self.progress.update(
-            self.train_progress_bar_id, description=f"[{style}]{description}" if style else description
+            self.train_progress_bar_id,
+            description=f"[{style}]{description}" if style else description,
+            completed=trainer.global_step,
         )
+        self.refresh()

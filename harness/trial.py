@@ -124,10 +124,10 @@ def log_final(loggers: list, result: TrialResult, step: int) -> None:
 
 
 def build_trainer(
-    cfg: ExperimentConfig, callbacks: list, loggers: list, progress: bool, steps_per_epoch: int, root: str
+    cfg: ExperimentConfig, callbacks: list, loggers: list, progress: bool, root: str
 ) -> L.Trainer:
-    """The Trainer for the train.* budgets: validation every val_every steps (at most once an epoch),
-    or once an epoch when max_epochs is set."""
+    """The Trainer for the train.* budgets: validation every val_every steps, counted across epochs (an
+    epoch shorter than val_every does not cut the interval), or once an epoch when max_epochs is set."""
     t = cfg.train
     if t.patience is not None:
         callbacks = [*callbacks, EarlyStopping(MONITOR, patience=t.patience, check_on_train_epoch_end=False)]
@@ -138,8 +138,8 @@ def build_trainer(
         max_steps=t.max_steps,
         max_epochs=-1 if by_steps else t.max_epochs,
         max_time={"seconds": t.max_time} if t.max_time else None,
-        val_check_interval=min(t.val_every, max(1, steps_per_epoch)) if by_steps else None,
-        check_val_every_n_epoch=None if by_steps else 1,
+        val_check_interval=t.val_every if by_steps else None,
+        check_val_every_n_epoch=None if by_steps else 1,  # None: val_check_interval counts global steps
         gradient_clip_val=t.grad_clip,
         precision=resolve_precision(t.precision),
         deterministic=t.deterministic,
@@ -193,9 +193,7 @@ def run_trial(
         periodic = Checkpointer(ckpt_dir, cfg.train.checkpoint_every, publish)
         own = [history, cost, best, periodic, ValidateOnStop(), AttentionImages(probes), evaluation]
         root = str(out_dir) if out_dir is not None else scratch
-        trainer = build_trainer(
-            cfg, [*own, *(callbacks or [])], loggers, progress, len(dm.train_dataloader()), root
-        )
+        trainer = build_trainer(cfg, [*own, *(callbacks or [])], loggers, progress, root)
         trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=True)
         if trainer.global_step == 0:  # an untrained model's scores would be ranked like a trained one's
             budget = f" within train.max_time={cfg.train.max_time} s" if cfg.train.max_time else ""
