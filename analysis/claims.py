@@ -20,7 +20,8 @@ Verdict, with d = compare - to, CI [lo, hi] and margin m >= 0 (the smallest effe
                   inconclusive otherwise.
 So a claim is reproduced only when the whole CI clears the margin in the claimed direction, and
 contradicted when the whole CI lies on the other side of it (the data rule out an effect that large).
-A side with fewer than two seeds has no CI, so its claim is inconclusive.
+A side with fewer than two seeds has no CI, so its claim is inconclusive; pending while trials of the claim
+are still queued or running.
 
 Looks. With adaptive seeds (`seeds: {min, max, step}`) a claim is judged at up to K looks, after min,
 min + step, ..., max seeds per variant; the first look whose verdict is not inconclusive (reproduced,
@@ -74,6 +75,8 @@ from ablate.analysis.stats import (
 from ablate.harness.study.spec import ClaimSpec, StudySpec, Value, variant_settings
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+# Too few completed seeds on a side while trials of the claim are still queued or running: not judged yet.
+PENDING = "pending"
 CEILING, FLOOR, UNLEARNT = "uninformative (ceiling)", "uninformative (floor)", "uninformative (cannot learn)"
 MIN_SEEDS = 2
 MAX_PROJECTED_SEEDS = 1000  # seeds_to_decide looks no further
@@ -221,6 +224,7 @@ def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float =
     fewest = min(min(len(a), len(b)) for a, b in groups)
     if fewest < MIN_SEEDS:
         result.reason = f"a variant has {fewest} completed seed(s) of {metric}; a verdict needs {MIN_SEEDS}"
+        result.verdict = PENDING if unfinished(df, compare + to) else INCONCLUSIVE
         return result
     result.verdict = verdict(result.ci_low, result.ci_high, claim.expect, claim.margin)
     result.reason = _reason(result)
@@ -278,6 +282,9 @@ def evaluate_interaction(
     fewest = min(len(s) for s in (c1, t1, c2, t2))
     if fewest < MIN_SEEDS:
         result.reason = f"a cell has {fewest} completed seed(s); a verdict needs {MIN_SEEDS}"
+        result.verdict = (
+            PENDING if unfinished(df, [v for _, variants, _ in cells for v in variants]) else INCONCLUSIVE
+        )
         return result
     result.verdict = verdict(result.ci_low, result.ci_high, claim.expect, claim.margin)
     result.reason = (
@@ -287,6 +294,11 @@ def evaluate_interaction(
     sides = [(label, variants, s.to_numpy()) for (label, variants, _), s in zip(cells, (c1, t1, c2, t2))]
     _uninformative(result, sides)
     return result
+
+
+def unfinished(df: pd.DataFrame, variants: list[str]) -> bool:
+    """Whether trials of `variants` are still queued or running."""
+    return bool((df["variant"].isin(variants) & ~df["state"].isin(FINISHED)).any())
 
 
 def cannot_learn(values: np.ndarray, metric: str, chance: float) -> bool:

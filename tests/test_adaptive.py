@@ -14,9 +14,12 @@ from conftest import ablate
 from optuna.trial import TrialState
 from pydantic import ValidationError
 from test_postgres import postgres_url  # noqa: F401  (a fixture)
+from typer.testing import CliRunner
 
 from ablate.analysis import claims
-from ablate.analysis.claims import INCONCLUSIVE, REPRODUCED
+from ablate.analysis.claims import INCONCLUSIVE, PENDING, REPRODUCED
+from ablate.cli import app
+from ablate.harness.artifacts import default_storage_url
 from ablate.harness.errors import ConfigError
 from ablate.harness.study import looks
 from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, trial_seed
@@ -186,6 +189,24 @@ def test_a_list_of_seeds_is_one_look_at_95_percent():
 
 
 # Queuing the next look --------------------------------------------------------------------------------------
+
+
+def test_a_side_short_of_seeds_is_pending_while_its_trials_run_and_inconclusive_once_they_end():
+    scores = {"pos": [1.0, np.nan], "nopos": [0.031, 0.016], "pre": [1.0, 0.97]}
+    positions, norm = claims.evaluate_all(adaptive_spec([0, 1]), table(scores, {("pos", 1): "RUNNING"}))
+    assert positions.verdict == norm.verdict == PENDING and not positions.decided
+    positions, _ = claims.evaluate_all(adaptive_spec([0, 1]), table(scores, {("pos", 1): "FAIL"}))
+    assert positions.verdict == INCONCLUSIVE and "1 completed seed(s)" in positions.reason
+
+
+def test_status_calls_each_claim_pending_before_its_sides_have_finished_trials(tmp_path):
+    spec, runs = adaptive_spec(), tmp_path / "runs"
+    prepare_study(spec, open_storage(default_storage_url(spec.slug, runs)))  # queued, none run yet
+    result = CliRunner().invoke(app, ["status", "adaptive", "--out", str(runs)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if any(c["text"] in line for c in CLAIMS)]
+    assert len(rows) == 2 and all("pending" in row and "inconclusive" not in row for row in rows), rows
+
 
 SCORES = {"pos": [1.0, 1.0, 0.97, 1.0], "nopos": [0.031, 0.016, 0.02, 0.0], "pre": [1.0, 0.97, 1.0, 0.98]}
 

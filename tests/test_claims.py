@@ -245,11 +245,11 @@ def test_the_report_prints_each_claims_source_beside_its_verdict(tmp_path, monke
     md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| Without positions"))
     cells = [c.strip() for c in row.split(" | ")]
-    assert cells[1] == "**inconclusive**"
+    assert cells[1] == "**pending**"  # a trial of the claim still runs
     assert cells[2] == "Vaswani et al. 2017, Sec. 3.5: positions &lt;must&gt; be injected"
     assert "Confounds: a 2-layer &lt;model&gt;" in cells[0]
     assert "Vaswani et al. 2017, Sec. 3.5: positions &lt;must&gt; be injected</td>" in html
-    assert 'class="inconclusive">inconclusive</td>' in html
+    assert 'class="pending">pending</td>' in html
 
 
 def undecided(expect: str, margin: float, diff: float, ci: tuple[float, float], seeds: int = 3):
