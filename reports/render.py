@@ -9,7 +9,7 @@ import io
 import json
 import os
 import re
-import tempfile
+import secrets
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -40,10 +40,11 @@ def _png(fig) -> bytes:
 
 
 def _atomic_write(path: Path, data: bytes | str) -> None:
-    """Write to a temporary file beside `path`, then rename: a report is never half-written."""
-    mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
+    """Write to a temporary file beside `path`, then rename: a report is never half-written. open() creates
+    it, not mkstemp (always 0600), so that its mode follows the umask and others can read what the
+    umask lets them (classmates on a shared server)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    with open(tmp, "xb") if isinstance(data, bytes) else open(tmp, "x", encoding="utf-8") as f:
         f.write(data)
     os.replace(tmp, path)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import stat
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -199,6 +201,18 @@ def test_report_of_a_partial_grid_study(synthetic):
     claim = next(line for line in md.splitlines() if line.startswith("| Without positions"))
     assert "**pending**" in claim and "1 completed seed(s)" in claim and "(paired)" in claim
     assert "`train.lr` log_uniform [0.0001, 0.01]" in md
+
+
+def test_report_files_follow_the_umask(tmp_path):
+    # Under umask 022 a report is readable by others (classmates on a shared server), as any file is.
+    spec, storage, runs = synthetic_study(tmp_path)
+    umask = os.umask(0o022)
+    try:
+        out = build_report(spec, storage, runs)
+    finally:
+        os.umask(umask)
+    modes = {p.name: stat.filemode(p.stat().st_mode) for p in out.iterdir()}
+    assert "report.html" in modes and set(modes.values()) == {"-rw-r--r--"}, modes
 
 
 def test_user_text_is_escaped(synthetic, tmp_path):
