@@ -229,6 +229,7 @@ def sweep(
 def check_artifacts(location: str | None) -> None:
     """--artifacts: an s3:// URL with a bucket, and boto3 to reach it."""
     from ablate.harness.artifacts import parse_s3_url
+    from ablate.harness.extras import require
 
     if location is None:
         return
@@ -236,10 +237,7 @@ def check_artifacts(location: str | None) -> None:
         parse_s3_url(location)
     except ValueError as e:
         raise ConfigError(f"--artifacts: {e}") from None
-    try:
-        import boto3  # noqa: F401
-    except ImportError:
-        raise ConfigError("--artifacts: S3 needs boto3 (pip install 'ablate[s3]')") from None
+    require("boto3", extra="s3", feature="--artifacts s3://")
 
 
 def watch_workers(spec, store, procs) -> None:
