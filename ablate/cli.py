@@ -616,6 +616,12 @@ def error_line(e: BaseException) -> tuple[int, str] | None:
         return 2, str(e)
     if isinstance(e, RunFailed):
         return 1, str(e)
+    torch = sys.modules.get("torch")  # without torch loaded, nothing ran out of device memory
+    if torch is not None and isinstance(e, torch.cuda.OutOfMemoryError):
+        # The allocator's first sentences (what it tried to allocate, what was free); the rest is advice on
+        # its settings, over several lines.
+        sentences = " ".join(str(e).split()).split(". ")
+        return 1, ". ".join(sentences[:3]).rstrip(".") + "; a smaller train.batch_size needs less"
     if isinstance(e, OSError):
         from ablate.harness.study.validate import os_reason
 

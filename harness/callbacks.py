@@ -16,12 +16,13 @@ from lightning.pytorch.loggers import WandbLogger
 from optuna_integration import PyTorchLightningPruningCallback
 
 from ablate.harness.compat import pruning_trial
+from ablate.harness.errors import RunFailed
 from ablate.harness.probes import Probe, capture, log_images
 from ablate.models.module import Seq2SeqModule
 from ablate.models.sequences import PAD_ID
 
 
-class TrialFailed(RuntimeError):
+class TrialFailed(RunFailed):
     """A trial that ran but produced no usable result (it diverged, or its metric is missing)."""
 
 

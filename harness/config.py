@@ -154,12 +154,20 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+MAX_YAML_BYTES = 1_000_000  # a config or study file; larger is a mistake (or an attack), not a study
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
+    with path.open("rb") as f:  # read no further than the bound: the file may be huge, or still growing
+        raw = f.read(MAX_YAML_BYTES + 1)
+    if len(raw) > MAX_YAML_BYTES:
+        size = path.stat().st_size
+        raise ConfigError(f"{path}: {size:,} bytes; a config or study file is at most {MAX_YAML_BYTES:,}")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=StrictLoader)
+        data = yaml.load(raw.decode("utf-8"), Loader=StrictLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)

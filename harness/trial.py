@@ -30,6 +30,7 @@ from ablate.harness.attention_maps import save_probe_image
 from ablate.harness.callbacks import (
     AttentionImages,
     CostMonitor,
+    DivergenceGuard,
     HistoryCallback,
     StepBudgetProgressBar,
     ValidateOnStop,
@@ -191,7 +192,9 @@ def run_trial(
         ckpt_dir = Path(out_dir) / artifacts.CHECKPOINTS if out_dir is not None else Path(scratch)
         best = BestCheckpoint(ckpt_dir, MONITOR)
         periodic = Checkpointer(ckpt_dir, cfg.train.checkpoint_every, publish)
-        own = [history, cost, best, periodic, ValidateOnStop(), AttentionImages(probes), evaluation]
+        # DivergenceGuard first: a NaN model is neither validated, checkpointed as the best nor tested.
+        own = [DivergenceGuard(), history, cost, best, periodic, ValidateOnStop(), AttentionImages(probes),
+               evaluation]  # fmt: skip
         root = str(out_dir) if out_dir is not None else scratch
         trainer = build_trainer(cfg, [*own, *(callbacks or [])], loggers, progress, root)
         trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=True)

@@ -38,7 +38,7 @@ from ablate.harness.artifacts import (
     trial_dir,
     upload_trial_files,
 )
-from ablate.harness.callbacks import DivergenceGuard, ReportValidation, StepPruning, TrialFailed
+from ablate.harness.callbacks import ReportValidation, StepPruning, TrialFailed
 from ablate.harness.checkpoints import RESUME_ATTR, Preempted, StoredCheckpoints, fetch
 from ablate.harness.study.looks import queue_next_look
 from ablate.harness.study.queue import (
@@ -227,7 +227,7 @@ class Worker:
     def objective(self, claim: Claim) -> float:
         spec, trial, variant = self.spec, claim.trial, claim.variant
         overrides = self.variants[variant]
-        callbacks: list[L.Callback] = [DivergenceGuard()]
+        callbacks: list[L.Callback] = []
         if claim.phase == TUNE:
             assert spec.tune is not None
             seed = spec.seed_pool[0]

@@ -19,8 +19,9 @@ import lightning as L
 import pytest
 import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
+from typer.testing import CliRunner
 
-from ablate.cli import error_line
+from ablate.cli import app, error_line, main
 from ablate.harness.artifacts import MAX_FOLDER_BYTES, slugify
 from ablate.harness.config import ExperimentConfig, accepted_values, build_config, read_yaml
 from ablate.harness.errors import ConfigError, RunFailed
@@ -519,6 +520,71 @@ def test_debug_shows_the_traceback(tmp_path):
         and "Traceback" in proc.stderr
         and "train.lr: Input should be a finite number" in proc.stderr
     )
+
+
+@pytest.mark.parametrize(
+    "tree, problem",
+    [
+        ({"name": ""}, "name: must not be empty"),
+        ({"name": "x" * 300}, "name: 300 bytes long; a name is at most 200 bytes (UTF-8)"),
+        ({"name": "é" * 101}, "name: 202 bytes long; a name is at most 200 bytes (UTF-8)"),
+        ({"name": "two\nlines"}, "name: must be one line of printable characters"),
+        ({"variants": {"": {"preset": "lstm"}}}, "variants: variant '': must not be empty"),
+        ({"variants": {"v" * 201: {}}}, f"variants: variant {'v' * 40!r}: 201 bytes long; a name is at most "
+                                        "200 bytes (UTF-8)"),
+    ],
+)  # fmt: skip
+def test_a_name_that_cannot_name_a_studys_outputs_is_refused(tmp_path, tree, problem):
+    # A name becomes folders, Optuna study names, W&B groups and the argument its workers get.
+    path = study(tmp_path, **tree)
+    result = CliRunner().invoke(app, ["sweep", str(path), "--out", str(tmp_path / "out")])
+    assert (result.exit_code, result.output.splitlines()) == (2, [f"error: {path}: {problem}"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_study_or_config_file_above_a_megabyte_is_refused_before_parsing(tmp_path):
+    # One line, however the file goes on: an alias bomb past the bound is never expanded.
+    path = study(tmp_path)
+    with path.open("a") as f:
+        f.write("bomb: &a [x, x, x, x, x, x, x, x, x, x]\n" + "#" * 1_000_000 + "\n")
+    size = path.stat().st_size
+    for command in (["sweep", str(path)], ["train", str(path)]):
+        proc = ablate(*command, "--out", str(tmp_path / "out"))
+        assert_refused(proc, f"{path}: {size:,} bytes; a config or study file is at most 1,000,000")
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_that_diverges_fails_with_the_reason(tmp_path):
+    # As a sweep's trial fails: exit 1 and why, not exit 0 with NaN metrics.
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(base()))
+    proc = ablate("train", str(config), "train.lr=1e308", "--out", str(tmp_path / "out"), "--json")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    # Checked at the first validation (val_every 2): the first update already made the weights infinite.
+    assert proc.stderr.splitlines() == ["error: diverged: train/loss is not finite (by step 2)"]
+    assert proc.stdout == ""
+
+
+def test_cuda_out_of_memory_in_train_is_one_line(monkeypatch, capsys):
+    import torch
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+            "3.06 GiB is free. Including non-PyTorch memory, this process has 76.10 GiB memory in use. If reserved "
+            "but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid"
+            " fragmentation.  See documentation for Memory Management\n  (https://pytorch.org/docs/stable/notes)"
+        )
+
+    monkeypatch.setattr("ablate.harness.trial.run_trial", out_of_memory)
+    monkeypatch.setattr("sys.argv", ["ablate", "train", "--preset", "lstm", "train.max_steps=1"])
+    with pytest.raises(SystemExit) as exit:
+        main()
+    assert exit.value.code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+        "which 3.06 GiB is free; a smaller train.batch_size needs less"
+    ]
 
 
 @pytest.fixture

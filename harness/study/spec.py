@@ -135,6 +135,22 @@ SeedsField = Annotated[
 ]
 
 
+MAX_NAME_BYTES = 200  # in UTF-8; ablate then meets no file name limit (NAME_MAX is 255 bytes)
+
+
+def checked_name(name: str) -> str:
+    """A study's or variant's name: it names folders, Optuna studies (`<study>:tune:<variant>`), W&B groups
+    and runs, and a worker's command line, so it is one non-empty printable line of bounded length."""
+    if not name.strip():
+        raise ValueError("must not be empty")
+    if not name.isprintable():
+        raise ValueError("must be one line of printable characters")
+    size = len(name.encode())
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"{size} bytes long; a name is at most {MAX_NAME_BYTES} bytes (UTF-8)")
+    return name
+
+
 class StudySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -156,8 +172,16 @@ class StudySpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must not be empty")
+        return checked_name(v)
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_names(cls, v: dict[str, dict[str, Value]]) -> dict[str, dict[str, Value]]:
+        for name in v:
+            try:
+                checked_name(name)
+            except ValueError as e:
+                raise ValueError(f"variant {name[:40]!r}: {e}") from None
         return v
 
     @field_validator("seeds")
