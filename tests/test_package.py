@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -156,7 +158,9 @@ def test_installed_wheel_holds_only_ablate_and_runs_beside_a_users_own_models_py
     work = tmp_path / "course"
     for package in ("harness", "reports", "analysis"):
         (work / package).mkdir(parents=True)
-        (work / package / "__init__.py").write_text(f'raise ImportError("the folder\'s own {package} was imported")\n')
+        (work / package / "__init__.py").write_text(
+            f'raise ImportError("the folder\'s own {package} was imported")\n'
+        )
     (work / "models.py").write_text('raise ImportError("the folder\'s own models.py was imported")\n')
     study = {
         "name": "course", "base": {"task": TINY_TASK, "model": TINY_MODEL, "train": TINY_TRAIN},
@@ -165,7 +169,9 @@ def test_installed_wheel_holds_only_ablate_and_runs_beside_a_users_own_models_py
     }  # fmt: skip
     (work / "study.yaml").write_text(yaml.safe_dump(study))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    check = subprocess.run([python, "-c", "import models"], cwd=tmp_path, capture_output=True, text=True, env=env)
+    check = subprocess.run(
+        [python, "-c", "import models"], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
     assert "No module named 'models'" in check.stderr
     check = subprocess.run([python, "-c", "import ablate.models, ablate.harness.trial; print(ablate.models.__file__)"],
                            cwd=tmp_path, capture_output=True, text=True, env=env)  # fmt: skip
@@ -174,3 +180,33 @@ def test_installed_wheel_holds_only_ablate_and_runs_beside_a_users_own_models_py
                             "--workers", "1"], cwd=work, capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     assert (work / "runs" / "course" / "report" / "report.html").is_file()
+
+
+def readme_command(marker: str) -> str:
+    """The README's command on the line after `<!-- marker -->` and its code fence (what .ci/run runs)."""
+    return (REPO / "README.md").read_text().split(f"<!-- {marker} -->\n```bash\n")[1].splitlines()[0]
+
+
+def installed_requirements(command: str) -> set[str]:
+    """The names of the requirements a command's `pip install -e .[extras]` brings, extras followed."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names, extras = set(), []
+    for target in re.findall(r"pip install (?:-\S+ )*-e (\S+)", command):
+        names |= {re.match(r"[\w.-]+", r)[0] for r in project["dependencies"]}
+        extras += re.findall(r"\w+", target.strip("'\"").removeprefix(".").strip("[]"))
+    while extras:
+        for requirement in project["optional-dependencies"][extras.pop()]:
+            name, wanted = re.fullmatch(r"([\w.-]+)(?:\[([\w,]+)\])?.*", requirement).groups()
+            if name == project["name"]:
+                extras += wanted.split(",")
+            else:
+                names.add(name)
+    return names
+
+
+def test_the_quickstart_installs_what_a_study_needs_and_the_test_command_the_rest():
+    quickstart = installed_requirements(readme_command("quickstart-command"))
+    tests = installed_requirements(readme_command("test-command"))
+    assert {"torch", "lightning", "optuna"} <= quickstart
+    assert not quickstart & {"pytest", "moto", "mutmut", "ruff"}
+    assert {"pytest", "moto", "setuptools", "boto3", "optuna-dashboard"} <= tests and "mutmut" not in tests
