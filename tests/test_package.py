@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 import subprocess
 import sys
 import sysconfig
-import tomllib
 import zipfile
 from pathlib import Path
 
@@ -180,33 +178,3 @@ def test_installed_wheel_holds_only_ablate_and_runs_beside_a_users_own_models_py
                             "--workers", "1"], cwd=work, capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     assert (work / "runs" / "course" / "report" / "report.html").is_file()
-
-
-def readme_command(marker: str) -> str:
-    """The README's command on the line after `<!-- marker -->` and its code fence (what .ci/run runs)."""
-    return (REPO / "README.md").read_text().split(f"<!-- {marker} -->\n```bash\n")[1].splitlines()[0]
-
-
-def installed_requirements(command: str) -> set[str]:
-    """The names of the requirements a command's `pip install -e .[extras]` brings, extras followed."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    names, extras = set(), []
-    for target in re.findall(r"pip install (?:-\S+ )*-e (\S+)", command):
-        names |= {re.match(r"[\w.-]+", r)[0] for r in project["dependencies"]}
-        extras += re.findall(r"\w+", target.strip("'\"").removeprefix(".").strip("[]"))
-    while extras:
-        for requirement in project["optional-dependencies"][extras.pop()]:
-            name, wanted = re.fullmatch(r"([\w.-]+)(?:\[([\w,]+)\])?.*", requirement).groups()
-            if name == project["name"]:
-                extras += wanted.split(",")
-            else:
-                names.add(name)
-    return names
-
-
-def test_the_quickstart_installs_what_a_study_needs_and_the_test_command_the_rest():
-    quickstart = installed_requirements(readme_command("quickstart-command"))
-    tests = installed_requirements(readme_command("test-command"))
-    assert {"torch", "lightning", "optuna"} <= quickstart
-    assert not quickstart & {"pytest", "moto", "mutmut", "ruff"}
-    assert {"pytest", "moto", "setuptools", "boto3", "optuna-dashboard"} <= tests and "mutmut" not in tests
