@@ -156,9 +156,7 @@ def test_installed_wheel_holds_only_ablate_and_runs_beside_a_users_own_models_py
     work = tmp_path / "course"
     for package in ("harness", "reports", "analysis"):
         (work / package).mkdir(parents=True)
-        (work / package / "__init__.py").write_text(
-            f'raise ImportError("the folder\'s own {package} was imported")\n'
-        )
+        (work / package / "__init__.py").write_text(f'raise ImportError("the folder\'s own {package} was imported")\n')
     (work / "models.py").write_text('raise ImportError("the folder\'s own models.py was imported")\n')
     study = {
         "name": "course", "base": {"task": TINY_TASK, "model": TINY_MODEL, "train": TINY_TRAIN},
@@ -167,9 +165,7 @@ def test_installed_wheel_holds_only_ablate_and_runs_beside_a_users_own_models_py
     }  # fmt: skip
     (work / "study.yaml").write_text(yaml.safe_dump(study))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    check = subprocess.run(
-        [python, "-c", "import models"], cwd=tmp_path, capture_output=True, text=True, env=env
-    )
+    check = subprocess.run([python, "-c", "import models"], cwd=tmp_path, capture_output=True, text=True, env=env)
     assert "No module named 'models'" in check.stderr
     check = subprocess.run([python, "-c", "import ablate.models, ablate.harness.trial; print(ablate.models.__file__)"],
                            cwd=tmp_path, capture_output=True, text=True, env=env)  # fmt: skip
