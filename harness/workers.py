@@ -169,9 +169,7 @@ class Worker:
             if claimed:
                 # A trial queued again keeps its old heartbeat, stale at once: beat before anyone looks.
                 self.storage.record_heartbeat(compat.trial_id(frozen))
-                return Claim(
-                    study, optuna.Trial(study, compat.trial_id(frozen)), phase, variant, trial_seed(frozen)
-                )
+                return Claim(study, optuna.Trial(study, compat.trial_id(frozen)), phase, variant, trial_seed(frozen))
         return None
 
     def run_claimed(self, claim: Claim) -> None:
@@ -312,7 +310,6 @@ def no_space(e: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
-
 
 def free_device_memory() -> None:
     """After a failed trial (CUDA out of memory among others), return its cached blocks to the device."""
