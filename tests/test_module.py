@@ -135,12 +135,8 @@ def test_trial_results_and_artifacts(logged_trial):
         # The module's running sums and the per-length table (harness/metrics.py) count the same way.
         rows = [row for row in result.per_length if row["split"] == split]
         n, tokens = sum(r["n"] for r in rows), sum(r["tokens"] for r in rows)
-        assert result.metrics[f"{split}/seq_acc"] == pytest.approx(
-            sum(r["seq_acc"] * r["n"] for r in rows) / n
-        )
-        assert result.metrics[f"{split}/tok_acc"] == pytest.approx(
-            sum(r["tok_acc"] * r["tokens"] for r in rows) / tokens
-        )
+        assert result.metrics[f"{split}/seq_acc"] == pytest.approx(sum(r["seq_acc"] * r["n"] for r in rows) / n)
+        assert result.metrics[f"{split}/tok_acc"] == pytest.approx(sum(r["tok_acc"] * r["tokens"] for r in rows) / tokens)
         assert tokens == sum(r["n"] * (r["length"] + 1) for r in rows)  # every target position and its EOS
     for split in ("val", "test", "test_long"):
         # Perplexity of the unsmoothed model: with no label smoothing it is exp(loss).
@@ -216,10 +212,7 @@ def test_everything_goes_to_the_logger(logged_trial):
     for key in ("test/seq_acc", "test/tok_acc", "test_long/ppl", "val/loss"):
         assert last[key] == pytest.approx(result.metrics[key]), key
     assert (last["cost/params"], last["cost/wall_time"]) == (result.params, result.wall_time)
-    assert (last["cost/tokens_per_sec"], last["cost/peak_mem_mb"]) == (
-        result.tokens_per_sec,
-        result.peak_mem_mb,
-    )
+    assert (last["cost/tokens_per_sec"], last["cost/peak_mem_mb"]) == (result.tokens_per_sec, result.peak_mem_mb)
     # Heatmaps: per probe and kind, one image per layer, logged at each validation and at the end.
     step, images, kwargs = logger.images["attention/cross/probe2"]
     assert step == 8 and len(images) == 1 and len(kwargs["caption"]) == 1
@@ -534,7 +527,5 @@ def test_the_schedule_steps_with_every_optimiser_step():
 
 def test_generate_is_greedy_unless_given_a_beam(monkeypatch):
     module, _, _ = fixed_module()
-    monkeypatch.setattr(
-        "ablate.models.module.beam_search", lambda *a, **kw: pytest.fail("beam search by default")
-    )
+    monkeypatch.setattr("ablate.models.module.beam_search", lambda *a, **kw: pytest.fail("beam search by default"))
     assert module.generate(torch.full((1, 2), A)).tolist() == [[A, B, EOS]]
