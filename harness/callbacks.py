@@ -187,37 +187,37 @@ class ReportValidation(L.Callback):
 
 
 class StepBudgetProgressBar(RichProgressBar):
-    """Rich's bar, counting the optimizer steps of a step budget (train.max_steps) across epochs, where
-    Lightning counts each epoch's batches under "Epoch 3/-2" (max_epochs is -1 then); an epoch budget keeps
-    Lightning's bar. Lightning's hooks and Rich's Progress.update only: no private Lightning API."""
+    """Rich's bar, counting the optimizer steps of a step budget (train.max_steps) on one bar across epochs,
+    where Lightning counts each epoch's batches under "Epoch 3/-2" (max_epochs is -1 then); an epoch budget
+    keeps Lightning's bar. Lightning's hooks and Rich's Progress only: no private Lightning API."""
 
     DESCRIPTION = "steps"
-
-    @property
-    def total_train_batches(self) -> int | float:
-        return self.trainer.max_steps if self.by_steps(self.trainer) else super().total_train_batches
 
     @staticmethod
     def by_steps(trainer: L.Trainer) -> bool:
         return trainer.max_epochs == -1 and trainer.max_steps > 0
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.by_steps(trainer) or self.train_progress_bar_id is None:  # one bar for the whole budget
+        if self.by_steps(trainer):
+            self.add_step_bar(trainer)
+        else:
             super().on_train_epoch_start(trainer, pl_module)
-            self.show_steps(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # adds the bar on a resume
-        self.show_steps(trainer)
+        if self.by_steps(trainer):
+            self.add_step_bar(trainer)  # a run resumed mid-epoch starts no epoch
+            batch_idx = trainer.global_step - 1  # the bar's position: Lightning's is batch_idx + 1
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
-    def show_steps(self, trainer: L.Trainer) -> None:
-        if not self.by_steps(trainer) or self.progress is None or self.train_progress_bar_id is None:
+    def add_step_bar(self, trainer: L.Trainer) -> None:
+        """The one bar of the whole budget, added once."""
+        if self.progress is None or self.train_progress_bar_id is not None:
             return
         description = self.DESCRIPTION.ljust(len(self.validation_description))  # no flicker
         style = self.theme.description
-        self.progress.update(
-            self.train_progress_bar_id,
-            description=f"[{style}]{description}" if style else description,
+        self.train_progress_bar_id = self.progress.add_task(
+            f"[{style}]{description}" if style else description,
+            total=trainer.max_steps,
             completed=trainer.global_step,
         )
         self.refresh()
