@@ -1,6 +1,6 @@
 """Hostile input refused before the first trial: every value, reference, name and path is checked up front,
 a failing study lists all its problems with their YAML locations, and operating-system errors become one
-line. In-process checks first (fast); then the installed `ablate` script, permission cases as a user
+line. In-process checks first (fast); then the installed `ablate` script, permission cases in a process
 without CAP_DAC_OVERRIDE so they bite when the tests run as root."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -587,46 +586,38 @@ def test_cuda_out_of_memory_in_train_is_one_line(monkeypatch, capsys):
     ]
 
 
-@pytest.fixture
-def shared_dir():
-    """A folder another user can enter (pytest's own are private to root)."""
-    folder = Path(tempfile.mkdtemp(prefix="ablate-perm-"))
-    folder.chmod(0o777)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
 def ablate_unprivileged(*args: str, home: Path) -> subprocess.CompletedProcess:
-    """`ablate` as a user without CAP_DAC_OVERRIDE: as root, through setpriv as nobody."""
+    """`ablate` without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH. As root, setpriv drops them and stays root
+    rather than becoming another user, who could not reach a checkout in a private home (/root is 0700)."""
     env = {**os.environ, "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", "WANDB_MODE": "disabled"}
     exe = ablate_exe()
     prefix: list[str] = []
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
             pytest.skip("running as root and setpriv (util-linux) is missing: cannot drop CAP_DAC_OVERRIDE")
-        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
     return subprocess.run([*prefix, exe, *args], capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_unreadable_study_file(shared_dir):
-    path = study(shared_dir)
+def test_unreadable_study_file(tmp_path):
+    path = study(tmp_path)
     path.chmod(0)
-    proc = ablate_unprivileged("sweep", str(path), "--out", str(shared_dir / "out"), home=shared_dir)
+    proc = ablate_unprivileged("sweep", str(path), "--out", str(tmp_path / "out"), home=tmp_path)
     assert_refused(proc, f"{path}: permission denied")
-    assert not (shared_dir / "out").exists()
+    assert not (tmp_path / "out").exists()
 
 
-def test_unreadable_corpus_and_unwritable_out_are_listed_together(shared_dir):
-    (shared_dir / "other.tsv").write_text(PAIRS)
-    (shared_dir / "c.tsv").write_text(PAIRS)
-    (shared_dir / "c.tsv").chmod(0)
-    path = corpus_study(shared_dir, "c.tsv")
-    locked = shared_dir / "locked"
+def test_unreadable_corpus_and_unwritable_out_are_listed_together(tmp_path):
+    (tmp_path / "other.tsv").write_text(PAIRS)
+    (tmp_path / "c.tsv").write_text(PAIRS)
+    (tmp_path / "c.tsv").chmod(0)
+    path = corpus_study(tmp_path, "c.tsv")
+    locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
-    proc = ablate_unprivileged("sweep", str(path), "--out", str(locked / "runs"), home=shared_dir)
+    proc = ablate_unprivileged("sweep", str(path), "--out", str(locked / "runs"), home=tmp_path)
     assert_refused(
         proc,
-        f"{path}: base.task.path: {shared_dir / 'c.tsv'}: permission denied",
+        f"{path}: base.task.path: {tmp_path / 'c.tsv'}: permission denied",
         f"--out: {locked}: permission denied (not writable)",
     )
     assert list(locked.iterdir()) == []
