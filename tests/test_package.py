@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import REPO, TINY_MODEL, TINY_TASK, TINY_TRAIN
 
@@ -131,13 +133,21 @@ def test_private_library_attributes_are_used_in_compat_only():
     assert private_uses(REPO / "harness" / "compat.py")  # the check finds what compat.py holds
 
 
+@pytest.mark.slow  # a wheel, a virtualenv and a sweep: about a minute
 def test_installed_wheel_holds_only_ablate_and_runs_beside_a_users_own_models_py(tmp_path):
     """A wheel installed in a fresh virtualenv: no `models`, `harness` or `reports` at the top of
     site-packages, and a sweep started from a folder holding a models.py, harness/ and reports/ of its own
     never imports them."""
-    wheels = tmp_path / "wheels"
+    # Built from a copy of the checkout's files: setuptools writes build/ and *.egg-info beside its input.
+    source, wheels = tmp_path / "source", tmp_path / "wheels"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.split()  # fmt: skip
+    for name in files:
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(wheels), str(REPO)], check=True, capture_output=True, timeout=300)  # fmt: skip
+                    "-w", str(wheels), str(source)], check=True, capture_output=True, timeout=300)  # fmt: skip
     (wheel,) = wheels.glob("*.whl")
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"ablate"}
