@@ -1,7 +1,7 @@
 """Encoder-decoder Transformer (Vaswani et al. 2017) with every part switchable.
 
 Each switch in ModelConfig is resolved to a module (or nn.Identity) here in __init__, so forward reads
-straight through: scale -> MultiHeadAttention.scale, pos_encoding -> Positions (models/positional.py),
+straight through: scale -> MultiHeadAttention.score, pos_encoding -> Positions (models/positional.py),
 norm -> where the LayerNorms sit, residual -> Sublayer.residual, ffn -> the feed-forward Sublayer or Skip,
 causal_mask / cross_attention -> DecoderLayer, qkv_projections -> Identity projections in MultiHeadAttention.
 
@@ -19,7 +19,7 @@ from itertools import repeat
 import torch
 from torch import nn
 
-from ablate.models.attention import MultiHeadAttention
+from ablate.models.attention import MultiHeadAttention, ScaledDotProduct
 from ablate.models.config import ModelConfig
 from ablate.models.positional import build_positions
 
@@ -166,9 +166,8 @@ class Transformer(nn.Module):
         def make_attention(positional: bool = True) -> MultiHeadAttention:
             # Relative positions act within a sequence; cross-attention gets none.
             slots = (self.positions.rotary, self.positions.score_bias) if positional else (None, None)
-            return MultiHeadAttention(
-                d, cfg.heads, cfg.dropout, cfg.scale_factor, cfg.qkv_projections, *slots
-            )
+            score = ScaledDotProduct(cfg.scale_factor or (d // cfg.heads) ** -0.5)
+            return MultiHeadAttention(d, cfg.heads, cfg.dropout, cfg.qkv_projections, *slots, score=score)
 
         # Without cross-attention no encoder layer could reach the decoder: none is built or run.
         encoder_layers = cfg.layers if cfg.cross_attention else 0

@@ -30,6 +30,7 @@ from ablate.models.attention import (
     GeneralScore,
     LocationScore,
     MultiHeadAttention,
+    ScaledDotProduct,
     ScoreAttention,
 )
 from ablate.models.config import ModelConfig
@@ -161,7 +162,7 @@ def test_causal_and_padding_masks_combine(need_weights):
     """Parameter-free attention (weights softmax_j(x_i . x_j), outputs sum_j w_ij x_j) over 4 positions
     whose first is padding: query i sees keys 1..i. (Query 0 sees no key at all; it is padding, and its
     row is left out.) float64, 1e-12."""
-    attn = MultiHeadAttention(4, 1, scale=1.0, qkv_projections=False)
+    attn = MultiHeadAttention(4, 1, qkv_projections=False, score=ScaledDotProduct(1.0))
     x = torch.randn(2, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     padding = torch.tensor([[False, True, True, True]] * 2)
     out, weights = attn(x, x, key_padding=padding, causal=True, need_weights=need_weights)
@@ -179,7 +180,7 @@ def test_attention_dropout_drops_weights_in_training_only(need_weights):
     """Keys and values are the one-hot rows of I_6 and there are no projections, so the output rows are
     the weights after dropout: each w_ij is dropped (0) or kept and scaled by 1 / (1 - p) = 2. Without
     dropout w_ii = e / (e + 5) and w_ij = 1 / (e + 5). In eval mode nothing is dropped."""
-    attn = MultiHeadAttention(6, 1, dropout=0.5, scale=1.0, qkv_projections=False)
+    attn = MultiHeadAttention(6, 1, dropout=0.5, qkv_projections=False, score=ScaledDotProduct(1.0))
     x = torch.eye(6, dtype=torch.float64).expand(40, 6, 6)
     w = torch.full((6, 6), 1 / (math.e + 5), dtype=torch.float64).fill_diagonal_(math.e / (math.e + 5))
     attn.eval()
@@ -216,16 +217,23 @@ def test_tanh_score_v_starts_uniform_within_one_over_sqrt_head_dim():
     assert v.abs().max() <= 0.25 and v.min() < -0.15 and v.max() > 0.15
 
 
-def multi_head_by_hand(attn: MultiHeadAttention, query, key, allowed=None, bias=None) -> tuple:
-    """Vaswani et al. 2017, Sec. 3.2.2: Concat(head_1, ..., head_h) W^O, head_i = softmax(Q W_i^Q (K W_i^K)^T
-    / sqrt(d_k) + bias_i) V W_i^V, head i reading features i d_k .. (i + 1) d_k of each projection; keys
+def scaled_dot(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Vaswani et al. 2017: q_t . k_s / sqrt(d_k) for one head's (B, T, d_k) queries and (B, S, d_k) keys."""
+    return q @ k.transpose(1, 2) / q.size(-1) ** 0.5
+
+
+def multi_head_by_hand(
+    attn: MultiHeadAttention, query, key, allowed=None, bias=None, score=scaled_dot
+) -> tuple:
+    """Vaswani et al. 2017, Sec. 3.2.2: Concat(head_1, ..., head_h) W^O, head_i = softmax(score(Q W_i^Q,
+    K W_i^K) + bias_i) V W_i^V, head i reading features i d_k .. (i + 1) d_k of each projection; keys
     where `allowed` (B, T, S) is False get weight 0. Returns the output and the weights (B, H, T, S)."""
     q, k, v = affine(attn.q_proj, query), affine(attn.k_proj, key), affine(attn.v_proj, key)
     dk = q.size(-1) // attn.heads
     outputs, weights = [], []
     for i in range(attn.heads):
         f = slice(i * dk, (i + 1) * dk)
-        scores = q[..., f] @ k[..., f].transpose(1, 2) / dk**0.5  # (B, T, S)
+        scores = score(q[..., f], k[..., f])  # (B, T, S)
         if bias is not None:
             scores = scores + bias[i]
         if allowed is not None:

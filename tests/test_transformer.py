@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ablate.models.attention import MultiHeadAttention
+from ablate.models.attention import MultiHeadAttention, ScaledDotProduct
 from ablate.models.config import ModelConfig
 from ablate.models.diagnostics import attention_entropy, layer_diagnostics, rank_collapse
 from ablate.models.transformer import FeedForward, Transformer
@@ -131,7 +131,7 @@ def attention_inputs(d: int = 8, t: int = 5, s: int = 6):
 @torch.no_grad()
 @pytest.mark.parametrize("scale, factor", [(None, 8**-0.5), (1.0, 1.0), (0.3, 0.3)])
 def test_scale_multiplies_q_dot_k_exactly(scale, factor):
-    attn = MultiHeadAttention(8, 1, scale=scale).eval()
+    attn = MultiHeadAttention(8, 1, score=None if scale is None else ScaledDotProduct(scale)).eval()
     query, key = attention_inputs()
     out, weights = attn(query, key, need_weights=True)
     q, k, v = attn.q_proj(query), attn.k_proj(key), attn.v_proj(key)
@@ -143,7 +143,7 @@ def test_scale_multiplies_q_dot_k_exactly(scale, factor):
 
 @torch.no_grad()
 def test_no_qkv_projections_is_the_lectures_parameter_free_self_attention():
-    attn = MultiHeadAttention(8, 1, scale=1.0, qkv_projections=False)
+    attn = MultiHeadAttention(8, 1, qkv_projections=False, score=ScaledDotProduct(1.0))
     assert not list(attn.parameters())
     x, _ = attention_inputs()
     out, weights = attn(x, x, need_weights=True)
