@@ -2,8 +2,8 @@
 
 `MultiHeadAttention` is the Transformer's attention with two paths: fused `scaled_dot_product_attention`
 when weights are not needed, and an explicit path that returns them. Both take the same mask and bias, so
-they agree by construction. Its score prepares the queries and keys and gives the factor on q·k, so both
-paths serve every score.
+they agree by construction. Its score (models/transformer_scores.py lists them by name) prepares the queries
+and keys and gives the factor on q·k, so both paths serve every score.
 
 The recurrent family's score functions (models/scores.py lists them by name) are small modules behind
 `ScoreAttention`, which masks with the same `masked_softmax` and splits heads with the same `split_heads`;
@@ -69,13 +69,33 @@ class ScaledDotProduct(nn.Module):
         return k
 
 
+class QKNorm(nn.Module):
+    """Henry et al. 2020, "Query-Key Normalization for Transformers": score g · cos(q, k), queries and keys
+    l2-normalised over each head's features and one learned scalar g per attention layer, shared by its
+    heads, starting at `start` (as in the authors' code, CyndxAI/QKNorm layers.py ScaleUp; x-transformers'
+    qk_norm keeps a fixed factor instead, qk_norm_scale = 10)."""
+
+    scale = 1.0  # g multiplies the query instead: the fused path's `scale` is a float and could not train g
+
+    def __init__(self, start: float):
+        super().__init__()
+        self.g = nn.Parameter(torch.tensor(float(start)))
+
+    def query(self, q: torch.Tensor) -> torch.Tensor:
+        return F.normalize(q, dim=-1) * self.g
+
+    def key(self, k: torch.Tensor) -> torch.Tensor:
+        return F.normalize(k, dim=-1)  # after rotary, which turns pairs of features and keeps the norm
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with a switchable score over `heads` heads.
 
-    score: prepares the per-head queries and keys and gives the factor on q·k; None is Vaswani's scaled dot
-    product, 1/sqrt(d_k). qkv_projections=False with score ScaledDotProduct(1.0) gives the parameter-free
-    self-attention of the lectures: weights softmax(x_i·x_j), outputs sum_j w_ij x_j, no Q/K/V or output
-    projection (with several heads, each head does this on its own slice of the features).
+    score: prepares the per-head queries and keys and gives the factor on q·k (models/transformer_scores.py
+    builds one from the config); None is Vaswani's scaled dot product, 1/sqrt(d_k). qkv_projections=False
+    with score ScaledDotProduct(1.0) gives the parameter-free self-attention of the lectures: weights
+    softmax(x_i·x_j), outputs sum_j w_ij x_j, no Q/K/V or output projection (with several heads, each head
+    does this on its own slice of the features).
     rotary / score_bias: the generic slots of relative positions inside one sequence, so only for
     self-attention (models/positional.py fills them): rotary(x (B, H, L, Dh), offset) rotates queries and
     keys by position, score_bias(q_len, k_len) -> (H, q_len, k_len) is added to the scores.

@@ -12,9 +12,10 @@ RoPE 1e-5, because its angles are computed in float32 on purpose (models/positio
 angle of position p is off by about p * 6e-8 radians.
 
 The attention layer alone (the end of the file): Vaswani et al.'s multi-head formula, its mask of padded
-and later keys, a score bias meeting those masks, its dropout on the weights and relative positions
-under a key-value cache, written out the same way, on both of its paths; then the recurrent family's
-`ScoreAttention` with Luong's general and location scores.
+and later keys, a score bias meeting those masks, Henry et al.'s cosine score (QKNorm) with the masks and
+with RoPE and ALiBi, its dropout on the weights and relative positions under a key-value cache, written
+out the same way, on both of its paths; then the recurrent family's `ScoreAttention` with Luong's general
+and location scores.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ablate.models.attention import (
     GeneralScore,
     LocationScore,
     MultiHeadAttention,
+    QKNorm,
     ScaledDotProduct,
     ScoreAttention,
 )
@@ -222,6 +224,13 @@ def scaled_dot(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return q @ k.transpose(1, 2) / q.size(-1) ** 0.5
 
 
+def cosine(g: float):
+    """Henry et al. 2020 (QKNorm): g cos(q_t, k_s) = g q_t . k_s / (|q_t| |k_s|), for one head."""
+    return lambda q, k: (
+        g * (q @ k.transpose(1, 2)) / (q.norm(dim=-1)[..., :, None] * k.norm(dim=-1)[..., None, :])
+    )
+
+
 def multi_head_by_hand(
     attn: MultiHeadAttention, query, key, allowed=None, bias=None, score=scaled_dot
 ) -> tuple:
@@ -287,6 +296,57 @@ def test_a_score_bias_meets_the_masks_on_both_paths(padded, causal, need_weights
     expected, _ = multi_head_by_hand(attn, x, x, allowed, bias)
     out, _ = attn(x, x, key_padding=padding, causal=causal, need_weights=need_weights)
     torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("padded, causal", [(True, True), (True, False), (False, True), (False, False)])
+def test_cosine_weights_are_softmax_of_g_times_the_cosine_on_both_paths(padded, causal):
+    """Henry et al. 2020: w_ts = softmax_s(g cos(q_t, k_s)) per head over the projected queries and keys,
+    padded (the second sentence's last two) and later keys weight 0; g = 2.5 (so not 1/sqrt(d_k) = 0.5 by
+    chance). Both paths, self-attention over 5 positions, float64, 1e-12."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(8, 2, score=QKNorm(2.5)).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2]) if padded else None
+    i, j = torch.arange(5)[:, None], torch.arange(5)[None, :]
+    allowed = torch.ones(2, 5, 5, dtype=torch.bool)
+    if padded:
+        allowed = allowed & padding[:, None, :]
+    if causal:
+        allowed = allowed & (j <= i)
+    expected, expected_weights = multi_head_by_hand(attn, x, x, allowed, score=cosine(2.5))
+    out, weights = attn(x, x, key_padding=padding, causal=causal, need_weights=True)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        attn(x, x, key_padding=padding, causal=causal)[0], expected, atol=1e-12, rtol=0
+    )
+    # Not the scaled dot product: the score is another function of q and k.
+    assert (expected_weights - multi_head_by_hand(attn, x, x, allowed)[1]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("pos", ["rope", "alibi"])
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_cosine_score_keeps_rope_and_alibi_inside_the_model(pos, side):
+    """model.score: cosine with model.scale: 2.5 (g's start) and relative positions, through the model.
+    RoPE rotates q and k before the cosine; a rotation keeps each norm, so the score is g times the RoPE dot
+    product (rope_scores, times sqrt(d)) over |q_m| |k_n|. ALiBi adds -slope_h |m - n| (encoder) or
+    -slope_h (m - n) (causal decoder) to g cos(q_m, k_n). Two heads of 4; tolerances as above."""
+    heads = 2
+    weights, q, k = self_attention(pos, heads=heads, side=side, score="cosine", scale=2.5)
+    length = weights.size(-1)
+    m, n = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    allowed = torch.ones(length, length, dtype=torch.bool) if side == "encoder" else n <= m
+    norms = q.norm(dim=-1)[..., :, None] * k.norm(dim=-1)[..., None, :]  # (H, L, L)
+    if pos == "rope":
+        scores, atol = 2.5 * rope_scores(q, k) * (D // heads) ** 0.5 / norms, 1e-5
+    else:
+        slopes = torch.tensor([2 ** (-8 * h / heads) for h in range(1, heads + 1)], dtype=torch.float64)
+        distance = (m - n).abs() if side == "encoder" else m - n
+        scores, atol = 2.5 * (q @ k.transpose(-2, -1)) / norms - slopes[:, None, None] * distance, 1e-10
+    expected = score_differences(torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1), allowed)
+    torch.testing.assert_close(score_differences(weights, allowed), expected, atol=atol, rtol=0)
+    assert torch.all(weights[..., ~allowed] == 0)
 
 
 @torch.no_grad()
