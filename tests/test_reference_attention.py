@@ -275,6 +275,20 @@ def test_multi_head_attention_is_the_concatenated_heads_times_w_o(padded):
         torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
 
 
+def five_positions(padded: bool, causal: bool) -> tuple:
+    """Self-attention inputs x (2, 5, 8) in float64, the key padding (the second sentence's last two, or
+    None) and which keys each query may see (2, 5, 5): the real ones, and with `causal` the earlier ones."""
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2]) if padded else None
+    i, j = torch.arange(5)[:, None], torch.arange(5)[None, :]
+    allowed = torch.ones(2, 5, 5, dtype=torch.bool)
+    if padded:
+        allowed = allowed & padding[:, None, :]
+    if causal:
+        allowed = allowed & (j <= i)
+    return x, padding, allowed
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("padded, causal", [(True, True), (True, False), (False, True), (False, False)])
 @pytest.mark.parametrize("need_weights", [True, False])
@@ -284,14 +298,8 @@ def test_a_score_bias_meets_the_masks_on_both_paths(padded, causal, need_weights
     into one additive mask, the explicit one adds and masks. Self-attention over 5 positions, float64."""
     torch.manual_seed(0)
     attn = MultiHeadAttention(8, 2, score_bias=ALiBi(2).double()).double()
-    x = torch.randn(2, 5, 8, dtype=torch.float64)
-    padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2]) if padded else None
+    x, padding, allowed = five_positions(padded, causal)
     i, j = torch.arange(5)[:, None], torch.arange(5)[None, :]
-    allowed = torch.ones(2, 5, 5, dtype=torch.bool)
-    if padded:
-        allowed = allowed & padding[:, None, :]
-    if causal:
-        allowed = allowed & (j <= i)
     bias = torch.stack([-(2.0**-4) * (i - j).abs(), -(2.0**-8) * (i - j).abs()]).double()
     expected, _ = multi_head_by_hand(attn, x, x, allowed, bias)
     out, _ = attn(x, x, key_padding=padding, causal=causal, need_weights=need_weights)
@@ -306,14 +314,7 @@ def test_cosine_weights_are_softmax_of_g_times_the_cosine_on_both_paths(padded, 
     chance). Both paths, self-attention over 5 positions, float64, 1e-12."""
     torch.manual_seed(0)
     attn = MultiHeadAttention(8, 2, score=QKNorm(2.5)).double()
-    x = torch.randn(2, 5, 8, dtype=torch.float64)
-    padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2]) if padded else None
-    i, j = torch.arange(5)[:, None], torch.arange(5)[None, :]
-    allowed = torch.ones(2, 5, 5, dtype=torch.bool)
-    if padded:
-        allowed = allowed & padding[:, None, :]
-    if causal:
-        allowed = allowed & (j <= i)
+    x, padding, allowed = five_positions(padded, causal)
     expected, expected_weights = multi_head_by_hand(attn, x, x, allowed, score=cosine(2.5))
     out, weights = attn(x, x, key_padding=padding, causal=causal, need_weights=True)
     torch.testing.assert_close(weights, expected_weights, atol=1e-12, rtol=0)

@@ -12,6 +12,7 @@ from ablate.models.attention import MultiHeadAttention, QKNorm, ScaledDotProduct
 from ablate.models.config import ModelConfig
 from ablate.models.diagnostics import attention_entropy, layer_diagnostics, rank_collapse
 from ablate.models.transformer import FeedForward, Transformer
+from ablate.models.transformer_scores import TRANSFORMER_SCORES, ScoreKind
 
 VOCAB = 11  # 4 specials + 7 symbols
 PAD, BOS, EOS = 0, 1, 2
@@ -311,6 +312,14 @@ def test_cosine_score_has_one_learned_g_per_attention_layer_starting_as_configur
     scores = qk_norms(transformer)
     assert len(scores) == 6 and len({id(s.g) for s in scores}) == 6
     assert all(s.g.shape == () and s.g.requires_grad and s.g.item() == pytest.approx(start) for s in scores)
+
+
+def test_every_attention_layer_builds_its_own_score_from_the_registry(monkeypatch):
+    """Adding a score is its class and one registry entry: the model builds each attention's score from the
+    entry `model.score` names, a fresh one per attention (encoder self, decoder self and cross: 6 here)."""
+    monkeypatch.setitem(TRANSFORMER_SCORES, "dot", ScoreKind(lambda a, cfg: a.QKNorm(1.5), ("sqrt",), ""))
+    scores = [m.score for m in build().modules() if isinstance(m, MultiHeadAttention)]
+    assert len({id(s) for s in scores}) == 6 and all(type(s) is QKNorm and s.g.item() == 1.5 for s in scores)
 
 
 def test_cosine_score_learns_to_copy_in_a_few_steps():
