@@ -1,8 +1,9 @@
 """ModelConfig: every architectural switch of both model families, typed and validated.
 
 The names a switch accepts come from its registry: `pos_encoding` from models/positional.py, `attention`
-from models/scores.py. Presets are named configs; `preset_keys(name, overrides)` gives one's keys with
-changes (the harness validates them with the rest of an experiment), `ModelConfig.from_name` builds it.
+from models/scores.py, `score` from models/transformer_scores.py. Presets are named configs;
+`preset_keys(name, overrides)` gives one's keys with changes (the harness validates them with the rest of an
+experiment), `ModelConfig.from_name` builds it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ablate.models.positional import POSITIONAL, check_fits, positional_kind
 from ablate.models.scores import SCORES
+from ablate.models.transformer_scores import TRANSFORMER_SCORES, check_scale
 
 Scale = Literal["sqrt", "none"] | float
 # A count of at least one; strict, so a boolean (YAML's `true`) is not taken for 1.
@@ -40,6 +42,7 @@ class ModelConfig(BaseModel):
     heads: Count = 4
     d_ff: Count = 256
     scale: Scale = "sqrt"
+    score: Literal[tuple(TRANSFORMER_SCORES)] = "dot"  # type: ignore[valid-type]
     pos_encoding: str = Field(
         "sinusoidal",
         description=f"{' | '.join(POSITIONAL)}, or kinds with different parts joined by +, e.g. alibi+sinusoidal",
@@ -73,6 +76,7 @@ class ModelConfig(BaseModel):
             if self.d_model % self.heads:
                 raise ValueError(f"heads: must divide d_model={self.d_model} (got heads={self.heads})")
             check_fits(self)
+            check_scale(self)
         else:
             if self.bidirectional and self.d_model % 2:
                 raise ValueError(

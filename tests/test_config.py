@@ -11,6 +11,7 @@ from ablate.harness.errors import ConfigError
 from ablate.models.config import PRESETS, ModelConfig
 from ablate.models.positional import POSITIONAL
 from ablate.models.scores import SCORES
+from ablate.models.transformer_scores import TRANSFORMER_SCORES
 from tests.conftest import ablate
 
 
@@ -61,14 +62,40 @@ def test_presets_resolve_in_one_place():
     assert error_of({"preset": "gpt5"}) == f"preset: unknown preset 'gpt5'; known: {', '.join(PRESETS)}"
 
 
+def one_of(names: list[str]) -> str:
+    """How pydantic lists a Literal's choices: 'a', 'b' or 'c'."""
+    return ", ".join(repr(n) for n in names[:-1]) + f" or {names[-1]!r}"
+
+
 def test_lstm_scores_the_config_accepts_are_the_registry():
     for name in ["none", *SCORES]:
         assert build_config({"preset": "lstm"}, {"model.attention": name}).model.attention == name
-    known = ", ".join(repr(n) for n in ["none", *SCORES][:-1]) + f" or {list(SCORES)[-1]!r}"
     assert (
         error_of({}, {"model.attention": "dotty"})
-        == f"model.attention: Input should be {known} (got 'dotty')"
+        == f"model.attention: Input should be {one_of(['none', *SCORES])} (got 'dotty')"
     )
+
+
+def test_transformer_scores_the_config_accepts_are_the_registry():
+    for name in TRANSFORMER_SCORES:
+        assert build_config({"preset": "transformer"}, {"model.score": name}).model.score == name
+    assert (
+        error_of({}, {"model.score": "dotty"})
+        == f"model.score: Input should be {one_of(list(TRANSFORMER_SCORES))} (got 'dotty')"
+    )
+
+
+def test_scale_is_refused_where_the_score_gives_it_no_meaning():
+    """cosine learns its factor g: model.scale is g's start (a number, or the default sqrt for Henry et al.'s
+    log2(L^2 - L)), and `none` (no factor) would be ignored."""
+    assert error_of({}, {"model.score": "cosine", "model.scale": "none"}) == (
+        "model.scale: none has no meaning with score cosine, where it sets the learned factor g's starting "
+        "value: a number, or sqrt (the default) for Henry et al.'s log2(L² − L) with L = model.max_positions"
+    )
+    for scale in ("sqrt", 3.0):
+        assert build_config({}, {"model.score": "cosine", "model.scale": scale}).model.scale == scale
+    for scale in ("sqrt", "none", 0.3):
+        assert build_config({}, {"model.score": "dot", "model.scale": scale}).model.scale == scale
 
 
 def test_accepted_values_name_every_key_with_its_choices():
@@ -76,6 +103,7 @@ def test_accepted_values_name_every_key_with_its_choices():
     assert set(accepts) == set(build_config({}).flat())
     assert accepts["model.norm"] == "post | pre | none | rms_pre"
     assert accepts["model.attention"] == " | ".join(["none", *SCORES])
+    assert accepts["model.score"] == " | ".join(TRANSFORMER_SCORES)
     assert accepts["model.pos_encoding"].startswith(" | ".join(POSITIONAL) + ", or kinds")
     assert (accepts["model.scale"], accepts["task.test_max_len"]) == (
         "sqrt | none, or number",
