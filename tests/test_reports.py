@@ -359,6 +359,40 @@ def test_figure_bands_and_bars_stay_inside_the_metric_range():
     plots.plt.close("all")
 
 
+def test_the_report_opens_with_its_result_and_each_claims_verdict(synthetic):
+    spec, storage, runs, out = synthetic
+    md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
+    summary = variant_summary(collect.collect(spec, storage, runs)).sort_values("rank")
+    best, runner_up = summary["variant"].iloc[:2]
+    opening = md[: md.index("## Results by variant")]
+    assert opening.index("**Compared:**") < opening.index("**Result:**") < opening.index("**Claims:**")
+    assert f"**Result:** {best} scores {summary['mean'].iloc[0]:.3f}" in opening
+    assert f"ahead of the runner-up {runner_up}" in opening
+    assert "> - Without positions &lt;b&gt;reversal&lt;/b&gt; fails → inconclusive: Δ =" in opening
+    assert html.index('id="headline"') < html.index('id="summary"')
+
+
+def test_no_row_pairs_a_ci_that_excludes_0_with_p_above_005_unexplained(synthetic):
+    md = (synthetic[3] / "report.md").read_text()
+    results = md[md.index("## Results by variant") : md.index("## Claims")]
+    header = [
+        c.strip()
+        for c in next(line for line in results.splitlines() if line.startswith("| variant")).split("|")
+    ]
+    ci, p = header.index("95% CI of Δ"), header.index("p")
+    tested = 0
+    for line in results.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if line.startswith("| pos_") and cells[p] != "–":
+            lo, hi = map(float, cells[ci].strip("[]").split(", "))
+            assert (lo > 0 or hi < 0) == (cells[p] == "<0.001" or float(cells[p]) < 0.05)
+            tested += 1
+    assert tested >= 2
+    # Holm can differ from the CI, and says why; at 2 and 3 seeds the permutation test cannot reach 0.05.
+    assert "so a CI that excludes 0 may sit beside a Holm p above 0.05" in results
+    assert "p (perm.)" not in header and "Permutation test not shown: at these seeds its smallest" in results
+
+
 def test_figures_skip_what_has_no_data():
     no_trials = pd.DataFrame(columns=["trial", "variant", "seed", "state", "test/seq_acc"])
     failed = pd.DataFrame(
