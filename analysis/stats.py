@@ -181,6 +181,19 @@ def mean_ci(
     return _intervals([values], rng, n_examples, level)[0]
 
 
+def mean_table(rows: pd.DataFrame, keys: list[str], metric: str, n_column: str | None = None) -> pd.DataFrame:
+    """Per group of `keys` (a variant at a length or a step), the mean of `metric` over the group's rows
+    (one per seed) with its CI (mean_ci in the metric's range, at the group's fewest examples in
+    `n_column`): columns *keys, mean, ci_low, ci_high, seeds, in the groups' first-seen order. The one
+    table the report's curves and the dashboard's draw, so the two cannot differ."""
+    rng, out = metric_range(metric), []
+    for key, group in rows.groupby(keys, sort=False):
+        values = group[metric].to_numpy(dtype=float)
+        n_examples = int(group[n_column].min()) if n_column else 0
+        out.append([*key, values.mean(), *mean_ci(values, rng, n_examples or None), len(values)])
+    return pd.DataFrame(out, columns=[*keys, "mean", "ci_low", "ci_high", "seeds"])
+
+
 def diff_ci(
     pairs: list[tuple[np.ndarray, np.ndarray]],
     rng: MetricRange = UNBOUNDED,

@@ -9,12 +9,11 @@ plotly the notes are written and the figures left out."""
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
 
 import optuna
 import pandas as pd
 
-from ablate.analysis.stats import mean_ci
+from ablate.analysis.stats import mean_table
 from ablate.harness import compat
 from ablate.harness.study.queue import optuna_study_name
 from ablate.reports.collect import StudyData
@@ -24,7 +23,11 @@ FIGURES = ("metric_by_variant", "accuracy_by_length")  # graph ids on the study 
 
 
 def publish(
-    data: StudyData, summary: pd.DataFrame, note: str, trial_notes: dict[int, str], storage,
+    data: StudyData,
+    summary: pd.DataFrame,
+    note: str,
+    trial_notes: dict[int, str],
+    storage,
     train_max_len: int | None,
 ) -> bool:
     """Writes the study note `note`, each trial's note (by trial number) and the figures into the eval
@@ -81,18 +84,12 @@ def metric_by_variant(df: pd.DataFrame, summary: pd.DataFrame, metric: str, orde
 
 
 def length_curves(per_length: pd.DataFrame, order: list[str]) -> pd.DataFrame:
-    """Mean exact match by variant and target length over seeds, with its 95% CI: columns variant,
-    length, mean, ci_low, ci_high, seeds."""
+    """Mean exact match by variant and target length over seeds, with its 95% CI: the report's figure's
+    table (stats.mean_table, in the metric's range); columns variant, length, mean, ci_low, ci_high, seeds."""
     merged = length_accuracy(per_length)
     if merged is None:
         return pd.DataFrame(columns=["variant", "length", "mean", "ci_low", "ci_high", "seeds"])
-    rows: list[dict[str, Any]] = []
-    for (variant, length), group in merged.groupby(["variant", "length"], sort=False):
-        values = group["seq_acc"].to_numpy(dtype=float)
-        lo, hi = mean_ci(values)
-        rows.append({"variant": variant, "length": int(length), "mean": float(values.mean()), "ci_low": lo,
-                     "ci_high": hi, "seeds": len(values)})  # fmt: skip
-    out = pd.DataFrame(rows)
+    out = mean_table(merged.sort_values("length"), ["variant", "length"], "seq_acc", "n")
     rank = {v: i for i, v in enumerate(order)}
     return out.sort_values(["variant", "length"], key=lambda c: c.map(rank) if c.name == "variant" else c)
 

@@ -352,6 +352,10 @@ def test_figure_bands_and_bars_stay_inside_the_metric_range():
     # The loss axis starts at 0 and ends at 1.5 x the largest seed's loss (1 - 0 at step 1): two seeds give a
     # log-scale band far above the curves, which the axis clips instead of squashing them.
     assert loss.get_ylim() == pytest.approx((0, 1.5))
+    for ax in (accuracy, loss):  # no band runs off its axis
+        bottom, top = ax.get_ylim()
+        assert all(bottom <= c.get_paths()[0].vertices[:, 1].min() and c.get_paths()[0].vertices[:, 1].max() <= top
+                   for c in ax.collections if isinstance(c, PolyCollection))  # fmt: skip
     ax = plots.metric_by_variant(trials, "test/seq_acc", ["a", "b"]).axes[0]
     bars = np.concatenate([line.get_ydata() for line in ax.lines[1:]])
     assert np.nanmin(bars) >= 0 and np.nanmax(bars) <= 1 and ax.get_ylim()[0] < 0 < 1 < ax.get_ylim()[1]
@@ -391,6 +395,14 @@ def test_no_row_pairs_a_ci_that_excludes_0_with_p_above_005_unexplained(syntheti
     # Holm can differ from the CI, and says why; at 2 and 3 seeds the permutation test cannot reach 0.05.
     assert "so a CI that excludes 0 may sit beside a Holm p above 0.05" in results
     assert "p (perm.)" not in header and "Permutation test not shown: at these seeds its smallest" in results
+
+
+def test_attention_grid_has_one_colour_bar():
+    fig = plots.attention_maps({"a": [attention_sample(True)], "b": [attention_sample(False)]})
+    panels, (bar,) = fig.axes[:2], fig.axes[2:]
+    assert all(ax.images for ax in panels) and bar.get_ylabel() == "attention weight"
+    assert bar.get_ylim() == (0.0, 1.0)
+    plots.plt.close("all")
 
 
 def test_figures_skip_what_has_no_data():
