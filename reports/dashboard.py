@@ -13,11 +13,11 @@ import importlib.util
 import optuna
 import pandas as pd
 
-from ablate.analysis.stats import mean_table
+from ablate.analysis.stats import mean_table, metric_range
 from ablate.harness import compat
 from ablate.harness.study.queue import optuna_study_name
 from ablate.reports.collect import StudyData
-from ablate.reports.plots import length_accuracy
+from ablate.reports.plots import RANGE_PAD, length_accuracy
 
 FIGURES = ("metric_by_variant", "accuracy_by_length")  # graph ids on the study page
 
@@ -80,6 +80,10 @@ def metric_by_variant(df: pd.DataFrame, summary: pd.DataFrame, metric: str, orde
     ))  # fmt: skip
     fig.update_layout(title=f"{metric} per variant: mean with 95% CI, one point per seed", yaxis_title=metric,
                       xaxis={"categoryorder": "array", "categoryarray": order})  # fmt: skip
+    rng = metric_range(metric)
+    if rng.bounded:  # the whole range, as the report's figure shows it
+        pad = RANGE_PAD * (rng.high - rng.low)
+        fig.update_layout(yaxis_range=[rng.low - pad, rng.high + pad])
     return fig
 
 
@@ -114,5 +118,5 @@ def accuracy_by_length(per_length: pd.DataFrame, order: list[str], train_max_len
                       annotation_text="beyond training", annotation_position="top left")  # fmt: skip
     fig.update_layout(title="Exact match by target length (test splits): mean over seeds, 95% CI",
                       xaxis_title="target length (tokens)", yaxis_title="exact match",
-                      yaxis_range=[-0.02, 1.05])  # fmt: skip
+                      yaxis_range=[-RANGE_PAD, 1 + RANGE_PAD])  # fmt: skip
     return fig

@@ -76,7 +76,7 @@ def winner(data: StudyData, summary: pd.DataFrame) -> str:
 
 def _expectation(claim) -> str:
     m = claim.margin
-    return {"lower": f"expected below −{m}", "higher": f"expected above {m}"}.get(
+    return {"lower": f"expected below -{m}", "higher": f"expected above {m}"}.get(
         claim.expect, f"expected within ±{m}"
     )
 
@@ -87,19 +87,21 @@ def _statement(text: str) -> str:
     return " ".join(text[:cut].rstrip(".").split())
 
 
-def claim_line(result: ClaimResult) -> str:
-    """One claim in a line: statement → verdict: Δ [CI] against its margin."""
-    return (
-        f"{_statement(result.claim.text)} → {result.verdict}: Δ = {_num(result.diff)} "
-        f"[{_num(result.ci_low)}, {_num(result.ci_high)}], {_expectation(result.claim)}."
-    )
+def claim_line(result: ClaimResult) -> dict[str, str]:
+    """One claim in a line, in three parts: its statement, its verdict, and Δ [CI] against its margin."""
+    return {
+        "statement": _statement(result.claim.text),
+        "verdict": result.verdict,
+        "numbers": f"Δ = {_num(result.diff)} [{_num(result.ci_low)}, {_num(result.ci_high)}], "
+        f"{_expectation(result.claim)}.",
+    }
 
 
 def table_notes(summary: pd.DataFrame) -> list[str]:
     """Why the variant table's p-values read as they do, and which columns it leaves out and why."""
     compared_rows = summary[np.isfinite(summary["p"])]
     notes = [
-        "p is the test of the CI beside it (the level at which that CI of Δ just reaches 0), so p < 0.05 "
+        "p is the test of the CI beside it (the level at which that CI of Δ just reaches 0): it is below 0.05 "
         "exactly when the 95% CI of Δ excludes 0."
     ]
     if len(compared_rows) > 1:

@@ -148,7 +148,7 @@ def figures(
             data.history, list(dict.fromkeys([f"val/{split_metric}", "val/loss"])), order, df
         ),
         "Validation curves by training step: mean over seeds with a 95% CI band, one point per seed; "
-        "an unbounded metric's axis ends at 1.5 times its largest seed, so a wide band may run past it.",
+        "an unbounded metric's axis ends at 1.5 times its largest seed, and a wider band is cut at the axis.",
     )
     made["accuracy_by_length"] = (
         plots.accuracy_by_length(data.per_length, order, train_max_len(data)),

@@ -105,7 +105,8 @@ def test_metric_by_variant_draws_every_seed_and_the_tables_ci():
             for i, (v, xs) in enumerate(seeds.items()) for j, x in enumerate(xs)]  # fmt: skip
     df = pd.DataFrame([*done, {"trial": 99, "variant": "b", "seed": 5, "state": "FAIL", METRIC: np.nan}])
     summary = stats.summarize(df, METRIC, list(seeds), "a")
-    points, means = dashboard.metric_by_variant(df, summary, METRIC, list(seeds)).data
+    figure = dashboard.metric_by_variant(df, summary, METRIC, list(seeds))
+    points, means = figure.data
     assert sorted(zip(points.x, points.y)) == sorted((v, x) for v, xs in seeds.items() for x in xs)
     assert list(means.x) == list(seeds) and means.y == pytest.approx([0.8466667, 0.55, 0.3])
     top = np.array(means.y) + np.array(means.error_y.array, dtype=float)
@@ -113,6 +114,7 @@ def test_metric_by_variant_draws_every_seed_and_the_tables_ci():
     assert top[:2] == pytest.approx(summary["ci_high"][:2]) and bottom[:2] == pytest.approx(
         summary["ci_low"][:2]
     )
+    assert list(figure.layout.yaxis.range) == pytest.approx([-0.04, 1.04])  # accuracy's whole range
     empty = df.assign(state="FAIL")
     assert dashboard.metric_by_variant(empty, summary, METRIC, list(seeds)) is None
 
