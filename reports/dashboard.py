@@ -99,18 +99,24 @@ def length_curves(per_length: pd.DataFrame, order: list[str]) -> pd.DataFrame:
 
 
 def accuracy_by_length(per_length: pd.DataFrame, order: list[str], train_max_len: int | None):
-    """Exact match against target length per variant (mean over seeds, 95% CI as error bars); the lengths
-    beyond training shaded."""
+    """Exact match against target length per variant (mean over seeds, 95% CI as error bars, each seed a
+    faint point, as in the report's figure); the lengths beyond training shaded."""
     import plotly.graph_objects as go
 
     curves = length_curves(per_length, order)
     if curves.empty:
         return None
+    seeds = length_accuracy(per_length)
     fig = go.Figure()
     for variant, c in curves.groupby("variant", sort=False):
         fig.add_trace(go.Scatter(
-            x=c["length"], y=c["mean"], mode="lines+markers", name=str(variant),
+            x=c["length"], y=c["mean"], mode="lines+markers", name=str(variant), legendgroup=str(variant),
             error_y={"type": "data", "array": c["ci_high"] - c["mean"], "arrayminus": c["mean"] - c["ci_low"]},
+        ))  # fmt: skip
+        own = seeds[seeds["variant"] == variant]
+        fig.add_trace(go.Scatter(
+            x=own["length"], y=own["seq_acc"], mode="markers", name=f"{variant}: seeds", legendgroup=str(variant),
+            showlegend=False, opacity=0.5, marker={"size": 5}, text=[f"seed {s}" for s in own["seed"]],
         ))  # fmt: skip
     longest = int(curves["length"].max())
     if train_max_len is not None and longest > train_max_len:

@@ -135,8 +135,10 @@ def test_accuracy_by_length_merges_splits_by_examples_then_averages_seeds():
     ci = stats.mean_ci(np.array([0.2, 0.7]), stats.metric_range(METRIC), 10)
     assert tuple(curves.loc[2, ["ci_low", "ci_high"]]) == pytest.approx(ci)
     fig = dashboard.accuracy_by_length(per_length, ["a"], train_max_len=4)
-    (curve,) = fig.data
+    curve, seeds = fig.data
     assert list(curve.x) == [2, 6] and list(curve.y) == pytest.approx([0.45, 0.3])
+    # Each seed a point, as in the report's figure.
+    assert np.ravel(sorted(zip(seeds.x, seeds.y))) == pytest.approx([2, 0.2, 2, 0.7, 6, 0.2, 6, 0.4])
     (beyond,) = fig.layout.shapes  # the lengths beyond training: 5 and 6
     assert (beyond.x0, beyond.x1) == (4.5, 6.5)
     assert dashboard.accuracy_by_length(per_length.iloc[0:0], ["a"], 4) is None
@@ -149,7 +151,7 @@ def test_dashboard_and_report_draw_the_same_bounded_length_intervals():
         [{"trial": s, "variant": "a", "seed": s, "split": "test", "length": n, "n": 40, "seq_acc": x[s]}
          for n, x in acc.items() for s in (0, 1)]
     )  # fmt: skip
-    (curve,) = dashboard.accuracy_by_length(per_length, ["a"], None).data
+    curve = dashboard.accuracy_by_length(per_length, ["a"], None).data[0]
     dash_lo = np.array(curve.y) - np.array(curve.error_y.arrayminus, dtype=float)
     dash_hi = np.array(curve.y) + np.array(curve.error_y.array, dtype=float)
     ax = plots.accuracy_by_length(per_length, ["a"], None).axes[0]
