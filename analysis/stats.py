@@ -133,7 +133,8 @@ def _log_scale(values: np.ndarray, low: float, q: float) -> tuple[float, float]:
     se = math.sqrt(_spread(values) / len(values))
     if excess <= 0 or se == 0:
         return (float(values.mean()), float(values.mean()))
-    factor = float(np.exp(q * se / excess))  # infinite at a level near 1 (ci_p's search)
+    with np.errstate(over="ignore"):  # infinite at a level near 1 (ci_p's search)
+        factor = float(np.exp(q * se / excess))
     return (low + excess / factor, low + excess * factor)
 
 
@@ -213,11 +214,13 @@ def diff_ci(
     estimate = float(sum(w * g.mean() for w, g in zip(weights, groups)))
     if min(len(g) for g in groups) < 2:
         return (estimate, np.nan, np.nan)
-    down, up = 0.0, 0.0
+    downs, ups = [], []
     for w, g, (lo, hi) in zip(weights, groups, _intervals(groups, rng, n_examples, level)):
-        below, above = (g.mean() - lo) * abs(w), (hi - g.mean()) * abs(w)
-        down, up = (down + below**2, up + above**2) if w > 0 else (down + above**2, up + below**2)
-    return (estimate, estimate - math.sqrt(down), estimate + math.sqrt(up))
+        below, above = float(g.mean() - lo) * abs(w), float(hi - g.mean()) * abs(w)
+        downs.append(below if w > 0 else above)
+        ups.append(above if w > 0 else below)
+    # hypot: in quadrature without squaring, so a near-infinite end (a level near 1) does not overflow
+    return (estimate, estimate - math.hypot(*downs), estimate + math.hypot(*ups))
 
 
 def ci_p(
@@ -235,8 +238,7 @@ def ci_p(
         return 1.0
 
     def gap(alpha: float) -> float:  # > 0 while the 1 - alpha interval excludes 0
-        with np.errstate(over="ignore"):  # near level 1 a log-scale interval's top is infinite
-            _, low, high = diff_ci(pairs, rng, n_examples, 1 - alpha)
+        _, low, high = diff_ci(pairs, rng, n_examples, 1 - alpha)
         return low if estimate > 0 else -high
 
     widest = 1e-15  # 1 - alpha rounds to 1 below about 1e-16
