@@ -88,12 +88,13 @@ def _statement(text: str) -> str:
 
 
 def claim_line(result: ClaimResult) -> dict[str, str]:
-    """One claim in a line, in three parts: its statement, its verdict, and Δ [CI] against its margin."""
+    """One claim in a line, in three parts: its statement, its verdict, and Δ with its CI (at the claim's
+    level: above 95% where adaptive looks share the error) against its margin."""
     return {
         "statement": _statement(result.claim.text),
         "verdict": result.verdict,
-        "numbers": f"Δ = {_num(result.diff)} [{_num(result.ci_low)}, {_num(result.ci_high)}], "
-        f"{_expectation(result.claim)}.",
+        "numbers": f"Δ = {_num(result.diff)}, {100 * result.level:.3g}% CI [{_num(result.ci_low)}, "
+        f"{_num(result.ci_high)}], {_expectation(result.claim)}.",
     }
 
 

@@ -372,7 +372,7 @@ def test_the_report_opens_with_its_result_and_each_claims_verdict(synthetic):
     assert opening.index("**Compared:**") < opening.index("**Result:**") < opening.index("**Claims:**")
     assert f"**Result:** {best} scores {summary['mean'].iloc[0]:.3f}" in opening
     assert f"ahead of the runner-up {runner_up}" in opening
-    assert "> - Without positions &lt;b&gt;reversal&lt;/b&gt; fails → **inconclusive**: Δ =" in opening
+    assert "> - Without positions &lt;b&gt;reversal&lt;/b&gt; fails → **inconclusive**: Δ = " in opening
     assert html.index('id="headline"') < html.index('id="summary"')
 
 
