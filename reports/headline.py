@@ -64,13 +64,15 @@ def winner(data: StudyData, summary: pd.DataFrame) -> str:
         stats.examples(data.trials, metric),
     )  # fmt: skip
     sure = (
-        "the CI excludes 0"
+        ""  # one seed: no interval to read
+        if not np.isfinite(d["diff_ci_low"])
+        else "; the CI excludes 0"
         if d["diff_ci_low"] > 0 or d["diff_ci_high"] < 0
-        else "the CI includes 0: not distinguishable at these seeds"
+        else "; the CI includes 0: not distinguishable at these seeds"
     )
     return (
         text + f", ahead of the runner-up {runner_up['variant']} ({_num(runner_up['mean'])}) by "
-        f"Δ = {_num(d['diff'])} ({_ci(d['diff_ci_low'], d['diff_ci_high'])}{_p(d['p'])}); {sure}."
+        f"Δ = {_num(d['diff'])} ({_ci(d['diff_ci_low'], d['diff_ci_high'])}{_p(d['p'])}){sure}."
     )
 
 

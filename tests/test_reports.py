@@ -15,6 +15,7 @@ import optuna
 import pandas as pd
 import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
+from scipy import stats as sps
 
 from ablate.analysis import stats
 from ablate.harness.artifacts import AttentionSample, study_dir
@@ -22,7 +23,7 @@ from ablate.harness.study.queue import optuna_study_name, prepare_study
 from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.storage import open_storage
 from ablate.harness.workers import run_worker
-from ablate.reports import collect, plots
+from ablate.reports import collect, headline, plots
 from ablate.reports.render import (
     _md_cell,
     build_report,
@@ -374,6 +375,31 @@ def test_the_report_opens_with_its_result_and_each_claims_verdict(synthetic):
     assert f"ahead of the runner-up {runner_up}" in opening
     assert "> - Without positions &lt;b&gt;reversal&lt;/b&gt; fails → **inconclusive**: Δ = " in opening
     assert html.index('id="headline"') < html.index('id="summary"')
+
+
+def test_the_headline_says_how_sure_the_winner_is():
+    spec = SimpleNamespace(
+        metric=SimpleNamespace(name="test/score", direction="maximize")
+    )  # unbounded: Welch
+
+    def winner(values: dict[str, list[float]]) -> str:
+        df = pd.DataFrame([{"trial": 0, "variant": v, "seed": i, "state": "COMPLETE", "test/score": x}
+                           for v, xs in values.items() for i, x in enumerate(xs)])  # fmt: skip
+        summary = stats.summarize(df, "test/score", list(values), next(iter(values)))
+        return headline.winner(SimpleNamespace(spec=spec, trials=df), summary)
+
+    a, b = [5.0, 6.0, 7.0], [1.0, 2.0, 3.5]
+    welch = sps.ttest_ind(a, b, equal_var=False)
+    ci = welch.confidence_interval(0.95)
+    assert winner({"b": b, "a": a}) == (
+        f"a scores 6.000 (95% CI [{stats.mean_ci(np.array(a))[0]:.3f}, {stats.mean_ci(np.array(a))[1]:.3f}]), "
+        f"ahead of the runner-up b (2.167) by Δ = 3.833 (95% CI [{ci.low:.3f}, {ci.high:.3f}], "
+        f"p = {welch.pvalue:.3f}); the CI excludes 0."
+    )
+    assert winner({"b": [1.0, 3.0], "a": [1.5, 3.0]}).endswith(
+        "the CI includes 0: not distinguishable at these seeds."
+    )
+    assert winner({"b": [1.0], "a": [2.0, 3.0]}).endswith("by Δ = 1.500 (no CI (one seed)).")
 
 
 def test_no_row_pairs_a_ci_that_excludes_0_with_p_above_005_unexplained(synthetic):
