@@ -156,6 +156,43 @@ def test_named_variants_that_build_the_same_config_are_an_error(tmp_path):
     assert lines == [f"{tmp_path / 'study.yaml'}: variants.b: builds the same config as variants.a"]
 
 
+def test_a_key_a_variants_model_ignores_is_refused_at_its_location(tmp_path):
+    # The base's transformer keys are shared: an LSTM variant may ignore them. Its own may not be ignored.
+    variants = {"plain": {"preset": "lstm"}, "fed": {"preset": "lstm", "model.input_feeding": True},
+                "headed": {"preset": "lstm-bahdanau", "model.heads": 2}}  # fmt: skip
+    lines = problems_of(study(tmp_path, variants=variants))
+    where = tmp_path / "study.yaml"
+    assert lines == [
+        f"{where}: variants.fed.model.input_feeding: has no effect (acts only with attention; "
+        "model.attention is none)",
+        f"{where}: variants.headed.model.heads: has no effect (a Transformer setting; model.arch is lstm)",
+        f"{where}: variants.plain: builds the same model as variants.fed (model.input_feeding: ignored by "
+        "this model)",
+    ]
+
+
+def test_a_grid_crossing_a_key_some_variants_ignore_is_refused_naming_them(tmp_path):
+    factors = {"model.attention": ["none", "dot"], "model.input_feeding": [True, False]}
+    lines = problems_of(study(tmp_path, base=base(preset="lstm"), factors=factors))
+    assert lines == [
+        f"{tmp_path / 'study.yaml'}: factors.model.input_feeding: has no effect in "
+        "'attention=none,input_feeding=True', 'attention=none,input_feeding=False' (acts only with "
+        "attention; model.attention is none); list the variants by name to leave it out where it does nothing",
+        f"{tmp_path / 'study.yaml'}: variant 'attention=none,input_feeding=False': builds the same model as "
+        "variant 'attention=none,input_feeding=True' (model.input_feeding: ignored by this model)",
+    ]
+
+
+def test_variants_that_build_one_model_through_their_presets_are_an_error(tmp_path):
+    # Neither writes a key its model ignores, yet without attention the preset's input feeding does nothing.
+    variants = {"a": {"preset": "lstm"}, "b": {"preset": "lstm-luong-dot", "model.attention": "none"}}
+    lines = problems_of(study(tmp_path, variants=variants))
+    assert lines == [
+        f"{tmp_path / 'study.yaml'}: variants.b: builds the same model as variants.a "
+        "(model.attention_query, model.input_feeding: ignored by this model)"
+    ]
+
+
 def test_a_failing_study_lists_all_its_problems_with_their_locations(tmp_path):
     path = study(
         tmp_path,

@@ -17,7 +17,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ablate.harness.config import ExperimentConfig, build_config, flatten, read_yaml, validation_problems
+from ablate.harness.config import (
+    ExperimentConfig,
+    build_config,
+    flatten,
+    ignored_settings,
+    read_yaml,
+    validation_problems,
+)
 from ablate.harness.errors import ConfigError
 from ablate.harness.study.spec import (
     AdaptiveSeeds,
@@ -88,6 +95,7 @@ def study_problems(
     problems += config_errors
     if config_errors:
         return problems  # references and data need every variant's config
+    problems += ignored_key_problems(spec, configs, set(set_keys))
     problems += variant_duplicates(spec, configs)
     problems += reference_problems(spec, configs)
     problems += data_problems(spec, configs, set(set_keys))
@@ -177,15 +185,38 @@ def factor_duplicates(spec: StudySpec) -> list[Problem]:
     return problems
 
 
+def ignored_key_problems(
+    spec: StudySpec, configs: dict[str, ExperimentConfig], set_keys: set[str]
+) -> list[Problem]:
+    """A model key a variant sets (its own override, or a factor) that its model ignores: the variant would
+    look different from another and build the same model. Keys of base, fixed and --set are shared by
+    variants of both families and may be ignored by some."""
+    variants: dict[Problem, list[str]] = {}
+    for name, overrides in spec.variant_overrides().items():
+        for key, why in ignored_settings(configs[name], overrides):
+            variants.setdefault((origin(spec, name, key, set_keys), why), []).append(name)
+    if spec.variants:
+        return [(where, f"has no effect ({why})") for where, why in variants]
+    return [(where, f"has no effect in {', '.join(map(repr, names))} ({why}); list the variants by name to "
+                    "leave it out where it does nothing") for (where, why), names in variants.items()]  # fmt: skip
+
+
 def variant_duplicates(spec: StudySpec, configs: dict[str, ExperimentConfig]) -> list[Problem]:
-    """Two variants that train the same thing would count one result twice."""
+    """Two variants that build the same model (keys the model ignores left out) with the same task and
+    training would count one result twice."""
     label = "variants.{}".format if spec.variants else "variant {!r}".format
     seen: dict[ExperimentConfig, str] = {}
     problems = []
     for name, cfg in configs.items():
-        if cfg in seen:
-            problems.append((label(name), f"builds the same config as {label(seen[cfg])}"))
-        seen.setdefault(cfg, name)
+        effective = cfg.model_copy(update={"model": cfg.model.effective()})
+        if effective in seen:
+            first = seen[effective]
+            ignored = sorted(k for k, v in cfg.flat().items() if configs[first].flat()[k] != v)
+            why = f" ({', '.join(ignored)}: ignored by this model)" if ignored else ""
+            problems.append(
+                (label(name), f"builds the same {'model' if why else 'config'} as {label(first)}{why}")
+            )
+        seen.setdefault(effective, name)
     return problems
 
 
@@ -262,6 +293,7 @@ def claim_problems(
             involved = {name: produced[name] for name in (*compared, *others)}
             problems += metric_problems(f"{label}.metric", metric, involved)
     return problems
+
 
 
 def data_problems(spec: StudySpec, configs: dict[str, ExperimentConfig], set_keys: set[str]) -> list[Problem]:
