@@ -343,6 +343,34 @@ def test_claims_are_matched_against_the_built_variants(tmp_path, claim, problem)
         assert line.startswith(f"{path}: {problem}"), line
 
 
+@pytest.mark.parametrize(
+    "claim, problem",
+    [
+        ({"expect": "lower", "margin": 1.0},
+         "claims[0].margin: 1 cannot be met: test/seq_acc lies in [0, 1], so Δ lies within ±1"),
+        ({"expect": "similar", "margin": 1.5},
+         "claims[0].margin: 1.5 can never fail: test/seq_acc lies in [0, 1], so Δ lies within ±1"),
+        ({"expect": "higher", "margin": 1.0, "metric": "test_long/tok_acc"},
+         "claims[0].margin: 1 cannot be met: test_long/tok_acc lies in [0, 1], so Δ lies within ±1"),
+        ({"expect": "lower", "margin": 2.0, "versus": {"metric": "test/tok_acc"}},
+         "claims[0].margin: 2 cannot be met: test/seq_acc lies in [0, 1], so Δ lies within ±2"),
+        ({"expect": "lower", "margin": 0.1, "metric": "test/loss", "versus": {"metric": "test/tok_acc"}},
+         "claims[0].versus.metric: test/loss is judged as a ratio and test/tok_acc as a difference"),
+        ({"expect": "lower", "margin": 0.99}, None),
+        ({"expect": "lower", "margin": 5.0, "metric": "test/loss"}, None),  # a ratio: one side 6 times the other
+    ],
+)  # fmt: skip
+def test_a_claim_whose_margin_its_metric_cannot_meet_is_refused(tmp_path, claim, problem):
+    variants = {"rnn": {"preset": "lstm"}, "tf": {"preset": "transformer"}}
+    sides = {"text": "t", "compare": {"preset": "lstm"}, "to": {"preset": "transformer"}}
+    path = study(tmp_path, variants=variants, claims=[{**sides, **claim}])
+    if problem is None:
+        load_study(path)
+    else:
+        (line,) = problems_of(path)
+        assert line.startswith(f"{path}: {problem}"), line
+
+
 def corpus_study(folder: Path, corpus: str) -> Path:
     task = {"name": "parallel", "path": str(folder / corpus), "n_valid": 2, "n_test": 2}
     return study(

@@ -292,8 +292,29 @@ def claim_problems(
         if metric != spec.metric.name:  # the study metric is checked against every variant already
             involved = {name: produced[name] for name in (*compared, *others)}
             problems += metric_problems(f"{label}.metric", metric, involved)
-    return problems
+    return problems + judging_problems(where, claim, spec)
 
+
+def judging_problems(where: str, claim: ClaimSpec, spec: StudySpec) -> list[Problem]:
+    """What would keep a claim from ever being judged as it reads (analysis.claims): a margin its metric's
+    range cannot reach (or, for `similar`, cannot miss), and an interaction that subtracts a ratio from a
+    difference."""
+    from ablate.analysis.claims import on_ratio_scale
+    from ablate.analysis.stats import metric_range
+
+    metrics = [metric for metric, _ in claim.arms(spec.metric.name)]
+    problems = []
+    if len({on_ratio_scale(m) for m in metrics}) > 1:
+        problems.append((f"{where}.versus.metric", f"{metrics[0]} is judged as a ratio and {metrics[1]} as a "
+                         "difference (or the other way round); an interaction needs one scale for both"))  # fmt: skip
+    rng = metric_range(metrics[0])
+    # Δ of a claim on a metric in [low, high] lies within ±(high - low), of an interaction within twice that.
+    reach = (rng.high - rng.low) * len(metrics)
+    if not on_ratio_scale(metrics[0]) and abs(claim.margin) >= reach:
+        outcome = "can never fail" if claim.expect == "similar" else "cannot be met"
+        problems.append((f"{where}.margin", f"{claim.margin:g} {outcome}: {metrics[0]} lies in "
+                         f"[{rng.low:g}, {rng.high:g}], so Δ lies within ±{reach:g}"))  # fmt: skip
+    return problems
 
 
 def data_problems(spec: StudySpec, configs: dict[str, ExperimentConfig], set_keys: set[str]) -> list[Problem]:
