@@ -58,6 +58,28 @@ def test_no_bundled_exact_match_claim_is_decided_at_two_seeds(path, profile):
         assert not result.decided, f"{path.name}: {claim.text!r} decided at two seeds: {result.reason}"
 
 
+def test_each_bundled_claim_is_judged_in_one_study():
+    # Two studies judging one finding of one paper from like runs would count it twice.
+    studies: dict[tuple[str, str], set[str]] = {}
+    for path, profile in PROFILES:
+        for claim in load_study(path, profile).claims:
+            studies.setdefault((claim.source.paper, claim.source.where), set()).add(path.stem)
+    assert {place: names for place, names in studies.items() if len(names) > 1} == {}
+
+
+@pytest.mark.parametrize("path,profile", PROFILES, ids=[f"{p.stem}-{prof}" for p, prof in PROFILES])
+def test_alibi_claims_are_judged_where_alibi_can_see_order(path, profile):
+    # ALiBi alone in a bidirectional encoder sees a source and its mirror image alike (README, positional
+    # encodings): a claim about ALiBi is judged in a causal decoder-only model, as Press et al. test it.
+    spec = load_study(path, profile)
+    overrides = spec.variant_overrides()
+    for claim in spec.claims:
+        for variant in claims.claim_variants(spec, claim):
+            model = spec.config_for(overrides[variant], spec.seed_pool[0]).model
+            if model.arch == "transformer" and model.pos_encoding == "alibi":
+                assert model.causal_mask and not model.cross_attention, f"{path.name}: {claim.text!r}"
+
+
 TINY = {"task": {"n_train": 48, "n_valid": 8, "n_test": 8, "min_len": 5, "max_len": 6},
         "model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 16, "dropout": 0.0},
         "train": {"batch_size": 16, "max_steps": 2, "val_every": 2}}  # fmt: skip
