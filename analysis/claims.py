@@ -58,7 +58,8 @@ verdict rule is the one above.
 
 Uninformative. Some outcomes say nothing about the claim, whatever the CI:
   unattainable margin: on a metric in [low, high], a `lower` claim whose `to` side's mean lies within
-    the margin of `low` (no compare side could lie m below it), or a `higher` one within m of `high`;
+    the margin of `low` (no compare side could lie m below it), or a `higher` one within m of `high`,
+    unless the CI lies wholly on the other side of 0 (then the claim is contradicted, margin or not);
   ceiling / floor: a `similar` claim whose two sides both have means within the margin of the metric's
     upper (lower) bound (stats.metric_range): they are similar because neither can move;
   cannot learn: with `chance` given, a side whose 95% CI of the mean lies wholly on the chance side of it
@@ -114,7 +115,7 @@ def threshold(claim: ClaimSpec, metric: str) -> float:
 
 def on_scale(values: dict[str, pd.Series], metric: str) -> dict[str, pd.Series]:
     """Each variant's values on the scale its claims judge them: logs for a ratio metric (a value of 0 or
-    less has none and becomes NaN, which no CI takes for a bound)."""
+    less has no log: NaN, and the claim stays inconclusive)."""
     if not on_ratio_scale(metric):
         return values
     return {v: np.log(s.where(s > 0)) for v, s in values.items()}
@@ -380,7 +381,8 @@ def _unattainable(result: ClaimResult) -> None:
     if on_ratio_scale(result.metric) or expect == "similar" or m == 0:
         return
     room = result.mean_to - rng.low if expect == "lower" else rng.high - result.mean_to
-    if room < m:
+    # Data that rule out even a zero effect in the claimed direction contradict it, whatever the margin.
+    if room < m and verdict(result.ci_low, result.ci_high, expect, 0.0) != CONTRADICTED:
         bound = f"{'lower' if expect == 'lower' else 'upper'} bound {rng.low if expect == 'lower' else rng.high:g}"
         result.verdict = UNATTAINABLE
         result.reason = f"the to side's mean {result.mean_to:.3g} lies within the margin {m:g} of the {bound}"
