@@ -383,7 +383,7 @@ def _unattainable(result: ClaimResult) -> None:
     room = result.mean_to - rng.low if expect == "lower" else rng.high - result.mean_to
     # Data that rule out even a zero effect in the claimed direction contradict it, whatever the margin.
     if room < m and verdict(result.ci_low, result.ci_high, expect, 0.0) != CONTRADICTED:
-        bound = f"{'lower' if expect == 'lower' else 'upper'} bound {rng.low if expect == 'lower' else rng.high:g}"
+        bound = f"lower bound {rng.low:g}" if expect == "lower" else f"upper bound {rng.high:g}"
         result.verdict = UNATTAINABLE
         result.reason = f"the to side's mean {result.mean_to:.3g} lies within the margin {m:g} of the {bound}"
 

@@ -265,8 +265,9 @@ def load_config(
 
 
 def ignored_settings(cfg: ExperimentConfig, written: Iterable[str]) -> list[tuple[str, str]]:
-    """(key, why) for each dotted key of `written` that the configured model ignores (ModelConfig.ignored_keys):
-    a key set by hand that changes nothing makes two configs that look different build one model."""
+    """(key, why) for each dotted key of `written` that the configured model ignores
+    (ModelConfig.ignored_keys): a key set by hand that changes nothing makes two configs that look
+    different build one model."""
     ignored = cfg.model.ignored_keys()
     return [(key, ignored[key[6:]]) for key in sorted(written)
             if key.startswith("model.") and key[6:] in ignored]  # fmt: skip

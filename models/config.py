@@ -1,11 +1,11 @@
 """ModelConfig: every architectural switch of both model families, typed and validated.
 
 The names a switch accepts come from its registry: `pos_encoding` from models/positional.py, `attention`
-from models/scores.py. Each switch belongs to a family (LSTM_KEYS, TRANSFORMER_KEYS) and some act only through
-a part the model may lack (input feeding needs attention); `ignored_keys` says which ones the configured
-model ignores, so a study cannot compare two variants that build the same model as if they were two.
-Presets are named configs; `preset_keys(name, overrides)` gives one's keys with
-changes (the harness validates them with the rest of an experiment), `ModelConfig.from_name` builds it.
+from models/scores.py. Each switch belongs to a family (LSTM_KEYS, TRANSFORMER_KEYS), and some act only
+through a part the model may lack (input feeding needs attention): `ignored_keys` says which ones the
+configured model ignores, so a study cannot count two variants that build one model as two. Presets are
+named configs; `preset_keys(name, overrides)` gives one's keys with changes (the harness validates them
+with the rest of an experiment), `ModelConfig.from_name` builds it.
 """
 
 from __future__ import annotations

@@ -355,7 +355,7 @@ def test_claims_are_matched_against_the_built_variants(tmp_path, claim, problem)
         ({"expect": "lower", "margin": 2.0, "versus": {"metric": "test/tok_acc"}},
          "claims[0].margin: 2 cannot be met: test/seq_acc lies in [0, 1], so Δ lies within ±2"),
         ({"expect": "lower", "margin": 0.1, "metric": "test/loss", "versus": {"metric": "test/tok_acc"}},
-         "claims[0].versus.metric: test/loss is judged as a ratio and test/tok_acc as a difference"),
+         "claims[0].versus.metric: judges test/loss as a ratio and test/tok_acc as a difference"),
         ({"expect": "lower", "margin": 0.99}, None),
         ({"expect": "lower", "margin": 5.0, "metric": "test/loss"}, None),  # a ratio: one side 6 times the other
     ],

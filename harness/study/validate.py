@@ -197,8 +197,9 @@ def ignored_key_problems(
             variants.setdefault((origin(spec, name, key, set_keys), why), []).append(name)
     if spec.variants:
         return [(where, f"has no effect ({why})") for where, why in variants]
-    return [(where, f"has no effect in {', '.join(map(repr, names))} ({why}); list the variants by name to "
-                    "leave it out where it does nothing") for (where, why), names in variants.items()]  # fmt: skip
+    advice = "list the variants by name to leave it out where it does nothing"
+    return [(where, f"has no effect in {', '.join(map(repr, names))} ({why}); {advice}")
+            for (where, why), names in variants.items()]  # fmt: skip
 
 
 def variant_duplicates(spec: StudySpec, configs: dict[str, ExperimentConfig]) -> list[Problem]:
@@ -305,10 +306,12 @@ def judging_problems(where: str, claim: ClaimSpec, spec: StudySpec) -> list[Prob
     metrics = [metric for metric, _ in claim.arms(spec.metric.name)]
     problems = []
     if len({on_ratio_scale(m) for m in metrics}) > 1:
-        problems.append((f"{where}.versus.metric", f"{metrics[0]} is judged as a ratio and {metrics[1]} as a "
-                         "difference (or the other way round); an interaction needs one scale for both"))  # fmt: skip
+        scales = " and ".join(f"{m} as a {'ratio' if on_ratio_scale(m) else 'difference'}" for m in metrics)
+        problems.append(
+            (f"{where}.versus.metric", f"judges {scales}; an interaction needs one scale for both")
+        )
     rng = metric_range(metrics[0])
-    # Δ of a claim on a metric in [low, high] lies within ±(high - low), of an interaction within twice that.
+    # Δ on a metric in [low, high] lies within ±(high - low); an interaction's within twice that.
     reach = (rng.high - rng.low) * len(metrics)
     if not on_ratio_scale(metrics[0]) and abs(claim.margin) >= reach:
         outcome = "can never fail" if claim.expect == "similar" else "cannot be met"
