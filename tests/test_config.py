@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from ablate.harness.config import accepted_values, build_config, load_config, parse_override
 from ablate.harness.errors import ConfigError
+from ablate.models import build_model
 from ablate.models.config import PRESETS, ModelConfig
 from ablate.models.positional import POSITIONAL
 from ablate.models.scores import SCORES
@@ -202,3 +204,52 @@ def test_from_name_applies_its_overrides_on_the_preset():
     cfg = ModelConfig.from_name("lstm-luong-dot", d_model=32, input_feeding=False)
     assert (cfg.arch, cfg.attention, cfg.attention_query) == ("lstm", "dot", "current")
     assert (cfg.d_model, cfg.input_feeding) == (32, False)  # the preset says True
+
+
+def test_a_key_the_model_ignores_is_refused_on_the_command_line():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, "lstm", ["model.heads=8"])
+    assert str(info.value) == "model.heads: has no effect (a Transformer setting; model.arch is lstm)"
+    with pytest.raises(ConfigError, match=r"^model.input_feeding: has no effect \(acts only with attention"):
+        load_config(None, "lstm", ["model.input_feeding=true"])
+    with pytest.raises(ConfigError, match=r"^model.attention: has no effect \(an LSTM setting"):
+        load_config(None, None, ["model.attention=dot"])
+    # What the preset sets is not the user's doing; a key the model reads is always welcome.
+    assert load_config(None, "lstm-luong-dot", ["model.input_feeding=false"]).model.input_feeding is False
+
+
+# A value other than the default for every key a model may ignore.
+CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention_query": "current",
+           "input_feeding": True, "attention_heads": 2, "heads": 2, "d_ff": 8, "scale": "none",
+           "pos_encoding": "rope", "pos_base": 100.0, "residual": False, "ffn": True, "norm": "pre",
+           "causal_mask": False, "cross_attention": False, "embed_scale": False, "qkv_projections": False,
+           "max_positions": 9}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"arch": "lstm"},
+        {"arch": "lstm", "attention": "dot"},
+        {"arch": "transformer", "ffn": False, "pos_encoding": "alibi"},
+    ],
+    ids=["lstm", "lstm-attention", "transformer-no-ffn-alibi"],
+)
+def test_a_key_the_model_ignores_changes_nothing_it_computes(model):
+    cfg = ModelConfig(d_model=16, layers=1, dropout=0.0, **model)
+    src, tgt = torch.randint(1, 12, (2, 6)), torch.randint(1, 12, (2, 5))
+
+    def built(config: ModelConfig) -> tuple[dict, torch.Tensor]:
+        torch.manual_seed(0)
+        net = build_model(config, 12, 12).eval()
+        return net.state_dict(), net(src, tgt)
+
+    weights, outputs = built(cfg)
+    assert set(cfg.ignored_keys()) <= set(CHANGED)
+    for key in cfg.ignored_keys():
+        changed = ModelConfig(**{**cfg.model_dump(), key: CHANGED[key]})
+        assert changed.effective() == cfg.effective(), key
+        other_weights, other_outputs = built(changed)
+        assert other_weights.keys() == weights.keys(), key
+        assert all(torch.equal(other_weights[name], w) for name, w in weights.items()), key
+        assert torch.equal(other_outputs, outputs), key

@@ -67,7 +67,7 @@ def test_study_note_holds_the_reports_table_and_verdicts(synthetic):  # noqa: F8
         "[–, –]",  # a side with one seed: no interval
     ]
     assert math.isnan(result.ci_low) and math.isnan(result.ci_high)
-    assert claim[-1] == "a variant has 1 completed seed(s) of test/seq_acc; a verdict needs 2"
+    assert claim[-1] == "a variant has 1 completed seed(s) of test/seq_acc; a verdict needs 3"
     assert "<b>" not in note and "Without positions &lt;b&gt;reversal&lt;/b&gt; fails." in note
 
     notes = {t.number: optuna_dashboard.get_note(optuna.Trial(study, t._trial_id)) for t in study.trials}
