@@ -220,7 +220,7 @@ def test_a_key_the_model_ignores_is_refused_on_the_command_line():
 
 # A value other than the default for every key a model may ignore.
 CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention_query": "current",
-           "input_feeding": True, "attention_heads": 2, "heads": 2, "d_ff": 8, "scale": "none",
+           "input_feeding": True, "attention_heads": 2, "heads": 2, "d_ff": 8, "scale": "none", "score": "cosine",
            "pos_encoding": "rope", "pos_base": 100.0, "residual": False, "ffn": True, "norm": "pre",
            "causal_mask": False, "cross_attention": False, "embed_scale": False, "qkv_projections": False,
            "max_positions": 9}  # fmt: skip
