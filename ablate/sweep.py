@@ -69,8 +69,8 @@ def size_line(spec: StudySpec) -> str:
 
     seeds = f"{spec.adaptive.min}-{spec.adaptive.max} adaptive" if spec.adaptive else seed_count(spec)
     tune = f", {spec.tune.trials} tune trials per variant" if spec.tune else ""
-    at_most = " at most" if spec.adaptive else ""
-    return f"[bold]{spec.name}[/]: {variant_count(spec)} variants x {seeds} seeds{tune}: {trial_count(spec):,} trials{at_most}"
+    trials = f"{trial_count(spec):,} trials{' at most' if spec.adaptive else ''}"
+    return f"[bold]{spec.name}[/]: {variant_count(spec)} variants x {seeds} seeds{tune}: {trials}"
 
 
 def sweep(
