@@ -6,6 +6,7 @@ Every failure is a ConfigError with one line naming the dotted key, e.g.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -260,4 +261,21 @@ def load_config(
     for item in sets or []:
         key, value = parse_override(item)
         overrides[key] = value
-    return build_config(tree, overrides)
+    cfg = build_config(tree, overrides)
+    model = tree.get("model") if isinstance(tree.get("model"), dict) else {}
+    written = {f"model.{key}" for key in model} | set(overrides)
+    ignored = ignored_settings(cfg, written)
+    if ignored:
+        problems = [(key, f"has no effect ({why})") for key, why in ignored]
+        more = f" ({len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(f"{problems[0][0]}: {problems[0][1]}{more}", problems)
+    return cfg
+
+
+def ignored_settings(cfg: ExperimentConfig, written: Iterable[str]) -> list[tuple[str, str]]:
+    """(key, why) for each dotted key of `written` that the configured model ignores
+    (ModelConfig.ignored_keys): a key set by hand that changes nothing makes two configs that look
+    different build one model."""
+    ignored = cfg.model.ignored_keys()
+    return [(key, ignored[key[6:]]) for key in sorted(written)
+            if key.startswith("model.") and key[6:] in ignored]  # fmt: skip

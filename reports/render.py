@@ -26,7 +26,7 @@ from ablate.harness import artifacts, attention_maps, tracking
 from ablate.harness.provenance import environment
 from ablate.harness.study.queue import study_progress
 from ablate.harness.study.spec import StudySpec, short_name, tune_metric, validation_metric
-from ablate.reports import dashboard, plots
+from ablate.reports import dashboard, headline, plots
 from ablate.reports.collect import StudyData, collect
 
 ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
@@ -149,7 +149,7 @@ def figures(
             data.history, list(dict.fromkeys([f"val/{split_metric}", "val/loss"])), order, df
         ),
         "Validation curves by training step: mean over seeds with a 95% CI band, one point per seed; "
-        "an unbounded metric's axis ends at 1.5 times its largest seed, so a wide band may run past it.",
+        "an unbounded metric's axis ends at 1.5 times its largest seed, and a wider band is cut at the axis.",
     )
     made["accuracy_by_length"] = (
         plots.accuracy_by_length(data.per_length, order, train_max_len(data)),
@@ -300,12 +300,17 @@ def build_report(
     summary = variant_summary(data)
     importances = importance_frame(data)
     figs = figures(data, summary, importances)
+    verdicts = claims.evaluate_all(spec, data.trials)
     context = {
         "spec": spec,
         "metric": spec.metric.name,
         "baseline": spec.baseline_variant(),
+        "headline": headline.headline(data, summary, verdicts),
         "summary": summary.sort_values("rank", na_position="last").to_dict("records"),
-        "claims": claims.evaluate_all(spec, data.trials),
+        "table_notes": headline.table_notes(summary),
+        "show_permutation": headline.show_permutation(summary),
+        "show_g": headline.show_g(summary),
+        "claims": verdicts,
         "look_level": claims.look_level(spec),
         "progress": [asdict(row) for row in study_progress(spec, storage)],
         "trials": trial_rows(data.trials),

@@ -30,7 +30,7 @@ from ablate.reports.render import seeds_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-METRIC = "test/seq_acc"
+METRIC = "test/tok_acc"  # two seeds a side decide a claim on it (exact match needs three)
 VARIANTS = {
     "pos": {"preset": "transformer"},
     "nopos": {"preset": "transformer", "model.pos_encoding": "none"},
@@ -54,6 +54,7 @@ def adaptive_spec(seeds=None, **extra) -> StudySpec:
             "variants": VARIANTS,
             "claims": CLAIMS,
             "seeds": seeds or {"min": 2, "max": 4},
+            "metric": {"name": METRIC},
             **extra,
         }
     )
@@ -153,15 +154,17 @@ def test_a_claim_whose_first_look_is_not_queued_yet_is_running_and_wants_nothing
 
 
 def test_a_decided_claim_keeps_its_look_when_its_variants_run_on_for_another_claim():
-    # Both claims compare pre with pos: the first is decided at look 1, the second (token accuracy,
-    # similar within 1e-6) stays open and takes pre and pos to a third seed. The first keeps its look.
+    # Both claims compare pre with pos: the first is decided at look 1, the second (token accuracy beyond
+    # the training lengths, similar within 1e-6) stays open and takes pre and pos to a third seed. The
+    # first keeps its look.
     spec = StudySpec.model_validate({"name": "adaptive", "variants": VARIANTS, "seeds": {"min": 2, "max": 4},
+        "metric": {"name": METRIC},
         "claims": [{"text": "Pre-LN is far worse here.", "compare": {"model.norm": "pre"}, "to": POS,
                     "expect": "lower", "margin": 0.3},
                    {"text": "Pre-LN matches post-LN in token accuracy.", "compare": {"model.norm": "pre"},
-                    "to": POS, "metric": "test/tok_acc", "expect": "similar", "margin": 0.000001}]})  # fmt: skip
+                    "to": POS, "metric": "test_long/tok_acc", "expect": "similar", "margin": 0.000001}]})  # fmt: skip
     df = table({"pos": [1.0, 1.0, 0.97], "pre": [0.031, 0.016, 0.02]})
-    df["test/tok_acc"] = [1.0, 0.97, 1.0, 1.0, 0.98, 0.99]
+    df["test_long/tok_acc"] = [1.0, 0.97, 1.0, 1.0, 0.98, 0.99]
     first, second = claims.evaluate_all(spec, df)
     assert (first.verdict, first.decided, first.look, first.seeds) == (REPRODUCED, True, 0, 2)
     assert (second.verdict, second.look, second.seeds) == (INCONCLUSIVE, 1, 3)

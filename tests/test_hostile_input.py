@@ -156,6 +156,43 @@ def test_named_variants_that_build_the_same_config_are_an_error(tmp_path):
     assert lines == [f"{tmp_path / 'study.yaml'}: variants.b: builds the same config as variants.a"]
 
 
+def test_a_key_a_variants_model_ignores_is_refused_at_its_location(tmp_path):
+    # The base's transformer keys are shared: an LSTM variant may ignore them. Its own may not be ignored.
+    variants = {"plain": {"preset": "lstm"}, "fed": {"preset": "lstm", "model.input_feeding": True},
+                "headed": {"preset": "lstm-bahdanau", "model.heads": 2}}  # fmt: skip
+    lines = problems_of(study(tmp_path, variants=variants))
+    where = tmp_path / "study.yaml"
+    assert lines == [
+        f"{where}: variants.fed.model.input_feeding: has no effect (acts only with attention; "
+        "model.attention is none)",
+        f"{where}: variants.headed.model.heads: has no effect (a Transformer setting; model.arch is lstm)",
+        f"{where}: variants.plain: builds the same model as variants.fed (model.input_feeding: ignored by "
+        "this model)",
+    ]
+
+
+def test_a_grid_crossing_a_key_some_variants_ignore_is_refused_naming_them(tmp_path):
+    factors = {"model.attention": ["none", "dot"], "model.input_feeding": [True, False]}
+    lines = problems_of(study(tmp_path, base=base(preset="lstm"), factors=factors))
+    assert lines == [
+        f"{tmp_path / 'study.yaml'}: factors.model.input_feeding: has no effect in "
+        "'attention=none,input_feeding=True', 'attention=none,input_feeding=False' (acts only with "
+        "attention; model.attention is none); list the variants by name to leave it out where it does nothing",
+        f"{tmp_path / 'study.yaml'}: variant 'attention=none,input_feeding=False': builds the same model as "
+        "variant 'attention=none,input_feeding=True' (model.input_feeding: ignored by this model)",
+    ]
+
+
+def test_variants_that_build_one_model_through_their_presets_are_an_error(tmp_path):
+    # Neither writes a key its model ignores, yet without attention the preset's input feeding does nothing.
+    variants = {"a": {"preset": "lstm"}, "b": {"preset": "lstm-luong-dot", "model.attention": "none"}}
+    lines = problems_of(study(tmp_path, variants=variants))
+    assert lines == [
+        f"{tmp_path / 'study.yaml'}: variants.b: builds the same model as variants.a "
+        "(model.attention_query, model.input_feeding: ignored by this model)"
+    ]
+
+
 def test_a_failing_study_lists_all_its_problems_with_their_locations(tmp_path):
     path = study(
         tmp_path,
@@ -299,6 +336,34 @@ def test_the_study_metric_is_one_every_variant_reports(tmp_path, task, preset, m
 def test_claims_are_matched_against_the_built_variants(tmp_path, claim, problem):
     variants = {"rnn": {"preset": "lstm"}, "tf": {"preset": "transformer"}}
     path = study(tmp_path, variants=variants, claims=[{"text": "t", "expect": "lower", **claim}])
+    if problem is None:
+        load_study(path)
+    else:
+        (line,) = problems_of(path)
+        assert line.startswith(f"{path}: {problem}"), line
+
+
+@pytest.mark.parametrize(
+    "claim, problem",
+    [
+        ({"expect": "lower", "margin": 1.0},
+         "claims[0].margin: 1 cannot be met: test/seq_acc lies in [0, 1], so Δ lies within ±1"),
+        ({"expect": "similar", "margin": 1.5},
+         "claims[0].margin: 1.5 can never fail: test/seq_acc lies in [0, 1], so Δ lies within ±1"),
+        ({"expect": "higher", "margin": 1.0, "metric": "test_long/tok_acc"},
+         "claims[0].margin: 1 cannot be met: test_long/tok_acc lies in [0, 1], so Δ lies within ±1"),
+        ({"expect": "lower", "margin": 2.0, "versus": {"metric": "test/tok_acc"}},
+         "claims[0].margin: 2 cannot be met: test/seq_acc lies in [0, 1], so Δ lies within ±2"),
+        ({"expect": "lower", "margin": 0.1, "metric": "test/loss", "versus": {"metric": "test/tok_acc"}},
+         "claims[0].versus.metric: judges test/loss as a ratio and test/tok_acc as a difference"),
+        ({"expect": "lower", "margin": 0.99}, None),
+        ({"expect": "lower", "margin": 5.0, "metric": "test/loss"}, None),  # a ratio: one side 6 times the other
+    ],
+)  # fmt: skip
+def test_a_claim_whose_margin_its_metric_cannot_meet_is_refused(tmp_path, claim, problem):
+    variants = {"rnn": {"preset": "lstm"}, "tf": {"preset": "transformer"}}
+    sides = {"text": "t", "compare": {"preset": "lstm"}, "to": {"preset": "transformer"}}
+    path = study(tmp_path, variants=variants, claims=[{**sides, **claim}])
     if problem is None:
         load_study(path)
     else:

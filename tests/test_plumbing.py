@@ -356,6 +356,9 @@ def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
         "model.d_ff": Case(8, model_has(lambda m: m.decoder[0].ff.fn.net[0].out_features == 8)),
         "model.ffn": Case(False, model_has(lambda m: not any(isinstance(x, nn.ReLU) for x in m.modules()))),
         "model.scale": Case(0.05, outputs_differ),
+        "model.score": Case(
+            "cosine", model_has(lambda m: type(m.decoder[0].cross_attn.fn.attn.score).__name__ == "QKNorm")
+        ),
         "model.pos_encoding": Case("rope", outputs_differ),
         "model.pos_base": Case(100.0, outputs_differ),
         "model.max_positions": Case(4, check_max_positions, {"model.pos_encoding": "learned"}),
