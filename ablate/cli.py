@@ -181,7 +181,7 @@ def worker(
     """Join a study: run its queued trials until none is left (any machine that reaches the storage); the
     worker that finishes the study's last trial writes its report.
 
-    SIGTERM or Ctrl-C: the running trial checkpoints and waits again; the same command resumes it."""
+    SIGTERM, SIGUSR1 or Ctrl-C: the running trial checkpoints and waits again; the same command resumes it."""
     from ablate.harness import signals
     from ablate.harness.artifacts import default_storage_url
     from ablate.harness.study.queue import prepare_study
@@ -495,8 +495,18 @@ def error_line(e: BaseException) -> tuple[int, str] | None:
 def main() -> None:
     """The one place errors left unhandled become lines on stderr, exit 2 for bad input and 1 for a fault
     during the run; ABLATE_DEBUG=1 keeps the traceback."""
+    from ablate.harness import signals
+
     try:
         app()
+    except SystemExit as done:
+        if signals.received() is None:
+            raise
+        # Stopped by a signal, everything written: end now. Tearing down torch, Lightning and the storage's
+        # engine takes seconds on a starved machine, and the scheduler's SIGKILL does not wait for it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(done.code if isinstance(done.code, int) else 1)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

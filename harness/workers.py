@@ -362,7 +362,9 @@ def spawn_workers(
                *(["--artifacts", artifacts] if artifacts else [])]  # fmt: skip
     # The URL travels in the environment: on the command line its password would show in `ps`.
     env = {**os.environ, "ABLATE_STORAGE": storage_url}
-    return [subprocess.Popen(command, env={**env, **slot}) for slot in slots]
+    return [
+        subprocess.Popen(command, env={**env, **slot}, preexec_fn=signals.die_with_parent()) for slot in slots
+    ]
 
 
 def forward_signal(procs: list[subprocess.Popen], signum: signal.Signals) -> None:

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -449,3 +450,84 @@ def test_same_config_and_seed_give_identical_metrics_in_two_processes(tmp_path):
     first, second = ({k: v for k, v in s.items() if k not in timing} for s in summaries)
     assert first == second
     assert "test/loss" in first and first["steps"] == 6
+
+# Faults that scale brings -----------------------------------------------------------------------------------
+
+
+def processes(parent: int) -> list[int]:
+    """The live (not zombie) children of `parent`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == parent and fields[0] != "Z":
+                found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
+@pytest.mark.slow  # about a minute on 2 busy cores
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's (prctl)")
+def test_a_killed_sweep_leaves_no_worker_behind_and_no_trial_running(tmp_path):
+    """The OOM killer's SIGKILL to `ablate sweep`, which no handler sees: each worker gets SIGTERM as its
+    parent dies, checkpoints its trial, queues it again and exits, instead of training on as an orphan."""
+    study, runs = write_study(tmp_path / "crash.yaml", max_steps=400, seeds=[0, 1]), tmp_path / "runs"
+    url = f"sqlite:///{runs / 'crash' / 'study.db'}"
+    sweep = background([ablate_exe(), "sweep", str(study), "--out", str(runs), "--wandb", "disabled",
+                        "--no-report", "--workers", "2"])  # fmt: skip
+    workers = []
+    try:
+        checkpointed = lambda: resume_record(url, study, 0) or resume_record(url, study, 1)  # noqa: E731
+        wait_for(checkpointed, 300, "a checkpoint", poll=0.2)
+        workers = processes(sweep.pid)
+        assert len(workers) == 2
+        sweep.send_signal(signal.SIGKILL)
+        sweep.wait(timeout=30)
+        wait_for(lambda: not any(alive(pid) for pid in workers), 60, "the orphaned workers to stop")
+    finally:
+        sweep.kill()
+        for pid in filter(alive, workers):
+            os.kill(pid, signal.SIGKILL)
+    states = [t.state for t in stored_trials(study, url)]
+    assert TrialState.RUNNING not in states and TrialState.WAITING in states
+
+
+def stored_trials(study: Path, url: str) -> list:
+    # A locked database (a worker is writing): nothing to see yet, look again next poll.
+    with contextlib.suppress(KeyError, ConfigError, sqlalchemy.exc.OperationalError, StorageInternalError):
+        return load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    return []
+
+
+STOP_BOUND_S = 30  # the README's: a stopped sweep exits within this, however loaded the machine
+
+
+@pytest.mark.slow  # about 2 min: workers start slowly on a machine kept busy
+def test_sigterm_stops_a_sweep_within_the_bound_on_a_loaded_machine(tmp_path):
+    """SIGTERM while both workers train and every core is kept busy by another process: the sweep exits 143
+    within STOP_BOUND_S (workers get 25 s to checkpoint, then are killed), and no trial is FAILED."""
+    study, runs = write_study(tmp_path / "crash.yaml", max_steps=2000, seeds=[0, 1]), tmp_path / "runs"
+    url = f"sqlite:///{runs / 'crash' / 'study.db'}"
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        sweep = background([ablate_exe(), "sweep", str(study), "--out", str(runs), "--wandb", "disabled",
+                            "--no-report", "--workers", "2"])  # fmt: skip
+        training = lambda: resume_record(url, study, 0) and resume_record(url, study, 1)  # noqa: E731
+        wait_for(training, 600, "both trials to train")
+        sent = time.monotonic()
+        sweep.send_signal(signal.SIGTERM)
+        sweep.wait(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        for busy in load:
+            busy.kill()
+    print(f"SIGTERM to exit: {took:.1f} s with {len(load)} busy processes")
+    sweep.log.seek(0)
+    assert sweep.returncode == 143, sweep.log.read()[-3000:]
+    assert took < STOP_BOUND_S
+    assert TrialState.FAIL not in [t.state for t in stored_trials(study, url)]
