@@ -182,7 +182,6 @@ def worker(
     worker that finishes the study's last trial writes its report.
 
     SIGTERM, SIGUSR1 or Ctrl-C: the running trial checkpoints and waits again; the same command resumes it."""
-    from ablate.harness import signals
     from ablate.harness.artifacts import default_storage_url
     from ablate.harness.study.queue import prepare_study
     from ablate.harness.study.storage import open_storage
@@ -210,13 +209,12 @@ def worker(
         import torch
 
         torch.set_num_threads(threads)
-    from ablate.harness.workers import NO_SPACE_EXIT, run_worker
+    from ablate.harness.workers import run_worker
 
     done = run_worker(spec, store, out, mode, artifacts)
     if done.stopped:
         typer.echo(f"worker: {done.stopped}", err=True)
-        received = signals.received()
-        raise typer.Exit(code=signals.exit_code(received) if received else NO_SPACE_EXIT)
+        raise typer.Exit(code=done.stop_code)
     if done.finished_last and not no_report:
         from ablate.reports.render import build_report
 

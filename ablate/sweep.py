@@ -106,6 +106,7 @@ def sweep(
         )
     from ablate.harness.workers import (  # Lightning: seconds to import, so after the checks
         NO_SPACE_EXIT,
+        STORAGE_FULL_EXIT,
         forward_signal,
         spawn_workers,
         worker_slots,
@@ -126,10 +127,11 @@ def sweep(
         raise
     if signals.received():
         return None
-    if NO_SPACE_EXIT in [p.returncode for p in procs]:
-        raise RunFailed(
-            f"--out: no space left on device under {options.out}; free some, then run the same command"
-        )
+    full = {NO_SPACE_EXIT: f"--out: no space left on device under {options.out}",
+            STORAGE_FULL_EXIT: f"--storage: no space left on device for {masked_url(url)}"}  # fmt: skip
+    for code, where in full.items():
+        if code in [p.returncode for p in procs]:
+            raise RunFailed(f"{where}; free some, then run the same command")
     crashed = [p.returncode for p in procs if p.returncode != 0]
     report = None
     if options.report:

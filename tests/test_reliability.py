@@ -497,6 +497,48 @@ def test_a_killed_sweep_leaves_no_worker_behind_and_no_trial_running(tmp_path):
     assert TrialState.RUNNING not in states and TrialState.WAITING in states
 
 
+@pytest.mark.slow  # three sweeps, about 2 min on 2 busy cores
+def test_storage_on_a_full_disk_stops_the_sweep_in_one_line_with_no_trial_left_running(tmp_path, small_tmpfs):
+    study = write_study(tmp_path / "crash.yaml", max_steps=20, seeds=[0, 1, 2])
+    url = f"sqlite:///{small_tmpfs / 'study.db'}"  # the storage on the small disk, --out elsewhere
+    command = [ablate_exe(), "sweep", str(study), "--out", str(tmp_path / "runs"), "--storage", url,
+               "--wandb", "disabled", "--no-report"]  # fmt: skip
+    filler = small_tmpfs / "filler"
+
+    def fill() -> None:
+        filler.write_bytes(b"\0" * shutil.disk_usage(small_tmpfs).free)
+
+    # Full before the study exists: nothing can be created.
+    fill()
+    full = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert full.returncode == 1
+    assert full.stderr.strip().splitlines() == [
+        f"error: storage {url}: no space left on device; free some, then run the same command"
+    ]
+    filler.unlink()
+
+    # Full while the first trial runs.
+    sweep = background(command)
+    running = lambda: any(t.state == TrialState.RUNNING for t in stored_trials(study, url))  # noqa: E731
+    wait_for(running, 300, "a trial to run")
+    fill()
+    sweep.wait(timeout=300)
+    sweep.log.seek(0)
+    out = sweep.log.read()
+    assert sweep.returncode == 1, out[-3000:]
+    assert out.strip().splitlines()[-1] == (
+        f"error: --storage: no space left on device for {url}; free some, then run the same command"
+    )
+    assert "Traceback" not in out
+    filler.unlink()
+    assert TrialState.RUNNING not in [t.state for t in stored_trials(study, url)]
+
+    # Space freed: the same command finishes the study.
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [t.state for t in stored_trials(study, url)] == [TrialState.COMPLETE] * 3
+
+
 def stored_trials(study: Path, url: str) -> list:
     # A locked database (a worker is writing): nothing to see yet, look again next poll.
     with contextlib.suppress(KeyError, ConfigError, sqlalchemy.exc.OperationalError, StorageInternalError):
