@@ -188,7 +188,7 @@ def worker(
     from ablate.harness.study.validate import load_study, raise_problems, run_problems
 
     try:
-        check_artifacts(artifacts)
+        check_artifacts(artifacts, reach=True)
         problems = run_problems(out, storage, None, wandb)
         if is_study_file(study):
             spec = load_study(study, also=problems)

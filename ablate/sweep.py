@@ -33,9 +33,10 @@ class SweepOptions:
     report: bool = True
 
 
-def check_artifacts(location: str | None) -> None:
-    """--artifacts: an s3:// URL with a bucket, and boto3 to reach it."""
-    from ablate.harness.artifacts import parse_s3_url
+def check_artifacts(location: str | None, reach: bool = False) -> None:
+    """--artifacts: an s3:// URL with a bucket, and boto3 to reach it; `reach`: the bucket answers (before a
+    sweep or a worker trains anything whose files it could not keep)."""
+    from ablate.harness.artifacts import parse_s3_url, s3_problem
     from ablate.harness.extras import require
 
     if location is None:
@@ -45,6 +46,8 @@ def check_artifacts(location: str | None) -> None:
     except ValueError as e:
         raise ConfigError(f"--artifacts: {e}") from None
     require("boto3", extra="s3", feature="--artifacts s3://")
+    if reach and (reason := s3_problem(location)):
+        raise ConfigError(f"--artifacts: {location}: {reason}")
 
 
 def load_sweep(
@@ -52,12 +55,13 @@ def load_sweep(
 ) -> StudySpec:
     """The study file (or bundled name) with its profile and `sets` added to its fixed keys, checked
     together with the options: every problem in one ConfigError, before anything is created."""
-    from ablate.harness.study.validate import MAX_TRIALS, load_study, run_problems
+    from ablate.harness.study.validate import MAX_TRIALS, capacity_problems, load_study, run_problems
 
     if options.workers and options.devices:
         raise ConfigError("--workers: give either --workers (CPU processes) or --devices (GPUs), not both")
-    check_artifacts(options.artifacts)
-    problems = run_problems(options.out, options.storage, options.devices, options.wandb)
+    check_artifacts(options.artifacts, reach=True)
+    problems = [*run_problems(options.out, options.storage, options.devices, options.wandb),
+                *capacity_problems(options.workers, options.devices, options.per_device)]  # fmt: skip
     return load_study(study, profile, sets, None if options.allow_large else MAX_TRIALS, problems)
 
 

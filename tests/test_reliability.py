@@ -1,6 +1,8 @@
 """What long sweeps on shared machines need: a worker killed mid-trial costs one retry and nothing else,
 faults end as FAIL with their reason while the sweep goes on, W&B without network never blocks and never
-leaks the key, and the same config and seed give the same numbers in two processes.
+leaks the key, the same config and seed give the same numbers in two processes, and the faults that scale
+brings (more workers than the machine holds, a killed sweep, a full storage disk, an unreachable artifact
+store, a stop on a loaded machine) end in one line, with no trial left RUNNING where one can be saved.
 
 The crash scenario runs here on the SQLite default and in test_postgres.py on PostgreSQL."""
 
@@ -451,7 +453,19 @@ def test_same_config_and_seed_give_identical_metrics_in_two_processes(tmp_path):
     assert first == second
     assert "test/loss" in first and first["steps"] == 6
 
+
 # Faults that scale brings -----------------------------------------------------------------------------------
+
+
+def test_more_workers_than_the_machine_holds_are_refused_up_front(tmp_path):
+    study, runs = write_study(tmp_path / "crash.yaml"), tmp_path / "runs"
+    count = max(64, (os.cpu_count() or 1) + 1)
+    refused = ablate("sweep", str(study), "--out", str(runs), "--workers", str(count), "--wandb", "disabled")
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith(f"error: --workers: {count} worker processes exceed this machine (")
+    assert "at most" in line
+    assert not runs.exists()
 
 
 def processes(parent: int) -> list[int]:
@@ -495,6 +509,36 @@ def test_a_killed_sweep_leaves_no_worker_behind_and_no_trial_running(tmp_path):
             os.kill(pid, signal.SIGKILL)
     states = [t.state for t in stored_trials(study, url)]
     assert TrialState.RUNNING not in states and TrialState.WAITING in states
+
+
+def test_storages_without_a_heartbeat_are_refused(tmp_path):
+    """Optuna's journal storages and gRPC proxy record no heartbeat: a dead worker's trial would never run
+    again, with one worker or many. Refused before anything is created."""
+    study, runs = write_study(tmp_path / "crash.yaml"), tmp_path / "runs"
+    for url in ("grpc://127.0.0.1:13000", "redis://127.0.0.1:6379/0", str(tmp_path / "journal.log")):
+        refused = ablate("sweep", str(study), "--out", str(runs), "--storage", url, "--workers", "2")
+        assert refused.returncode == 2
+        (line,) = refused.stderr.strip().splitlines()
+        assert line.startswith(f"error: --storage: {url}: Optuna's journal storages and gRPC proxy keep no ")
+        assert line.endswith("would stay RUNNING for good, never retried; use SQLite or PostgreSQL")
+    assert not runs.exists()
+
+
+def test_an_unreachable_artifact_store_stops_sweep_and_worker_before_any_trial(tmp_path, monkeypatch):
+    pytest.importorskip("boto3", reason="boto3 is not installed (pip install '.[s3]')")
+    aws = {"AWS_ENDPOINT_URL": NO_SERVER, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+    for key, value in aws.items():
+        monkeypatch.setenv(key, value)
+    study, runs = write_study(tmp_path / "crash.yaml"), tmp_path / "runs"
+    for command in ("sweep", "worker"):
+        refused = ablate(command, str(study), "--out", str(runs), "--artifacts", "s3://trials/team",
+                         "--wandb", "disabled", timeout=120)  # fmt: skip
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        (line,) = refused.stderr.strip().splitlines()
+        endpoint = f'Could not connect to the endpoint URL: "{NO_SERVER}/trials"'
+        assert line == f"error: --artifacts: s3://trials/team: {endpoint}"
+    assert not runs.exists()  # no study, no trial
 
 
 @pytest.mark.slow  # three sweeps, about 2 min on 2 busy cores

@@ -21,6 +21,10 @@ from ablate.harness.study.spec import HeartbeatSpec
 
 CONNECT_TIMEOUT_S = 10  # an unreachable database server is reported, not waited on
 SCHEMA_ATTEMPTS = 10
+# Optuna storages without heartbeats (a JournalStorage's Redis backend or file, GrpcStorageProxy), as a user
+# would name them: refused for every run, since a dead worker's trial is only retried through its heartbeat.
+NO_HEARTBEAT_SCHEMES = ("grpc", "redis", "rediss")
+JOURNAL_FILES = (".log", ".journal")
 # The drivers' codes for a disk with no space left: SQLITE_FULL, SQLITE_IOERR_SHMSIZE (WAL's shared-memory
 # file could not grow), PostgreSQL's disk_full.
 SQLITE_FULL, PG_DISK_FULL = (13, 4874), "53100"
@@ -101,6 +105,11 @@ def masked_url(url: str) -> str:
 def url_problem(url: str) -> str | None:
     """Why `url` cannot name a storage (malformed, unknown database, driver not installed), or None; found
     without connecting: whether the server answers is known when the storage is opened."""
+    if url.partition("://")[0] in NO_HEARTBEAT_SCHEMES or url.endswith(JOURNAL_FILES):
+        return (
+            "Optuna's journal storages and gRPC proxy keep no heartbeat: the trial of a worker that dies "
+            "would stay RUNNING for good, never retried; use SQLite or PostgreSQL"
+        )
     try:
         parsed = make_url(with_driver(url))
         parsed.get_dialect().import_dbapi()
