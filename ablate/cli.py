@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ablate.harness.errors import ConfigError
+from ablate.harness.launchers import LAUNCHERS
 from ablate.sweep import check_artifacts, is_study_file, stored_study, study_name
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
@@ -139,10 +140,19 @@ def sweep(
     allow_large: Annotated[
         bool, typer.Option("--allow-large", help="Run a study of more than 10,000 trials.")
     ] = False,
+    launcher: Annotated[
+        str | None,
+        typer.Option("--launcher", help=f"Start the workers with {' or '.join(LAUNCHERS)} (default: here)."),
+    ] = None,
+    launch: Annotated[
+        list[str] | None,
+        typer.Option("--launch", help="A launcher setting, key=value (the study's launcher block's keys)."),
+    ] = None,
 ) -> None:
     """Tune (if the study says so) and run every variant x seed of a study, then write its report.
 
-    Resumes what the storage holds: finished trials are kept, interrupted ones run again."""
+    Resumes what the storage holds: finished trials are kept, interrupted ones run again. With --launcher,
+    a scheduler starts the workers (README: Run on a cluster)."""
     from ablate.harness import signals
     from ablate.harness.config import parse_override
     from ablate.sweep import SweepOptions
@@ -150,7 +160,8 @@ def sweep(
 
     options = SweepOptions(
         storage=storage, out=out, workers=workers, devices=devices, per_device=per_device, wandb=wandb,
-        artifacts=artifacts, allow_large=allow_large, report=not no_report,
+        artifacts=artifacts, allow_large=allow_large, report=not no_report, launcher=launcher,
+        launch=tuple(launch or ()),
     )  # fmt: skip
     try:
         # --set changes the study's fixed keys for every trial (e.g. train.max_steps=50).

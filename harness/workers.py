@@ -393,17 +393,29 @@ def spawn_workers(
     """Starts one `ablate worker` process per slot, each with CPU threads = cores / processes; the sweep
     that starts them writes the report once they have all exited, so they do not."""
     threads = max(1, (os.cpu_count() or 1) // len(slots))
-    # -P keeps the working folder off sys.path: there a study's output folder (`bottleneck/` with --out .)
-    # or a stray file would shadow a module the worker imports; the installed `ablate` is found without it.
-    command = [sys.executable, "-P", "-m", "ablate.cli", "worker", study_name,
-               "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads), "--no-report",
-               *(["--artifacts", artifacts] if artifacts else [])]  # fmt: skip
+    command = [*python_command(), *worker_args(study_name, runs_root, wandb_mode, threads, artifacts)]
     # The URL travels in the environment: on the command line its password would show in `ps`.
     env = {**os.environ, "ABLATE_STORAGE": storage_url}
     return [
         subprocess.Popen(command, env={**env, **slot}, preexec_fn=signals.die_with_parent()) for slot in slots
     ]
 
+
+def python_command(python: str = sys.executable) -> list[str]:
+    """`ablate` run by `python`. -P keeps the working folder off sys.path: there a study's output folder
+    (`bottleneck/` with --out .) or a stray file would shadow a module the worker imports; the installed
+    `ablate` is found without it."""
+    return [python, "-P", "-m", "ablate.cli"]
+
+
+def worker_args(
+    study_name: str, runs_root: str | Path, wandb_mode: str, threads: int, artifacts: str | None = None,
+    report: bool = False,
+) -> list[str]:  # fmt: skip
+    """The arguments of an `ablate worker` that a sweep or a launcher starts (never the storage URL: that
+    goes in ABLATE_STORAGE); `report`: the worker that finishes the study writes its report."""
+    return ["worker", study_name, "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads),
+            *([] if report else ["--no-report"]), *(["--artifacts", artifacts] if artifacts else [])]  # fmt: skip
 
 
 def forward_signal(procs: list[subprocess.Popen], signum: signal.Signals) -> None:

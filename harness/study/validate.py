@@ -503,6 +503,7 @@ def load_study(
     ConfigError) lists every problem. `max_trials` refuses a bigger grid before any variant is built."""
     path = resolve_study_path(path)
     tree = apply_profile(read_yaml(path), profile, str(path))
+    tree.pop("launcher", None)  # where its workers run (harness/launchers), not what the study is
     if sets:
         tree = {**tree, "fixed": {**(tree.get("fixed") or {}), **sets}}
     try:
