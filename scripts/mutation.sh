@@ -61,7 +61,7 @@ for target in "${targets[@]}"; do
   git -C "$repo" ls-files -co --exclude-standard -z | (cd "$repo" && xargs -0 cp --parents -t "$work/repo")
   {
     echo; echo "[tool.mutmut]"
-    echo 'source_paths = ["ablate", "models", "harness", "reports", "ablations"]'
+    echo 'source_paths = ["ablate", "models", "harness", "analysis", "reports", "ablations", "bench"]'
     echo "only_mutate = [\"$target\"]"
     printf 'pytest_add_cli_args_test_selection = [%s]\n' "$(printf '"%s", ' $tests)"
     deselect=""
