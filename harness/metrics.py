@@ -1,6 +1,7 @@
 """Scores of decoded outputs: exact match, token accuracy, accuracy by target length, BLEU / chrF
-(sacreBLEU, with its signatures) for text tasks, and the alignment error rate of attention against gold
-alignments; and which of them, by name, a configuration's trials report (`produced_metrics`).
+(sacreBLEU, with its signatures) and BLEU by source length for text tasks, and the alignment error rate
+of attention against gold alignments; and which of them, by name, a configuration's trials report
+(`produced_metrics`).
 
 Prediction rows are (prediction ids, target ids), EOS and padding kept. Exact match and token accuracy
 are models.sequences' `score`, the one definition the module's metrics use too: token accuracy counts the
@@ -71,9 +72,14 @@ def _corpus_score(
     return TextScore(value, str(metric.get_signature()))  # known once scored: it counts the references
 
 
+def bleu_metric() -> sacrebleu.BLEU:
+    """The BLEU every score here uses (sacreBLEU's defaults, BLEU_TOKENIZE), for tests on its statistics."""
+    return sacrebleu.BLEU(tokenize=BLEU_TOKENIZE)
+
+
 def bleu(hypotheses: list[str], references: list[str]) -> TextScore:
     """Corpus BLEU of detokenized hypotheses against one detokenized reference each."""
-    return _corpus_score(sacrebleu.BLEU(tokenize=BLEU_TOKENIZE), hypotheses, references)
+    return _corpus_score(bleu_metric(), hypotheses, references)
 
 
 def chrf(hypotheses: list[str], references: list[str]) -> TextScore:
@@ -81,18 +87,54 @@ def chrf(hypotheses: list[str], references: list[str]) -> TextScore:
     return _corpus_score(sacrebleu.CHRF(), hypotheses, references)
 
 
-def text_metrics(split: str, rows: Sequence[Row], data: TaskData) -> dict[str, TextScore]:
-    """{split}/bleu and {split}/chrf for a text task ({} otherwise), on text the task's tokenizer
+# Source lengths (tokens) per bucket of BLEU by sentence length: corpus BLEU needs some sentences a bucket.
+BLEU_BUCKET = 10
+
+
+def bleu_by_length(
+    hypotheses: list[str], references: list[str], lengths: Sequence[int], bucket_width: int = BLEU_BUCKET
+) -> list[dict[str, Any]]:
+    """Rows of {length_min, length_max, n, bleu} per bucket of `lengths` (the source's, as Bahdanau et al.
+    2015 Fig. 2 plots BLEU), shortest first, only buckets that hold sentences: corpus BLEU of each
+    bucket's sentences, scored as `bleu` scores them."""
+    buckets: dict[int, list[int]] = defaultdict(list)
+    for i, length in enumerate(lengths):
+        buckets[length // bucket_width].append(i)
+    return [
+        {"length_min": b * bucket_width, "length_max": (b + 1) * bucket_width - 1, "n": len(members),
+         "bleu": bleu([hypotheses[i] for i in members], [references[i] for i in members]).value}
+        for b, members in sorted(buckets.items())
+    ]  # fmt: skip
+
+
+def translations(split: str, rows: Sequence[Row], data: TaskData) -> list[dict[str, Any]]:
+    """Per example of data.splits[split], for a text task ([] otherwise): {src_len (source tokens), hyp,
+    ref}, the detokenized prediction and reference that BLEU / chrF score: text the task's tokenizer
     detokenized (words joined by spaces, characters joined, BPE decoded). Rows must be in the order of
     data.splits[split], as the DataModule's evaluation loaders give them; references come from the
     examples, so target words outside the vocabulary are scored as written, not as <unk>."""
     examples = data.splits[split]
     if not data.is_text or not rows:
-        return {}
+        return []
     if len(rows) != len(examples):
         raise ValueError(f"{split}: {len(rows)} prediction rows for {len(examples)} examples")
-    hypotheses = [data.target_text(data.tgt_vocab.decode(pred)) for pred, _ in rows]
-    references = [data.target_text(ex.tgt) for ex in examples]
+    return [
+        {"src_len": len(ex.src), "hyp": data.target_text(data.tgt_vocab.decode(pred)),
+         "ref": data.target_text(ex.tgt)}
+        for (pred, _), ex in zip(rows, examples)
+    ]  # fmt: skip
+
+
+def text_metrics(split: str, rows: Sequence[Row], data: TaskData) -> dict[str, TextScore]:
+    """{split}/bleu and {split}/chrf of the split's `translations` for a text task ({} otherwise)."""
+    return translation_scores(split, translations(split, rows, data))
+
+
+def translation_scores(split: str, pairs: list[dict[str, Any]]) -> dict[str, TextScore]:
+    """{split}/bleu and {split}/chrf of `translations` rows ({} for none)."""
+    if not pairs:
+        return {}
+    hypotheses, references = [t["hyp"] for t in pairs], [t["ref"] for t in pairs]
     return {f"{split}/bleu": bleu(hypotheses, references), f"{split}/chrf": chrf(hypotheses, references)}
 
 
