@@ -19,7 +19,7 @@ import numpy as np
 import sacrebleu
 
 from ablate.harness.config import ExperimentConfig
-from ablate.harness.tasks import ALIGNED_TASKS, GENERATED_TASKS, TEXT_TASKS
+from ablate.harness.tasks import ALIGNED_TASKS, CORPUS_TASKS, GENERATED_TASKS, TEXT_TASKS
 from ablate.harness.tasks.base import TaskData
 from ablate.models.sequences import SequenceScore, score, summarise
 
@@ -186,7 +186,7 @@ def produced_metrics(cfg: ExperimentConfig) -> set[str]:
     encoder only where one is built)."""
     task, model = cfg.task, cfg.model
     long_split = (task.name in GENERATED_TASKS and task.long_max_len > task.max_len) or (
-        task.name == "parallel" and task.max_tokens is not None
+        task.name in CORPUS_TASKS and task.max_tokens is not None
     )
     test_splits = ["test", "test_long"] if long_split else ["test"]
     transformer = model.arch == "transformer"
