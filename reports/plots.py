@@ -17,6 +17,8 @@ import seaborn as sns  # noqa: E402
 from ablate.analysis.stats import MetricRange, examples, mean_ci, metric_range, pareto_front  # noqa: E402
 from ablate.harness.artifacts import AttentionSample  # noqa: E402
 from ablate.harness.attention_maps import cross_attention, draw, probe_aer  # noqa: E402
+from ablate.harness.metrics import BLEU_BUCKET  # noqa: E402
+from ablate.harness.metrics import bleu_by_length as bucket_bleu  # noqa: E402
 
 # Variant names are user text: never parse them as mathtext.
 plt.rcParams["text.parse_math"] = False
@@ -90,10 +92,11 @@ def metric_by_factor(df: pd.DataFrame, metric: str, factor: str, others: list[st
     return grid.figure
 
 
-def _mean_curves(ax, rows: pd.DataFrame, x: str, y: str, hue_order: list[str], n_column: str) -> None:
+def _mean_curves(ax, rows: pd.DataFrame, x: str, y: str, hue_order: list[str], n_column: str) -> float:
     """Per variant: the mean over seeds against x with its CI band (stats.mean_ci, with the fewest examples
-    of `n_column` at that x; 0 where unknown), and each seed's value as a faint point."""
-    rng = metric_range(y)
+    of `n_column` at that x; 0 where unknown), and each seed's value as a faint point. Returns the highest
+    value drawn, band or point."""
+    rng, top = metric_range(y), float(rows[y].max())
     for variant, colour in zip(hue_order, sns.color_palette(n_colors=len(hue_order))):
         own = rows[rows["variant"] == variant]
         points = [(at, g[y].mean(), *mean_ci(g[y].to_numpy(float), rng, int(g[n_column].min()) or None))
@@ -102,7 +105,9 @@ def _mean_curves(ax, rows: pd.DataFrame, x: str, y: str, hue_order: list[str], n
         ax.plot(at, mean, marker="o", markersize=3, color=colour, label=variant)
         ax.fill_between(at, lo, hi, color=colour, alpha=0.2, lw=0)
         ax.scatter(own[x], own[y], s=5, color=colour, alpha=0.35, lw=0)
+        top = float(np.nanmax([top, *hi]))
     _show_range(ax, rng, rows[y].to_numpy(float))
+    return top
 
 
 def learning_curves(
@@ -151,6 +156,47 @@ def accuracy_by_length(
     ax.legend(fontsize=8)
     ax.set_xlabel("target length (tokens)")
     ax.set_ylabel("exact match")
+    fig.tight_layout()
+    return fig
+
+
+def length_bleu(translations: pd.DataFrame, bucket_width: int = BLEU_BUCKET) -> pd.DataFrame | None:
+    """Corpus BLEU per trial and bucket of source lengths, every test split's sentences pooled
+    (harness.metrics.bleu_by_length): columns trial, variant, seed, length_min, length_max, length (the
+    bucket's centre), n, bleu; None without translations."""
+    if translations.empty:
+        return None
+    rows = [
+        {"trial": trial, "variant": variant, "seed": seed, **row}
+        for (trial, variant, seed), own in translations.groupby(["trial", "variant", "seed"], sort=False)
+        for row in bucket_bleu(list(own["hyp"]), list(own["ref"]), list(own["src_len"]), bucket_width)
+    ]
+    table = pd.DataFrame(rows)
+    return table.assign(length=(table["length_min"] + table["length_max"]) / 2)
+
+
+def bleu_by_length(
+    translations: pd.DataFrame, order: list[str], max_tokens: int | None
+) -> plt.Figure | None:
+    """Corpus BLEU against source sentence length per variant (length_bleu), the figure of Bahdanau et al.
+    (2015) Fig. 2, with the sources longer than any training pair (task.max_tokens) shaded. BLEU stays in
+    [0, 100], but the axis ends a little above the highest interval: models trained for minutes score a
+    few points, which a full-range axis would flatten."""
+    table = length_bleu(translations)
+    if table is None:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    top = _mean_curves(ax, table, "length", "bleu", [v for v in order if v in set(table["variant"])], "n")
+    ax.set_ylim(0, min(100.0, 1.15 * max(top, 1.0)))
+    buckets = table.drop_duplicates("length").sort_values("length")
+    labels = [f"{low}-{high}" for low, high in zip(buckets["length_min"], buckets["length_max"])]
+    ax.set_xticks(buckets["length"], labels)
+    if max_tokens is not None and buckets["length_max"].max() > max_tokens:
+        ax.axvspan(max_tokens + 0.5, buckets["length_max"].max() + 0.5, color="#999999", alpha=0.15, lw=0)
+        ax.text(max_tokens + 1, ax.get_ylim()[1] * 0.95, "longer than training", fontsize=8, color="#555555")
+    ax.legend(fontsize=8)
+    ax.set_xlabel("source sentence length (tokens)")
+    ax.set_ylabel("BLEU")
     fig.tight_layout()
     return fig
 

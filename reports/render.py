@@ -23,10 +23,11 @@ from jinja2 import Environment, PackageLoader
 
 from ablate.analysis import claims, stats
 from ablate.harness import artifacts, attention_maps, tracking
+from ablate.harness.metrics import BLEU_BUCKET
 from ablate.harness.provenance import environment
 from ablate.harness.study.queue import study_progress
 from ablate.harness.study.spec import StudySpec, short_name, tune_metric, validation_metric
-from ablate.reports import dashboard, plots
+from ablate.reports import dashboard, paired, plots
 from ablate.reports.collect import StudyData, collect
 
 ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
@@ -122,6 +123,12 @@ def train_max_len(data: StudyData) -> int | None:
     return max(max_lens) if max_lens else None
 
 
+def max_tokens(data: StudyData) -> int | None:
+    """The longest training pair of any corpus trial (task.max_tokens): longer test pairs are test_long."""
+    limits = [c["task.max_tokens"] for c in data.configs.values() if c.get("task.max_tokens") is not None]
+    return max(limits) if limits else None
+
+
 def figures(
     data: StudyData, summary: pd.DataFrame, importances: pd.DataFrame
 ) -> dict[str, tuple[bytes, str]]:
@@ -154,6 +161,12 @@ def figures(
         plots.accuracy_by_length(data.per_length, order, train_max_len(data)),
         "Exact match against target length (test splits), mean over seeds with 95% CI, one point per seed; "
         "shaded: lengths longer than any training example.",
+    )
+    made["bleu_by_length"] = (
+        plots.bleu_by_length(data.translations, order, max_tokens(data)),
+        f"Corpus BLEU against source sentence length (buckets of {BLEU_BUCKET} tokens, test splits pooled; "
+        "Bahdanau et al. 2015, Fig. 2), mean over seeds with 95% CI, one point per seed; shaded: sources "
+        "longer than any training pair. The axis ends above the highest interval, not at 100.",
     )
     made["attention"] = (
         plots.attention_maps(attention_samples(data, summary)),
@@ -297,6 +310,7 @@ def build_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     data = collect(spec, storage, runs_root, artifact_location)
     summary = variant_summary(data)
+    variants = list(spec.variant_overrides())
     importances = importance_frame(data)
     figs = figures(data, summary, importances)
     context = {
@@ -313,6 +327,9 @@ def build_report(
         "repro": reproducibility(data, summary),
         "figures": {k: (base64.b64encode(png).decode(), caption) for k, (png, caption) in figs.items()},
         "validation_metric": validation_metric(spec.metric).name,
+        "paired": paired.paired_tests(data.translations, variants, spec.baseline_variant()),
+        "paired_resamples": paired.RESAMPLES,
+        "bleu_bucket": BLEU_BUCKET,
     }
     for name, (png, _) in figs.items():
         _atomic_write(out_dir / f"{name}.png", png)

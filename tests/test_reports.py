@@ -317,6 +317,58 @@ def test_report_of_a_tiny_real_study(tmp_path):
     assert len(rows) == 2 and all(float(row.split("|")[-2]) <= 1 for row in rows)  # a probe AER for both
 
 
+def test_report_of_a_tiny_text_study_draws_bleu_by_length_and_pairs_seeds(tmp_path):
+    spec = StudySpec.model_validate({
+        "name": "tiny-text", "seeds": [0, 1], "baseline": "bahdanau",
+        "base": {"task": {**TINY_TASK, "name": "synth_mt", "min_len": 5, "max_len": 6, "test_max_len": 8},
+                 "model": TINY_MODEL, "train": {**TINY_TRAIN, "max_steps": 2}},
+        "variants": {"bahdanau": {"preset": "lstm-bahdanau"}, "none": {"preset": "lstm"}},
+        "metric": {"name": "test/bleu"},
+    })  # fmt: skip
+    runs = tmp_path / "runs"
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    spec = prepare_study(spec, storage)
+    run_worker(spec, storage, runs, "disabled")
+    out = build_report(spec, storage, runs)
+    assert (out / "bleu_by_length.png").is_file()
+    md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
+    table = md[md.index("## BLEU, paired over test sentences") : md.index("## Figures")]
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| none |")]
+    assert [[cell.strip() for cell in row[1:3]] for row in rows] == [["test", "0, 1"], ["test_long", "0, 1"]]
+    assert all(len(row[-1].split(",")) == 2 for row in rows)  # a p-value per seed pair
+    assert "paired bootstrap resampling (Koehn 2004) with 1000 resamples" in md
+    assert 'id="paired-table"' in html and "Bahdanau et al. (2015, Fig. 2)" in html
+
+
+def test_bleu_by_length_draws_every_seed_inside_0_100():
+    from matplotlib.collections import PathCollection, PolyCollection
+
+    references = ["the cat sat on the mat today", "a dog ran in the park all day", "it is raining on us now"]
+    references *= 4
+    rng = np.random.default_rng(0)
+    rows = []
+    for trial, (variant, seed) in enumerate((v, s) for v in ("a", "b") for s in (0, 1, 2)):
+        for i, ref in enumerate(references):
+            words = ref.split()
+            kept = words if rng.random() < (0.9 if variant == "a" else 0.3) else words[: len(words) // 2]
+            split = "test" if i < 6 else "test_long"
+            rows.append({"trial": trial, "variant": variant, "seed": seed, "split": split, "src_len": 4 + 3 * i,
+                         "hyp": " ".join(kept), "ref": ref})  # fmt: skip
+    translations = pd.DataFrame(rows)
+    table = plots.length_bleu(translations)
+    assert sorted(table["length_min"].unique()) == [0, 10, 20, 30] and table["n"].sum() == 6 * 12
+    ax = plots.bleu_by_length(translations, ["a", "b"], max_tokens=15).axes[0]
+    bands = [c.get_paths()[0].vertices[:, 1] for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 2 and all(((b >= 0) & (b <= 100)).all() for b in bands)  # one a variant
+    assert len(ax.patches) == 1 and ax.patches[0].get_x() == 15.5  # shaded: sources beyond max_tokens
+    points = sum(len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection))
+    assert points == len(table)  # every seed's BLEU in every bucket
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] <= 100
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0-9", "10-19", "20-29", "30-39"]
+    assert plots.bleu_by_length(pd.DataFrame(), ["a"], None) is None
+    plots.plt.close("all")
+
+
 def test_figure_error_bars_are_the_table_cis():
     seeds = {"a": [0.8, 0.84, 0.9], "b": [0.5, 0.6], "c": [0.3]}
     df = pd.DataFrame([{"trial": 0, "variant": v, "seed": i, "state": "COMPLETE", "test/seq_acc": x}
