@@ -289,17 +289,22 @@ def test_summary_run_goes_to_the_study_group(synthetic, tmp_path):
     assert any(n.startswith("variants") and n.endswith(".table.json") for n in logged)
 
 
+def run_tiny_study(tmp_path: Path, tree: dict) -> tuple[StudySpec, object, Path]:
+    """The study `tree` describes, run to the end by one worker in this process: (spec, storage, runs)."""
+    runs = tmp_path / "runs"
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    spec = prepare_study(StudySpec.model_validate(tree), storage)
+    run_worker(spec, storage, runs, "disabled")
+    return spec, storage, runs
+
+
 def test_report_of_a_tiny_real_study(tmp_path):
-    spec = StudySpec.model_validate({
+    spec, storage, runs = run_tiny_study(tmp_path, {
         "name": "tiny-real", "seeds": [0],
         "base": {"task": {**TINY_TASK, "test_max_len": 7}, "model": TINY_MODEL, "train": {**TINY_TRAIN, "max_steps": 2}},
         "variants": {"bahdanau": {"preset": "lstm-bahdanau"}, "transformer": {"preset": "transformer"}},
         "metric": {"name": "test/tok_acc"},
     })  # fmt: skip
-    runs = tmp_path / "runs"
-    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
-    spec = prepare_study(spec, storage)
-    run_worker(spec, storage, runs, "disabled")
     # The trial folders go: the report reads the artifact store.
     for folder in (study_dir(spec.slug, runs) / "trials" / "eval").iterdir():
         for path in sorted(folder.rglob("*"), reverse=True):
@@ -318,17 +323,13 @@ def test_report_of_a_tiny_real_study(tmp_path):
 
 
 def test_report_of_a_tiny_text_study_draws_bleu_by_length_and_pairs_seeds(tmp_path):
-    spec = StudySpec.model_validate({
+    spec, storage, runs = run_tiny_study(tmp_path, {
         "name": "tiny-text", "seeds": [0, 1], "baseline": "bahdanau",
         "base": {"task": {**TINY_TASK, "name": "synth_mt", "min_len": 5, "max_len": 6, "test_max_len": 8},
                  "model": TINY_MODEL, "train": {**TINY_TRAIN, "max_steps": 2}},
         "variants": {"bahdanau": {"preset": "lstm-bahdanau"}, "none": {"preset": "lstm"}},
         "metric": {"name": "test/bleu"},
     })  # fmt: skip
-    runs = tmp_path / "runs"
-    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
-    spec = prepare_study(spec, storage)
-    run_worker(spec, storage, runs, "disabled")
     out = build_report(spec, storage, runs)
     assert (out / "bleu_by_length.png").is_file()
     md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
