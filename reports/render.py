@@ -27,6 +27,7 @@ from ablate.harness.metrics import BLEU_BUCKET
 from ablate.harness.provenance import environment
 from ablate.harness.study.queue import study_progress
 from ablate.harness.study.spec import StudySpec, short_name, tune_metric, validation_metric
+from ablate.harness.tasks import CORPUS_TASKS
 from ablate.reports import dashboard, paired, plots
 from ablate.reports.collect import StudyData, collect
 
@@ -118,15 +119,13 @@ def importance_frame(data: StudyData) -> pd.DataFrame:
 
 
 def train_max_len(data: StudyData) -> int | None:
-    """The longest training length of any trial: beyond it, accuracy by length is extrapolation."""
-    max_lens = [c["task.max_len"] for c in data.configs.values() if c.get("task.max_len") is not None]
+    """The longest training length of any trial: beyond it, accuracy and BLEU by length are extrapolation.
+    A corpus task's is task.max_tokens (longer test pairs form test_long), any other's task.max_len."""
+    def limit(config: dict[str, Any]) -> int | None:
+        return config.get("task.max_tokens" if config.get("task.name") in CORPUS_TASKS else "task.max_len")
+
+    max_lens = [limit(c) for c in data.configs.values() if limit(c) is not None]
     return max(max_lens) if max_lens else None
-
-
-def max_tokens(data: StudyData) -> int | None:
-    """The longest training pair of any corpus trial (task.max_tokens): longer test pairs are test_long."""
-    limits = [c["task.max_tokens"] for c in data.configs.values() if c.get("task.max_tokens") is not None]
-    return max(limits) if limits else None
 
 
 def figures(
@@ -163,7 +162,7 @@ def figures(
         "shaded: lengths longer than any training example.",
     )
     made["bleu_by_length"] = (
-        plots.bleu_by_length(data.translations, order, max_tokens(data)),
+        plots.bleu_by_length(data.translations, order, train_max_len(data)),
         f"Corpus BLEU against source sentence length (buckets of {BLEU_BUCKET} tokens, test splits pooled; "
         "Bahdanau et al. 2015, Fig. 2), mean over seeds with 95% CI, one point per seed; shaded: sources "
         "longer than any training pair. The axis ends above the highest interval, not at 100.",

@@ -29,6 +29,7 @@ from ablate.reports.render import (
     importance_evaluator,
     importance_frame,
     log_summary_run,
+    train_max_len,
     variant_summary,
 )
 
@@ -368,6 +369,16 @@ def test_bleu_by_length_draws_every_seed_inside_0_100():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0-9", "10-19", "20-29", "30-39"]
     assert plots.bleu_by_length(pd.DataFrame(), ["a"], None) is None
     plots.plt.close("all")
+
+
+def test_the_shaded_lengths_start_past_max_len_or_a_corpus_max_tokens():
+    def study(*configs):
+        return SimpleNamespace(configs=dict(enumerate(configs)))
+
+    assert train_max_len(study({"task.name": "reverse", "task.max_len": 5}, {"task.max_len": 8})) == 8
+    # A corpus task trains on pairs of up to task.max_tokens; its task.max_len is an unused default.
+    assert train_max_len(study({"task.name": "bible", "task.max_len": 10, "task.max_tokens": 24})) == 24
+    assert train_max_len(study({"task.name": "parallel", "task.max_len": 10, "task.max_tokens": None})) is None
 
 
 def test_figure_error_bars_are_the_table_cis():
