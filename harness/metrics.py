@@ -87,24 +87,45 @@ def chrf(hypotheses: list[str], references: list[str]) -> TextScore:
     return _corpus_score(sacrebleu.CHRF(), hypotheses, references)
 
 
-# Source lengths (tokens) per bucket of BLEU by sentence length: corpus BLEU needs some sentences a bucket.
+# BLEU by sentence length: source lengths (tokens) a bucket, and the fewest sentences a bucket keeps (corpus
+# BLEU of two sentences says next to nothing); a sparser bucket joins its neighbour.
 BLEU_BUCKET = 10
+BLEU_BUCKET_SENTENCES = 20
+
+
+def length_buckets(
+    lengths: Sequence[int], width: int = BLEU_BUCKET, min_sentences: int = 1
+) -> list[tuple[int, int]]:
+    """(first, last) length of each bucket, shortest first: `width` lengths a bucket, empty ones left out,
+    then, while some bucket holds fewer than `min_sentences` of `lengths`, the sparsest joins its sparser
+    neighbour (an end bucket its only one), so the sparse tails of a length distribution pool into wider
+    buckets."""
+    counts: dict[int, int] = defaultdict(int)
+    for length in lengths:
+        counts[length // width] += 1
+    buckets = [[b * width, (b + 1) * width - 1, n] for b, n in sorted(counts.items())]
+    while len(buckets) > 1 and min(n for *_, n in buckets) < min_sentences:
+        i = min(range(len(buckets)), key=lambda k: buckets[k][2])
+        neighbours = [k for k in (i - 1, i + 1) if 0 <= k < len(buckets)]
+        j = min(neighbours, key=lambda k: buckets[k][2])
+        lo, hi = sorted((i, j))
+        buckets[lo : hi + 1] = [[buckets[lo][0], buckets[hi][1], buckets[lo][2] + buckets[hi][2]]]
+    return [(first, last) for first, last, _ in buckets]
 
 
 def bleu_by_length(
-    hypotheses: list[str], references: list[str], lengths: Sequence[int], bucket_width: int = BLEU_BUCKET
+    hypotheses: list[str], references: list[str], lengths: Sequence[int], buckets: Sequence[tuple[int, int]]
 ) -> list[dict[str, Any]]:
-    """Rows of {length_min, length_max, n, bleu} per bucket of `lengths` (the source's, as Bahdanau et al.
-    2015 Fig. 2 plots BLEU), shortest first, only buckets that hold sentences: corpus BLEU of each
-    bucket's sentences, scored as `bleu` scores them."""
-    buckets: dict[int, list[int]] = defaultdict(list)
-    for i, length in enumerate(lengths):
-        buckets[length // bucket_width].append(i)
-    return [
-        {"length_min": b * bucket_width, "length_max": (b + 1) * bucket_width - 1, "n": len(members),
-         "bleu": bleu([hypotheses[i] for i in members], [references[i] for i in members]).value}
-        for b, members in sorted(buckets.items())
-    ]  # fmt: skip
+    """Rows of {length_min, length_max, n, bleu} per bucket (first, last) of `lengths` (the source's, as
+    Bahdanau et al. 2015 Fig. 2 plots BLEU) that holds sentences: corpus BLEU of the bucket's sentences,
+    scored as `bleu` scores them."""
+    rows = []
+    for first, last in buckets:
+        members = [i for i, length in enumerate(lengths) if first <= length <= last]
+        if members:
+            score = bleu([hypotheses[i] for i in members], [references[i] for i in members]).value
+            rows.append({"length_min": first, "length_max": last, "n": len(members), "bleu": score})
+    return rows
 
 
 def translations(split: str, rows: Sequence[Row], data: TaskData) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ import seaborn as sns  # noqa: E402
 from ablate.analysis.stats import MetricRange, examples, mean_ci, metric_range, pareto_front  # noqa: E402
 from ablate.harness.artifacts import AttentionSample  # noqa: E402
 from ablate.harness.attention_maps import cross_attention, draw, probe_aer  # noqa: E402
-from ablate.harness.metrics import BLEU_BUCKET  # noqa: E402
+from ablate.harness.metrics import BLEU_BUCKET, BLEU_BUCKET_SENTENCES, length_buckets  # noqa: E402
 from ablate.harness.metrics import bleu_by_length as bucket_bleu  # noqa: E402
 
 # Variant names are user text: never parse them as mathtext.
@@ -160,16 +160,21 @@ def accuracy_by_length(
     return fig
 
 
-def length_bleu(translations: pd.DataFrame, bucket_width: int = BLEU_BUCKET) -> pd.DataFrame | None:
+def length_bleu(translations: pd.DataFrame) -> pd.DataFrame | None:
     """Corpus BLEU per trial and bucket of source lengths, every test split's sentences pooled
     (harness.metrics.bleu_by_length): columns trial, variant, seed, length_min, length_max, length (the
-    bucket's centre), n, bleu; None without translations."""
+    bucket's centre), n, bleu; None without translations. Every trial has the same buckets, of BLEU_BUCKET
+    lengths with at least BLEU_BUCKET_SENTENCES sentences a trial on average (harness.metrics.length_buckets
+    on all trials' sentences)."""
     if translations.empty:
         return None
+    groups = translations.groupby(["trial", "variant", "seed"], sort=False)
+    least = BLEU_BUCKET_SENTENCES * len(groups)
+    buckets = length_buckets(translations["src_len"].tolist(), BLEU_BUCKET, least)
     rows = [
         {"trial": trial, "variant": variant, "seed": seed, **row}
-        for (trial, variant, seed), own in translations.groupby(["trial", "variant", "seed"], sort=False)
-        for row in bucket_bleu(list(own["hyp"]), list(own["ref"]), list(own["src_len"]), bucket_width)
+        for (trial, variant, seed), own in groups
+        for row in bucket_bleu(list(own["hyp"]), list(own["ref"]), list(own["src_len"]), buckets)
     ]
     table = pd.DataFrame(rows)
     return table.assign(length=(table["length_min"] + table["length_max"]) / 2)

@@ -23,7 +23,7 @@ from jinja2 import Environment, PackageLoader
 
 from ablate.analysis import claims, stats
 from ablate.harness import artifacts, attention_maps, tracking
-from ablate.harness.metrics import BLEU_BUCKET
+from ablate.harness.metrics import BLEU_BUCKET, BLEU_BUCKET_SENTENCES
 from ablate.harness.provenance import environment
 from ablate.harness.study.queue import study_progress
 from ablate.harness.study.spec import StudySpec, short_name, tune_metric, validation_metric
@@ -163,9 +163,10 @@ def figures(
     )
     made["bleu_by_length"] = (
         plots.bleu_by_length(data.translations, order, train_max_len(data)),
-        f"Corpus BLEU against source sentence length (buckets of {BLEU_BUCKET} tokens, test splits pooled; "
-        "Bahdanau et al. 2015, Fig. 2), mean over seeds with 95% CI, one point per seed; shaded: sources "
-        "longer than any training pair. The axis ends above the highest interval, not at 100.",
+        f"Corpus BLEU against source sentence length (buckets of {BLEU_BUCKET} tokens, a sparser tail pooled "
+        f"until a bucket holds {BLEU_BUCKET_SENTENCES} sentences a trial; test splits pooled; Bahdanau et al. "
+        "2015, Fig. 2), mean over seeds with 95% CI, one point per seed; shaded: sources longer than any "
+        "training pair. The axis ends above the highest interval, not at 100.",
     )
     made["attention"] = (
         plots.attention_maps(attention_samples(data, summary)),
@@ -329,6 +330,7 @@ def build_report(
         "paired": paired.paired_tests(data.translations, variants, spec.baseline_variant()),
         "paired_resamples": paired.RESAMPLES,
         "bleu_bucket": BLEU_BUCKET,
+        "bleu_bucket_sentences": BLEU_BUCKET_SENTENCES,
     }
     for name, (png, _) in figs.items():
         _atomic_write(out_dir / f"{name}.png", png)

@@ -16,6 +16,7 @@ from ablate.harness.metrics import (
     bleu_by_length,
     chrf,
     exact_match,
+    length_buckets,
     length_table,
     produced_metrics,
     text_metrics,
@@ -175,7 +176,7 @@ def test_bleu_by_length_is_sacrebleus_corpus_bleu_of_each_bucket():
     references = ["the cat sat on a mat", "a dog ran in the park", "it is raining", "we sat on the mat",
                   "the old man and the sea went out", "birds sing in the early morning light"]  # fmt: skip
     lengths = [6, 12, 2, 5, 14, 9]  # source lengths: buckets 0-4 (one), 5-9 (three), 10-14 (two)
-    rows = bleu_by_length(hypotheses, references, lengths, bucket_width=5)
+    rows = bleu_by_length(hypotheses, references, lengths, [(0, 4), (5, 9), (10, 14), (15, 19)])
     by_hand = {0: [2], 5: [0, 3, 5], 10: [1, 4]}
     assert [(r["length_min"], r["length_max"], r["n"]) for r in rows] == [(0, 4, 1), (5, 9, 3), (10, 14, 2)]
     for row in rows:
@@ -186,6 +187,16 @@ def test_bleu_by_length_is_sacrebleus_corpus_bleu_of_each_bucket():
     assert 0 < rows[1]["bleu"] < 100 and rows[0]["bleu"] == 0.0  # "it rains" shares no 4-gram, nor bigram
     # Corpus BLEU is no average of its buckets', so the rows do not give the whole test set's BLEU back.
     assert bleu(hypotheses, references).value != pytest.approx(np.mean([r["bleu"] for r in rows]))
+
+
+def test_length_buckets_pool_sparse_tails_into_wider_buckets():
+    lengths = [3] * 2 + [12] * 30 + [25] * 40 + [31] * 5 + [47] * 6 + [95]
+    assert length_buckets(lengths) == [(0, 9), (10, 19), (20, 29), (30, 39), (40, 49), (90, 99)]
+    # Fewer than 10 a bucket: 0-9 joins 10-19; 90-99 (1) joins 40-49 (6), which is still short of 10 and
+    # joins 30-39 (5): the sparsest always joins its sparser neighbour.
+    assert length_buckets(lengths, min_sentences=10) == [(0, 19), (20, 29), (30, 99)]
+    assert length_buckets(lengths, width=50, min_sentences=10) == [(0, 99)]
+    assert length_buckets([7, 8], min_sentences=10) == [(0, 9)]  # one bucket stays, however small
 
 
 def test_translations_keep_source_lengths_beside_the_scored_texts():

@@ -346,19 +346,20 @@ def test_bleu_by_length_draws_every_seed_inside_0_100():
     from matplotlib.collections import PathCollection, PolyCollection
 
     references = ["the cat sat on the mat today", "a dog ran in the park all day", "it is raining on us now"]
-    references *= 4
+    references *= 27  # 81 sentences a trial: 20 of each length 5, 15, 25, 35, and one of length 95
     rng = np.random.default_rng(0)
     rows = []
     for trial, (variant, seed) in enumerate((v, s) for v in ("a", "b") for s in (0, 1, 2)):
         for i, ref in enumerate(references):
             words = ref.split()
             kept = words if rng.random() < (0.9 if variant == "a" else 0.3) else words[: len(words) // 2]
-            split = "test" if i < 6 else "test_long"
-            rows.append({"trial": trial, "variant": variant, "seed": seed, "split": split, "src_len": 4 + 3 * i,
-                         "hyp": " ".join(kept), "ref": ref})  # fmt: skip
+            length = 95 if i == 80 else 5 + 10 * (i % 4)
+            rows.append({"trial": trial, "variant": variant, "seed": seed, "split": "test" if length < 20 else
+                         "test_long", "src_len": length, "hyp": " ".join(kept), "ref": ref})  # fmt: skip
     translations = pd.DataFrame(rows)
     table = plots.length_bleu(translations)
-    assert sorted(table["length_min"].unique()) == [0, 10, 20, 30] and table["n"].sum() == 6 * 12
+    # The lone sentence of length 95 joins the 30-39 bucket: no bucket rests on fewer than 20 sentences.
+    assert sorted(table["length_min"].unique()) == [0, 10, 20, 30] and table["n"].sum() == 6 * 81
     ax = plots.bleu_by_length(translations, ["a", "b"], max_tokens=15).axes[0]
     bands = [c.get_paths()[0].vertices[:, 1] for c in ax.collections if isinstance(c, PolyCollection)]
     assert len(bands) == 2 and all(((b >= 0) & (b <= 100)).all() for b in bands)  # one a variant
@@ -366,7 +367,7 @@ def test_bleu_by_length_draws_every_seed_inside_0_100():
     points = sum(len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection))
     assert points == len(table)  # every seed's BLEU in every bucket
     assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] <= 100
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["0-9", "10-19", "20-29", "30-39"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0-9", "10-19", "20-29", "30-99"]
     assert plots.bleu_by_length(pd.DataFrame(), ["a"], None) is None
     plots.plt.close("all")
 
