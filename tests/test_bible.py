@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from conftest import ablate
 from sword_fixture import DEBIAN_MODULES, debian_bibles_missing, write_module
 
 from ablate.harness.errors import ConfigError
@@ -185,3 +186,25 @@ def test_debians_web_and_rv1909_give_thirty_thousand_clean_verse_pairs():
     )
     assert 0.04 < len(corpus["test"]) / pairs < 0.06 and 0.04 < len(corpus["valid"]) / pairs < 0.06
     assert not any("<" in text or "strong:" in text for pair in corpus["test"] for text in pair)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(debian_bibles_missing() is not None, reason=str(debian_bibles_missing()))
+def test_the_bundled_study_sweeps_and_reports_bleu_by_length_with_paired_tests(tmp_path):
+    """`ablate sweep bible` as a user runs it, shrunk with --set to a minute or two on 2 cores."""
+    shrink = ["train.max_steps=20", "train.val_every=10", "model.d_model=32", "task.max_examples=500",
+              "task.n_valid=60", "task.n_test=120"]  # fmt: skip
+    result = ablate("sweep", "bible", "--out", str(tmp_path), "--wandb", "disabled", "--workers", "2",
+                    *(arg for pair in (("--set", s) for s in shrink) for arg in pair))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = tmp_path / "bible" / "report"
+    assert (report / "bleu_by_length.png").is_file()
+    md = (report / "report.md").read_text()
+    assert "Corpus BLEU against source sentence length" in md
+    paired = [line for line in md.splitlines() if line.startswith("| lstm |")]
+    assert [line.split("|")[2:4] for line in paired] == [
+        [" test ", " 0, 1, 2 "],
+        [" test_long ", " 0, 1, 2 "],
+    ]
+    claims = md[md.index("## Claims") : md.index("## BLEU, paired")]
+    assert claims.count("Bahdanau et al. 2015, Sec. 5.1") == 2
