@@ -1,5 +1,9 @@
 """attention-ablate: ablation studies of attention models, swept with Optuna and reported with statistics.
 
+The Python API (ablate/api.py): `load_study(...)` -> Study (`.run()`, `.results()`, `.claims()`,
+`.report()`, `.report_path`), and `train(config)` -> metrics; ConfigError for bad input, RunFailed for a
+fault during a run.
+
 The repository's folders models/, harness/, reports/, ablations/ and bench/ install as ablate.models,
 ablate.harness, ablate.reports, ablate.ablations and ablate.bench (pyproject.toml maps them)."""
 
@@ -10,3 +14,20 @@ from pathlib import Path
 _checkout = Path(__file__).resolve().parent.parent
 if (_checkout / "pyproject.toml").is_file() and (_checkout / "harness" / "trial.py").is_file():
     __path__.append(str(_checkout))
+
+API = ("load_study", "Study", "train")
+ERRORS = ("ConfigError", "RunFailed")
+__all__ = [*API, *ERRORS]
+
+
+def __getattr__(name: str):
+    """The API on first use: `import ablate` stays light (no torch, no Optuna)."""
+    if name in API:
+        from ablate import api
+
+        return getattr(api, name)
+    if name in ERRORS:
+        from ablate.harness import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'ablate' has no attribute {name!r}")

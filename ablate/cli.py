@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ablate.harness.errors import ConfigError
+from ablate.sweep import check_artifacts, is_study_file, stored_study, study_name
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 console = Console(stderr=True)
@@ -73,11 +74,8 @@ def train(
     as_json: Annotated[bool, typer.Option("--json", help="Print final metrics as one JSON line.")] = False,
 ) -> None:
     """Train and evaluate one configuration, logged to W&B as one sweep trial is."""
-    import os
-
-    from ablate.harness import tracking
     from ablate.harness.config import load_config, parse_override
-    from ablate.harness.study.validate import raise_problems, run_problems
+    from ablate.training import train_config
 
     configs = [a for a in args or [] if "=" not in a]
     overrides = [*(sets or []), *(a for a in args or [] if "=" in a)]
@@ -86,19 +84,12 @@ def train(
             raise ConfigError(
                 f"train: one config file at most (got {', '.join(configs)}); overrides are key=value"
             )
-        cfg = load_config(configs[0] if configs else None, preset, overrides)
-        # A W&B sweep agent (which sets WANDB_SWEEP_ID) runs `ablate train key=value ...` and expects a run.
-        requested = wandb if wandb or os.environ.get("WANDB_SWEEP_ID") else "disabled"
-        raise_problems("", [], run_problems(out=out, wandb=requested))
-        mode = wandb_mode(requested)
-        from ablate.harness.trial import run_trial
-
-        label = preset or (Path(configs[0]).stem if configs else cfg.model.arch)
-        with tracking.wandb_logger(
-            mode, (out or Path("runs") / "train").resolve(), group=label, name=f"{label}-seed{cfg.seed}", job_type="train",
-            tags=tracking.run_tags(dict(parse_override(s) for s in overrides)), config=cfg.flat(),
-        ) as logger:  # fmt: skip
-            result = run_trial(cfg, out_dir=out, loggers=[logger] if logger else None, progress=not as_json)
+        config_file = configs[0] if configs else None
+        cfg = load_config(config_file, preset, overrides)
+        result = train_config(
+            cfg, config_file=config_file, preset=preset, overrides=dict(parse_override(s) for s in overrides),
+            out=out, wandb=wandb, progress=not as_json,
+        )  # fmt: skip
     except ConfigError as e:
         raise fail(str(e)) from None
     summary = result.summary()
@@ -152,134 +143,25 @@ def sweep(
     """Tune (if the study says so) and run every variant x seed of a study, then write its report.
 
     Resumes what the storage holds: finished trials are kept, interrupted ones run again."""
-    from ablate.harness.artifacts import default_storage_url
+    from ablate.harness import signals
     from ablate.harness.config import parse_override
-    from ablate.harness.study.queue import prepare_study
-    from ablate.harness.study.storage import masked_url, open_storage
-    from ablate.harness.study.validate import (
-        MAX_TRIALS,
-        load_study,
-        run_problems,
-        seed_count,
-        trial_count,
-        variant_count,
-    )
+    from ablate.sweep import SweepOptions
+    from ablate.sweep import sweep as run_sweep
 
+    options = SweepOptions(
+        storage=storage, out=out, workers=workers, devices=devices, per_device=per_device, wandb=wandb,
+        artifacts=artifacts, allow_large=allow_large, report=not no_report,
+    )  # fmt: skip
     try:
-        if workers and devices:
-            raise ConfigError(
-                "--workers: give either --workers (CPU processes) or --devices (GPUs), not both"
-            )
-        check_artifacts(artifacts)
         # --set changes the study's fixed keys for every trial (e.g. train.max_steps=50).
         overrides = dict(parse_override(s) for s in sets or [])
-        problems = run_problems(out, storage, devices, wandb)
-        spec = load_study(study, profile, overrides, None if allow_large else MAX_TRIALS, problems)
-        seeds = f"{spec.adaptive.min}-{spec.adaptive.max} adaptive" if spec.adaptive else seed_count(spec)
-        # The size before anything is created; on stdout, so stderr stays one line if opening fails next.
-        Console().print(f"[bold]{spec.name}[/]: {variant_count(spec)} variants x {seeds} seeds"
-                        f"{f', {spec.tune.trials} tune trials per variant' if spec.tune else ''}: "
-                        f"{trial_count(spec):,} trials{' at most' if spec.adaptive else ''}")  # fmt: skip
-        gpus = [d.strip() for d in devices.split(",")] if devices else None
-        mode = wandb_mode(wandb)
-        url = storage or default_storage_url(spec.slug, out)
-        store = open_storage(url, heartbeat=spec.heartbeat)
-        stored = prepare_study(spec, store)
-        if stored != spec:
-            changed = ", ".join(k for k in type(spec).model_fields if getattr(stored, k) != getattr(spec, k))
-            raise ConfigError(
-                f"{study}: {masked_url(url)} already holds study {spec.name!r} with a different {changed}; "
-                "rename the study or give another --out / --storage"
-            )
+        run_sweep(study, profile, overrides, options, console, stop_on_signals=True)
     except ConfigError as e:
         raise fail(str(e)) from None
-    from ablate.harness import signals
-    from ablate.harness.workers import (  # Lightning: seconds to import, so after the checks
-        NO_SPACE_EXIT,
-        forward_signal,
-        spawn_workers,
-        worker_slots,
-    )
-
-    slots = worker_slots(workers, gpus, per_device)
-    console.print(f"{len(slots)} worker(s), storage {masked_url(url)}, W&B {mode}")
-    procs = spawn_workers(spec.name, url, out, mode, slots, artifacts)
-    signals.install(then=lambda signum: forward_signal(procs, signum))
-    watch_workers(spec, store, procs)
     if signals.received():
         typer.echo(f"{signals.received().name}: workers checkpointed their trials and stopped; "
                    "the same command resumes them", err=True)  # fmt: skip
         raise typer.Exit(code=signals.exit_code(signals.received()))
-    if NO_SPACE_EXIT in [p.returncode for p in procs]:
-        typer.echo(f"error: --out: no space left on device under {out}; free some, then run the same command",
-                   err=True)  # fmt: skip
-        raise typer.Exit(code=1)
-    crashed = [p.returncode for p in procs if p.returncode != 0]
-    if crashed:
-        console.print(f"[red]{len(crashed)} worker(s) exited with an error (codes {crashed})[/]")
-    if not no_report:
-        from ablate.reports.render import build_report
-
-        out_dir = build_report(spec, store, out, wandb_mode=mode, artifact_location=artifacts)
-        console.print(f"report: {out_dir / 'report.html'}")
-    if crashed:
-        raise typer.Exit(code=1)
-
-
-def check_artifacts(location: str | None) -> None:
-    """--artifacts: an s3:// URL with a bucket, and boto3 to reach it."""
-    from ablate.harness.artifacts import parse_s3_url
-
-    if location is None:
-        return
-    try:
-        parse_s3_url(location)
-    except ValueError as e:
-        raise ConfigError(f"--artifacts: {e}") from None
-    try:
-        import boto3  # noqa: F401
-    except ImportError:
-        raise ConfigError("--artifacts: S3 needs boto3 (pip install 'ablate[s3]')") from None
-
-
-def watch_workers(spec, store, procs) -> None:
-    """A progress bar per phase until every worker has exited, or for at most 25 s after a stop signal."""
-    import time
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from ablate.harness import signals
-    from ablate.harness.study.queue import study_progress, time_left_s
-    from ablate.harness.workers import stop_workers
-
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[left]}")]  # fmt: skip
-    try:
-        with Progress(*columns, console=console) as progress:
-            tasks = {}
-            while True:
-                rows = study_progress(spec, store)
-                left = time_left_s(rows, len(procs))
-                fields = {"left": f"~{left / 60:.1f} min left" if left is not None else ""}
-                counts = {
-                    "eval": (sum(r.done + r.failed + r.pruned for r in rows), sum(r.total for r in rows))
-                }
-                if spec.tune:
-                    counts = {
-                        "tune": (sum(r.tune_done for r in rows), sum(r.tune_total for r in rows)),
-                        **counts,
-                    }
-                for phase, (done, total) in counts.items():
-                    if phase not in tasks:
-                        tasks[phase] = progress.add_task(phase, total=total, left="")
-                    progress.update(tasks[phase], completed=done, total=total, **fields)
-                if all(p.poll() is not None for p in procs):
-                    return
-                if signals.received():
-                    break
-                time.sleep(2)
-    finally:
-        stop_workers(procs)
 
 
 @app.command()
@@ -309,7 +191,7 @@ def worker(
     try:
         check_artifacts(artifacts)
         problems = run_problems(out, storage, None, wandb)
-        if _is_study_file(study):
+        if is_study_file(study):
             spec = load_study(study, also=problems)
             store = open_storage(storage or default_storage_url(spec.slug, out))
             spec = prepare_study(spec, store)  # the stored spec, when the study was already there
@@ -317,7 +199,7 @@ def worker(
             raise_problems("", [], problems)
     except ConfigError as e:
         raise fail(str(e)) from None
-    if not _is_study_file(study):
+    if not is_study_file(study):
         spec, store = _stored_study("worker", study, storage, out)
     try:
         mode = wandb_mode(wandb)
@@ -432,7 +314,7 @@ def dashboard(
                         f"dashboard: name a study or give --storage (studies in {out}: {where})"
                     )
                 study = found[0].parent.name
-            storage = default_storage_url(slugify(_study_name(study)), out)
+            storage = default_storage_url(slugify(study_name(study)), out)
         if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
             raise ConfigError(f"storage {masked_url(storage)}: no such database")
         check_artifacts(artifacts)
@@ -441,7 +323,7 @@ def dashboard(
     except ConfigError as e:
         raise fail(str(e)) from None
     # The trials' files: the study's artifact store (its folder's, or under the bucket by study name).
-    slug = slugify(_study_name(study)) if study is not None else None
+    slug = slugify(study_name(study)) if study is not None else None
     if dry_run:
         files = "none" if slug is None else artifact_location(slug, out, artifacts)
         print(f"optuna-dashboard on http://{host}:{port}: storage {masked_url(storage)}, artifacts {files}")
@@ -464,18 +346,8 @@ def dashboard(
 
 def _stored_study(command: str, study: str, storage: str | None, out: Path):
     """The spec and storage of a study that exists in the storage; exit 2 otherwise."""
-    from ablate.harness.artifacts import default_storage_url, slugify
-    from ablate.harness.study.queue import load_spec_from_storage, stored_study_names
-    from ablate.harness.study.storage import masked_url, open_storage
-
     try:
-        name = _study_name(study)
-        url = storage or default_storage_url(slugify(name), out)
-        store = open_storage(url, create_dir=False)
-        if name not in stored_study_names(store):
-            known = ", ".join(stored_study_names(store)) or "none"
-            raise ConfigError(f"{command}: no study {name!r} in {masked_url(url)} (studies there: {known})")
-        return load_spec_from_storage(store, name), store
+        return stored_study(command, study, storage, out)
     except ConfigError as e:
         raise fail(str(e)) from None
 
@@ -503,19 +375,6 @@ def report(
 
     out_dir = build_report(spec, store, out, report_dir, artifact_location=artifacts)
     console.print(f"report built in {time.perf_counter() - start:.1f} s: {out_dir / 'report.html'}")
-
-
-def _is_study_file(study: str) -> bool:
-    return study.endswith((".yaml", ".yml")) or Path(study).is_file()
-
-
-def _study_name(study: str) -> str:
-    """A study given by name, or by its file (whose `name` is read)."""
-    if _is_study_file(study):
-        from ablate.harness.study.validate import load_study
-
-        return load_study(study).name
-    return study
 
 
 @app.command()
@@ -589,9 +448,21 @@ def options(
     debug: Annotated[
         bool, typer.Option("--debug", help="Show the traceback behind an error (also: ABLATE_DEBUG=1).")
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", help="Show what Optuna, Lightning and W&B log and warn (also: ABLATE_VERBOSE=1)."
+        ),
+    ] = False,
 ) -> None:
+    from ablate.harness import chatter
+
+    # The worker processes a sweep starts inherit both.
     if debug:
-        os.environ["ABLATE_DEBUG"] = "1"  # the worker processes a sweep starts inherit it
+        os.environ["ABLATE_DEBUG"] = "1"
+    if verbose:
+        os.environ[chatter.VERBOSE_ENV] = "1"
+    chatter.quiet_libraries()
 
 
 # errno values that are a fault of the machine during the run, not of what the user gave: exit 1, not 2
@@ -606,6 +477,12 @@ def error_line(e: BaseException) -> tuple[int, str] | None:
         return 2, str(e)
     if isinstance(e, RunFailed):
         return 1, str(e)
+    torch = sys.modules.get("torch")  # without torch loaded, nothing ran out of device memory
+    if torch is not None and isinstance(e, torch.cuda.OutOfMemoryError):
+        # The allocator's first sentences (what it tried to allocate, what was free); the rest is advice on
+        # its settings, over several lines.
+        sentences = " ".join(str(e).split()).split(". ")
+        return 1, ". ".join(sentences[:3]).rstrip(".") + "; a smaller train.batch_size needs less"
     if isinstance(e, OSError):
         from ablate.harness.study.validate import os_reason
 

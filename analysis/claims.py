@@ -13,6 +13,13 @@ The 95% CI is stats.diff_ci's: every variant's seeds are independent runs, each 
 respects the metric's range, and MOVER adds them up, so the CI of a difference of accuracies stays
 within [-1, 1].
 
+Scale. Losses and perplexities (RATIO_METRICS) are judged on the log scale: every seed's value enters as
+its log, so d = log(compare / to) of the sides' geometric means, its CI is the t-interval of logs (as
+stats gives losses theirs), and a margin m is a ratio: the smallest effect that counts is one side 1 + m
+times the other, d beyond ±log(1 + m). A loss of 0.002 against 0.056 is then the factor 28 it is, not
+0.054 of a nat that no margin fixed in nats could foresee. Every other metric is judged on its own scale,
+d = compare - to, with a margin in its units.
+
 Verdict, with d = compare - to, CI [lo, hi] and margin m >= 0 (the smallest effect that counts):
   expect lower:   reproduced if hi < -m; contradicted if lo > -m; inconclusive otherwise.
   expect higher:  reproduced if lo > m;  contradicted if hi < m;  inconclusive otherwise.
@@ -20,7 +27,11 @@ Verdict, with d = compare - to, CI [lo, hi] and margin m >= 0 (the smallest effe
                   inconclusive otherwise.
 So a claim is reproduced only when the whole CI clears the margin in the claimed direction, and
 contradicted when the whole CI lies on the other side of it (the data rule out an effect that large).
-A side with fewer than two seeds has no CI, so its claim is inconclusive.
+A side with fewer than two seeds has no CI, so its claim is inconclusive; on exact match (`seq_acc`) a
+side needs three (MIN_SEEDS_EXACT): a model either learns a task's rule or does not, so exact match splits
+between seeds (0.24 in one, 0.98 in the next), and two seeds that happen to agree give a spread, and an
+interval, that says nothing of that split. Pending instead of inconclusive while trials of the claim are still
+queued or running.
 
 Looks. With adaptive seeds (`seeds: {min, max, step}`) a claim is judged at up to K looks, after min,
 min + step, ..., max seeds per variant; the first look whose verdict is not inconclusive (reproduced,
@@ -47,6 +58,9 @@ difference of differences can take: ±2 (high - low) for a metric in [low, high]
 verdict rule is the one above.
 
 Uninformative. Some outcomes say nothing about the claim, whatever the CI:
+  unattainable margin: on a metric in [low, high], a `lower` claim whose `to` side's mean lies within
+    the margin of `low` (no compare side could lie m below it), or a `higher` one within m of `high`,
+    unless the CI lies wholly on the other side of 0 (then the claim is contradicted, margin or not);
   ceiling / floor: a `similar` claim whose two sides both have means within the margin of the metric's
     upper (lower) bound (stats.metric_range): they are similar because neither can move;
   cannot learn: with `chance` given, a side whose 95% CI of the mean lies wholly on the chance side of it
@@ -63,22 +77,51 @@ import pandas as pd
 
 from ablate.analysis.stats import (
     LEVEL,
+    UNBOUNDED,
     diff_ci,
     examples,
     mean_ci,
     metric_range,
     seed_values,
     t_quantile,
-    variant_values,
 )
 from ablate.harness.study.spec import ClaimSpec, StudySpec, Value, variant_settings
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+# Too few completed seeds on a side while trials of the claim are still queued or running: not judged yet.
+PENDING = "pending"
 CEILING, FLOOR, UNLEARNT = "uninformative (ceiling)", "uninformative (floor)", "uninformative (cannot learn)"
+UNATTAINABLE = "uninformative (margin unattainable)"
 MIN_SEEDS = 2
+MIN_SEEDS_EXACT = 3  # exact match: see the module docstring
+EXACT_MATCH = ("seq_acc",)
+RATIO_METRICS = ("loss", "ppl")  # judged on the log scale, margins as ratios (module docstring)
 MAX_PROJECTED_SEEDS = 1000  # seeds_to_decide looks no further
 FINISHED = ("COMPLETE", "FAIL", "PRUNED")  # trial states that will not change
 LOWER_IS_BETTER = ("loss", "ppl", "aer")  # metric names (after the split) where a better model scores less
+
+
+def on_ratio_scale(metric: str) -> bool:
+    return metric.rsplit("/", 1)[-1] in RATIO_METRICS
+
+
+def min_seeds(metric: str) -> int:
+    """The seeds a side needs for a verdict on `metric` (module docstring)."""
+    return MIN_SEEDS_EXACT if metric.rsplit("/", 1)[-1] in EXACT_MATCH else MIN_SEEDS
+
+
+def threshold(claim: ClaimSpec, metric: str) -> float:
+    """The margin on the scale Δ is measured on: log(1 + m) for a ratio, m otherwise."""
+    m = abs(claim.margin)
+    return math.log1p(m) if on_ratio_scale(metric) else m
+
+
+def on_scale(values: dict[str, pd.Series], metric: str) -> dict[str, pd.Series]:
+    """Each variant's values on the scale its claims judge them: logs for a ratio metric (a value of 0 or
+    less has no log: NaN, and the claim stays inconclusive)."""
+    if not on_ratio_scale(metric):
+        return values
+    return {v: np.log(s.where(s > 0)) for v, s in values.items()}
 
 
 @dataclass
@@ -136,7 +179,7 @@ def seeds_to_decide(r: ClaimResult) -> int | None:
     values a side (seeds times the variants a side pools). None when no k up to MAX_PROJECTED_SEEDS would
     (Δ on, or too near, the margin)."""
     k, half = max(r.seeds, min(r.n_compare, r.n_to)), (r.ci_high - r.ci_low) / 2
-    m = r.claim.margin
+    m = threshold(r.claim, r.metric)
     edge = {"lower": -m, "higher": m}.get(r.claim.expect)
     # Distance from Δ to the nearest edge its CI must clear (for "similar": to ±m from inside or outside).
     distance = abs(r.diff - edge) if edge is not None else abs(m - abs(r.diff))
@@ -203,8 +246,9 @@ def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float =
         side = "compare" if not compare else "to"
         result.reason = f"no variant matches {side}: {getattr(claim, side)}"
         return result
-    values = variant_values(df, metric)
-    empty = np.array([])
+    raw = seed_values(df, metric)
+    values = {v: x.to_numpy() for v, x in on_scale(raw, metric).items()}
+    ratio, empty = on_ratio_scale(metric), np.array([])
     pairs = _pairs(overrides, compare, to, claim)
     result.paired = pairs is not None and len(pairs) > 1
     if pairs is not None:
@@ -213,19 +257,24 @@ def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float =
         groups = [tuple(np.concatenate([values.get(v, empty) for v in side]) for side in (compare, to))]
     pooled_c, pooled_t = (np.concatenate([g[i] for g in groups]) for i in (0, 1))
     result.n_compare, result.n_to = len(pooled_c), len(pooled_t)
-    result.mean_compare = pooled_c.mean() if len(pooled_c) else np.nan
-    result.mean_to = pooled_t.mean() if len(pooled_t) else np.nan
-    result.diff, result.ci_low, result.ci_high = diff_ci(
-        groups, metric_range(metric), examples(df, metric), level
-    )
-    fewest = min(min(len(a), len(b)) for a, b in groups)
-    if fewest < MIN_SEEDS:
-        result.reason = f"a variant has {fewest} completed seed(s) of {metric}; a verdict needs {MIN_SEEDS}"
+    # On the log scale the means shown are geometric, so that Δ is the log of their ratio.
+    unscale = np.exp if ratio else float
+    result.mean_compare = unscale(pooled_c.mean()) if len(pooled_c) else np.nan
+    result.mean_to = unscale(pooled_t.mean()) if len(pooled_t) else np.nan
+    rng, n_examples = (UNBOUNDED, None) if ratio else (metric_range(metric), examples(df, metric))
+    result.diff, result.ci_low, result.ci_high = diff_ci(groups, rng, n_examples, level)
+    fewest, needed = min(min(len(a), len(b)) for a, b in groups), min_seeds(metric)
+    if fewest < needed:
+        result.reason = f"a variant has {fewest} completed seed(s) of {metric}; a verdict needs {needed}"
+        result.verdict = PENDING if unfinished(df, compare + to) else INCONCLUSIVE
         return result
-    result.verdict = verdict(result.ci_low, result.ci_high, claim.expect, claim.margin)
+    result.verdict = verdict(result.ci_low, result.ci_high, claim.expect, threshold(claim, metric))
     result.reason = _reason(result)
-    if not _uninformative(result, [("compare", compare, pooled_c), ("to", to, pooled_t)]):
+    sides = [(label, side, np.concatenate([raw[v].to_numpy() for v in side if v in raw] or [empty]))
+             for label, side in (("compare", compare), ("to", to))]  # fmt: skip
+    if not _uninformative(result, sides):
         _at_bound(result)
+        _unattainable(result)
     return result
 
 
@@ -251,8 +300,9 @@ def evaluate_interaction(
     spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float = LEVEL
 ) -> ClaimResult:
     """Δ = (compare - to) - (compare' - to'), see the module docstring."""
-    cells, (c1, t1, c2, t2) = _cells(spec, claim, df)
+    cells, raw = _cells(spec, claim, df)
     metric, versus_metric = cells[0][2], cells[2][2]
+    c1, t1, c2, t2 = (on_scale({"cell": s}, m)["cell"] for s, (_, _, m) in zip(raw, cells))
     result = ClaimResult(
         claim, metric, INCONCLUSIVE, "", cells[0][1], cells[1][1], versus_metric=versus_metric, level=level
     )
@@ -273,20 +323,30 @@ def evaluate_interaction(
         estimate, lo, hi = diff_ci(cell_pairs, level=level)
         result.diff, lo, hi = 2 * estimate, 2 * lo, 2 * hi
     # (a - b) - (c - d): a difference in the first metric's difference range less one in the second's.
-    first, second = metric_range(metric).difference(), metric_range(versus_metric).difference()
+    first, second = (
+        UNBOUNDED if on_ratio_scale(m) else metric_range(m).difference() for m in (metric, versus_metric)
+    )
     result.ci_low, result.ci_high = max(lo, first.low - second.high), min(hi, first.high - second.low)
-    fewest = min(len(s) for s in (c1, t1, c2, t2))
-    if fewest < MIN_SEEDS:
-        result.reason = f"a cell has {fewest} completed seed(s); a verdict needs {MIN_SEEDS}"
+    fewest, needed = min(len(s) for s in (c1, t1, c2, t2)), max(min_seeds(metric), min_seeds(versus_metric))
+    if fewest < needed:
+        result.reason = f"a cell has {fewest} completed seed(s); a verdict needs {needed}"
+        result.verdict = (
+            PENDING if unfinished(df, [v for _, variants, _ in cells for v in variants]) else INCONCLUSIVE
+        )
         return result
-    result.verdict = verdict(result.ci_low, result.ci_high, claim.expect, claim.margin)
+    result.verdict = verdict(result.ci_low, result.ci_high, claim.expect, threshold(claim, metric))
     result.reason = (
         f"Δ = ({result.diff_first:.3g} on {metric}) - ({result.diff_versus:.3g} on {versus_metric}); "
         + _reason(result)
     )
-    sides = [(label, variants, s.to_numpy()) for (label, variants, _), s in zip(cells, (c1, t1, c2, t2))]
+    sides = [(label, variants, s.to_numpy()) for (label, variants, _), s in zip(cells, raw)]
     _uninformative(result, sides)
     return result
+
+
+def unfinished(df: pd.DataFrame, variants: list[str]) -> bool:
+    """Whether trials of `variants` are still queued or running."""
+    return bool((df["variant"].isin(variants) & ~df["state"].isin(FINISHED)).any())
 
 
 def cannot_learn(values: np.ndarray, metric: str, chance: float) -> bool:
@@ -314,7 +374,7 @@ def _uninformative(result: ClaimResult, sides: list[tuple[str, list[str], np.nda
 def _at_bound(result: ClaimResult) -> None:
     """Marks a `similar` claim whose two sides both sit within the margin of the metric's bound."""
     rng, m = metric_range(result.metric), abs(result.claim.margin)
-    if result.claim.expect != "similar":
+    if result.claim.expect != "similar" or on_ratio_scale(result.metric):  # a ratio has no bound to sit at
         return
     means = (result.mean_compare, result.mean_to)
     if all(x >= rng.high - m for x in means):
@@ -326,9 +386,24 @@ def _at_bound(result: ClaimResult) -> None:
     result.reason = f"both means lie within the margin {m:g} of {bound}: neither side can move"
 
 
+def _unattainable(result: ClaimResult) -> None:
+    """Marks a `lower` (`higher`) claim on a bounded metric whose `to` side's mean lies within the margin
+    of the metric's lower (upper) bound: no compare side could clear the margin."""
+    rng, m, expect = metric_range(result.metric), abs(result.claim.margin), result.claim.expect
+    if on_ratio_scale(result.metric) or expect == "similar" or m == 0:
+        return
+    room = result.mean_to - rng.low if expect == "lower" else rng.high - result.mean_to
+    # Data that rule out even a zero effect in the claimed direction contradict it, whatever the margin.
+    if room < m and verdict(result.ci_low, result.ci_high, expect, 0.0) != CONTRADICTED:
+        bound = f"lower bound {rng.low:g}" if expect == "lower" else f"upper bound {rng.high:g}"
+        result.verdict = UNATTAINABLE
+        result.reason = f"the to side's mean {result.mean_to:.3g} lies within the margin {m:g} of the {bound}"
+
+
 def _reason(r: ClaimResult) -> str:
-    m, expect = abs(r.claim.margin), r.claim.expect
-    ci = f"CI of compare - to [{r.ci_low:.3g}, {r.ci_high:.3g}]"
+    m, expect = threshold(r.claim, r.metric), r.claim.expect
+    scale = "log(compare / to)" if on_ratio_scale(r.metric) else "compare - to"
+    ci = f"CI of {scale} [{r.ci_low:.3g}, {r.ci_high:.3g}]"
     bound = {"lower": f"below {-m:.3g}", "higher": f"above {m:.3g}", "similar": f"within ±{m:.3g}"}[expect]
     if r.verdict == REPRODUCED:
         return f"{ci} lies {bound}"

@@ -1,6 +1,7 @@
 """Statistics of a study's table: per-variant summaries with CIs of the mean over seeds; differences to
-the baseline with their CIs, Welch and permutation p-values, Holm's correction and Hedges' g; ranks; and
-the Pareto front.
+the baseline with their CIs, the p-value that inverts each CI (so p < 0.05 exactly when the 95% CI
+excludes 0), permutation p-values with their floor, Holm's correction and Hedges' g; ranks; and the
+Pareto front.
 
 Every interval respects its metric's range (METRIC_RANGES, the one list plots and claims read too):
 - bounded metrics (accuracies, AER and rank collapse in [0, 1]; BLEU and chrF in [0, 100]): the Wilson
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import optimize
 from scipy import stats as sps
 
 from ablate.analysis.table import examples_column
@@ -131,7 +133,8 @@ def _log_scale(values: np.ndarray, low: float, q: float) -> tuple[float, float]:
     se = math.sqrt(_spread(values) / len(values))
     if excess <= 0 or se == 0:
         return (float(values.mean()), float(values.mean()))
-    factor = math.exp(q * se / excess)
+    with np.errstate(over="ignore"):  # infinite at a level near 1 (ci_p's search)
+        factor = float(np.exp(q * se / excess))
     return (low + excess / factor, low + excess * factor)
 
 
@@ -179,6 +182,19 @@ def mean_ci(
     return _intervals([values], rng, n_examples, level)[0]
 
 
+def mean_table(rows: pd.DataFrame, keys: list[str], metric: str, n_column: str | None = None) -> pd.DataFrame:
+    """Per group of `keys` (a variant at a length or a step), the mean of `metric` over the group's rows
+    (one per seed) with its CI (mean_ci in the metric's range, at the group's fewest examples in
+    `n_column`): columns *keys, mean, ci_low, ci_high, seeds, in the groups' first-seen order. The one
+    table the report's curves and the dashboard's draw, so the two cannot differ."""
+    rng, out = metric_range(metric), []
+    for key, group in rows.groupby(keys, sort=False):
+        values = group[metric].to_numpy(dtype=float)
+        n_examples = int(group[n_column].min()) if n_column else 0
+        out.append([*key, values.mean(), *mean_ci(values, rng, n_examples or None), len(values)])
+    return pd.DataFrame(out, columns=[*keys, "mean", "ci_low", "ci_high", "seeds"])
+
+
 def diff_ci(
     pairs: list[tuple[np.ndarray, np.ndarray]],
     rng: MetricRange = UNBOUNDED,
@@ -198,21 +214,45 @@ def diff_ci(
     estimate = float(sum(w * g.mean() for w, g in zip(weights, groups)))
     if min(len(g) for g in groups) < 2:
         return (estimate, np.nan, np.nan)
-    down, up = 0.0, 0.0
+    downs, ups = [], []
     for w, g, (lo, hi) in zip(weights, groups, _intervals(groups, rng, n_examples, level)):
-        below, above = (g.mean() - lo) * abs(w), (hi - g.mean()) * abs(w)
-        down, up = (down + below**2, up + above**2) if w > 0 else (down + above**2, up + below**2)
-    return (estimate, estimate - math.sqrt(down), estimate + math.sqrt(up))
+        below, above = float(g.mean() - lo) * abs(w), float(hi - g.mean()) * abs(w)
+        downs.append(below if w > 0 else above)
+        ups.append(above if w > 0 else below)
+    # hypot: in quadrature without squaring, so a near-infinite end (a level near 1) does not overflow
+    return (estimate, estimate - math.hypot(*downs), estimate + math.hypot(*ups))
 
 
-def welch_p(a: np.ndarray, b: np.ndarray) -> float:
-    """Two-sided Welch t-test p-value; NaN with fewer than two values a side or no variance at all."""
-    if len(a) < 2 or len(b) < 2 or (np.var(a) == 0 and np.var(b) == 0):
+def ci_p(
+    pairs: list[tuple[np.ndarray, np.ndarray]], rng: MetricRange = UNBOUNDED, n_examples: int | None = None
+) -> float:
+    """The two-sided p-value that inverts diff_ci: the smallest alpha at which the 1 - alpha CI of the
+    difference excludes 0, found by a root search over the level (the intervals are nested in it). So p <
+    0.05 exactly when the 95% CI excludes 0; where that CI is Welch's (unbounded metrics) this is Welch's
+    t-test. 1 for a difference of 0; 0 when no level's interval reaches 0 (seeds without any spread and no
+    example count); NaN where diff_ci gives no interval."""
+    estimate, lo, _ = diff_ci(pairs, rng, n_examples)
+    if not np.isfinite(lo):
         return np.nan
-    return float(sps.ttest_ind(a, b, equal_var=False).pvalue)
+    if estimate == 0:
+        return 1.0
+
+    def gap(alpha: float) -> float:  # > 0 while the 1 - alpha interval excludes 0
+        _, low, high = diff_ci(pairs, rng, n_examples, 1 - alpha)
+        return low if estimate > 0 else -high
+
+    widest = 1e-15  # 1 - alpha rounds to 1 below about 1e-16
+    if gap(widest) > 0:
+        return 0.0
+    return float(optimize.brentq(gap, widest, 1.0, xtol=1e-300, rtol=1e-13))
 
 
-def permutation_p(a: np.ndarray, b: np.ndarray, n_resamples: int = 9999, seed: int = 0) -> float:
+PERMUTATION_RESAMPLES = 9999
+
+
+def permutation_p(
+    a: np.ndarray, b: np.ndarray, n_resamples: int = PERMUTATION_RESAMPLES, seed: int = 0
+) -> float:
     """Two-sided permutation test of the difference of means: exact when the relabellings number at
     most n_resamples, Monte Carlo otherwise. NaN with fewer than two values a side."""
     if len(a) < 2 or len(b) < 2:
@@ -223,6 +263,13 @@ def permutation_p(a: np.ndarray, b: np.ndarray, n_resamples: int = 9999, seed: i
         rng=np.random.default_rng(seed),
     )  # fmt: skip
     return float(result.pvalue)
+
+
+def permutation_floor(n_a: int, n_b: int, n_resamples: int = PERMUTATION_RESAMPLES) -> float:
+    """The smallest p permutation_p can return for groups of n_a and n_b values: twice one relabelling in
+    C(n_a + n_b, n_a) when exact (2 vs 2 seeds: 2/6), twice one in n_resamples + 1 when Monte Carlo."""
+    relabellings = math.comb(n_a + n_b, n_a)
+    return min(1.0, 2 / (relabellings if relabellings <= n_resamples else n_resamples + 1))
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -238,11 +285,16 @@ def holm(pvalues: list[float]) -> list[float]:
     return out.tolist()
 
 
+# Hedges' g needs this many values a side: from two, the pooled SD rests on 2 df and g swings by a
+# factor of several between reruns, a number that looks meaningful and is not.
+G_MIN_SEEDS = 3
+
+
 def hedges_g(a: np.ndarray, b: np.ndarray) -> float:
     """Standardized mean difference (a - b) with the pooled SD and the small-sample correction;
-    NaN with fewer than two values a side or zero pooled variance."""
+    NaN with fewer than G_MIN_SEEDS values a side or zero pooled variance."""
     na, nb = len(a), len(b)
-    if na < 2 or nb < 2:
+    if min(na, nb) < G_MIN_SEEDS:
         return np.nan
     pooled = ((na - 1) * np.var(a, ddof=1) + (nb - 1) * np.var(b, ddof=1)) / (na + nb - 2)
     if pooled == 0:
@@ -251,12 +303,18 @@ def hedges_g(a: np.ndarray, b: np.ndarray) -> float:
     return float((a.mean() - b.mean()) / np.sqrt(pooled) * correction)
 
 
+def difference(a: np.ndarray, b: np.ndarray, rng: MetricRange, n_examples: int | None) -> dict[str, float]:
+    """mean(a) - mean(b) with its 95% CI (diff_ci) and the p-value of that same interval (ci_p)."""
+    diff, lo, hi = diff_ci([(a, b)], rng, n_examples)
+    return {"diff": diff, "diff_ci_low": lo, "diff_ci_high": hi, "p": ci_p([(a, b)], rng, n_examples)}
+
+
 def summarize(
     df: pd.DataFrame, metric: str, order: list[str], baseline: str | None, direction: str = "maximize"
 ) -> pd.DataFrame:
     """One row per variant in `order`: n, mean, std, 95% CI; against the baseline: diff (variant -
-    baseline) with its CI, Welch and permutation p-values, p (Welch where defined, else the
-    permutation test), p_holm (Holm across the non-baseline variants) and Hedges' g; and rank (1 = best
+    baseline) with its CI and p (ci_p, the test of that CI), p_holm (Holm across the non-baseline
+    variants), the permutation p-value with its floor p_perm_floor, and Hedges' g; and rank (1 = best
     mean in the metric's direction)."""
     values = variant_values(df, metric)
     rng, n_examples = metric_range(metric), examples(df, metric)
@@ -267,12 +325,14 @@ def summarize(
         lo, hi = mean_ci(v, rng, n_examples)
         row = {"variant": variant, "n": len(v), "mean": v.mean() if len(v) else np.nan,
                "std": v.std(ddof=1) if len(v) > 1 else np.nan, "ci_low": lo, "ci_high": hi,
-               "diff": np.nan, "diff_ci_low": np.nan, "diff_ci_high": np.nan, "p_welch": np.nan,
-               "p_perm": np.nan, "p": np.nan, "g": np.nan}  # fmt: skip
+               "diff": np.nan, "diff_ci_low": np.nan, "diff_ci_high": np.nan, "p": np.nan,
+               "p_perm": np.nan, "p_perm_floor": np.nan, "g": np.nan}  # fmt: skip
         if variant != baseline and len(base):
-            row["diff"], row["diff_ci_low"], row["diff_ci_high"] = diff_ci([(v, base)], rng, n_examples)
-            row["p_welch"], row["p_perm"] = welch_p(v, base), permutation_p(v, base)
-            row["p"] = row["p_welch"] if np.isfinite(row["p_welch"]) else row["p_perm"]
+            row.update(difference(v, base, rng, n_examples))
+            row["p_perm"] = permutation_p(v, base)
+            row["p_perm_floor"] = (
+                permutation_floor(len(v), len(base)) if np.isfinite(row["p_perm"]) else np.nan
+            )
             row["g"] = hedges_g(v, base)
         rows.append(row)
     out = pd.DataFrame(rows, columns=[*(rows[0] if rows else ["variant"])])

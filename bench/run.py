@@ -63,9 +63,6 @@ def guarded(key: str, what: str, measure: Callable[[], Figure | list[Figure]]) -
 
 def run_bench(device: torch.device, quick: bool = False, progress: Callable[[str], None] = lambda _: None):
     """Every figure, in order; returns {'machine': ..., 'quick': ..., 'figures': {key: figure dict}}."""
-    from ablate.harness.trial import quiet_lightning
-
-    quiet_lightning()
     sizes = bench_sizes(device, quick)
     info = machine(device)
     steps = [

@@ -126,7 +126,7 @@ def bench_overhead(device: torch.device, quick: bool, repeats: int) -> Figure:
         # The trial's Trainer and cost callback; no validation, so nothing selects a checkpoint to save.
         callbacks = [CostMonitor(), ModelCheckpoint(dirpath=root, save_top_k=0)]
         loader = dm.train_dataloader()
-        trainer = build_trainer(cfg, callbacks, [], False, len(loader), root)
+        trainer = build_trainer(cfg, callbacks, [], False, root)
         trainer.fit(module, train_dataloaders=loader)
 
     def plain_loop() -> None:

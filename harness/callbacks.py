@@ -16,12 +16,13 @@ from lightning.pytorch.loggers import WandbLogger
 from optuna_integration import PyTorchLightningPruningCallback
 
 from ablate.harness.compat import pruning_trial
+from ablate.harness.errors import RunFailed
 from ablate.harness.probes import Probe, capture, log_images
 from ablate.models.module import Seq2SeqModule
 from ablate.models.sequences import PAD_ID
 
 
-class TrialFailed(RuntimeError):
+class TrialFailed(RunFailed):
     """A trial that ran but produced no usable result (it diverged, or its metric is missing)."""
 
 
@@ -186,24 +187,37 @@ class ReportValidation(L.Callback):
 
 
 class StepBudgetProgressBar(RichProgressBar):
-    """Rich's bar, saying "Epoch 3" where Lightning writes "Epoch 3/-2" (a run bounded by steps has
-    max_epochs -1). Lightning's hooks and Rich's Progress.update only: no private Lightning API."""
+    """Rich's bar, counting the optimizer steps of a step budget (train.max_steps) on one bar across epochs,
+    where Lightning counts each epoch's batches under "Epoch 3/-2" (max_epochs is -1 then); an epoch budget
+    keeps Lightning's bar. Lightning's hooks and Rich's Progress only: no private Lightning API."""
+
+    DESCRIPTION = "steps"
+
+    @staticmethod
+    def by_steps(trainer: L.Trainer) -> bool:
+        return trainer.max_epochs == -1 and trainer.max_steps > 0
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_epoch_start(trainer, pl_module)
-        self.describe(trainer)
+        if self.by_steps(trainer):
+            self.add_step_bar(trainer)
+        else:
+            super().on_train_epoch_start(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        created = self.train_progress_bar_id is None  # Lightning adds the bar here on a mid-epoch resume
+        if self.by_steps(trainer):
+            self.add_step_bar(trainer)  # a run resumed mid-epoch starts no epoch
+            batch_idx = trainer.global_step - 1  # the bar's position: Lightning's is batch_idx + 1
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if created:
-            self.describe(trainer)
 
-    def describe(self, trainer: L.Trainer) -> None:
-        if trainer.max_epochs >= 0 or self.progress is None or self.train_progress_bar_id is None:
+    def add_step_bar(self, trainer: L.Trainer) -> None:
+        """The one bar of the whole budget, added once."""
+        if self.progress is None or self.train_progress_bar_id is not None:
             return
-        description = f"Epoch {trainer.current_epoch}".ljust(len(self.validation_description))  # no flicker
+        description = self.DESCRIPTION.ljust(len(self.validation_description))  # no flicker
         style = self.theme.description
-        self.progress.update(
-            self.train_progress_bar_id, description=f"[{style}]{description}" if style else description
+        self.train_progress_bar_id = self.progress.add_task(
+            f"[{style}]{description}" if style else description,
+            total=trainer.max_steps,
+            completed=trainer.global_step,
         )
+        self.refresh()

@@ -6,6 +6,7 @@ Every failure is a ConfigError with one line naming the dotted key, e.g.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -154,12 +155,20 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+MAX_YAML_BYTES = 1_000_000  # a config or study file; larger is a mistake (or an attack), not a study
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
+    with path.open("rb") as f:  # read no further than the bound: the file may be huge, or still growing
+        raw = f.read(MAX_YAML_BYTES + 1)
+    if len(raw) > MAX_YAML_BYTES:
+        size = path.stat().st_size
+        raise ConfigError(f"{path}: {size:,} bytes; a config or study file is at most {MAX_YAML_BYTES:,}")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=StrictLoader)
+        data = yaml.load(raw.decode("utf-8"), Loader=StrictLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -252,4 +261,21 @@ def load_config(
     for item in sets or []:
         key, value = parse_override(item)
         overrides[key] = value
-    return build_config(tree, overrides)
+    cfg = build_config(tree, overrides)
+    model = tree.get("model") if isinstance(tree.get("model"), dict) else {}
+    written = {f"model.{key}" for key in model} | set(overrides)
+    ignored = ignored_settings(cfg, written)
+    if ignored:
+        problems = [(key, f"has no effect ({why})") for key, why in ignored]
+        more = f" ({len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(f"{problems[0][0]}: {problems[0][1]}{more}", problems)
+    return cfg
+
+
+def ignored_settings(cfg: ExperimentConfig, written: Iterable[str]) -> list[tuple[str, str]]:
+    """(key, why) for each dotted key of `written` that the configured model ignores
+    (ModelConfig.ignored_keys): a key set by hand that changes nothing makes two configs that look
+    different build one model."""
+    ignored = cfg.model.ignored_keys()
+    return [(key, ignored[key[6:]]) for key in sorted(written)
+            if key.startswith("model.") and key[6:] in ignored]  # fmt: skip

@@ -8,6 +8,8 @@ from types import ModuleType
 
 from ablate.harness.errors import ConfigError
 
+DISTRIBUTION = "attention-ablate"  # pyproject.toml's name: what pip installs, from a clone or an index
+
 
 def require(module: str, extra: str, feature: str) -> ModuleType:
     """`module`, imported; a ConfigError (exit 2 on the command line) naming the extra when it is missing."""
@@ -15,5 +17,6 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise ConfigError(
-            f"{feature}: the [{extra}] extra is not installed (no module {module}); pip install -e '.[{extra}]'"
+            f"{feature}: the [{extra}] extra is not installed (no module {module}); "
+            f"pip install '{DISTRIBUTION}[{extra}]'"
         ) from None

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from ablate.harness import chatter
 from ablate.harness.study.spec import short_name
 
 WandbMode = Literal["online", "offline", "disabled"]
@@ -154,4 +155,4 @@ INIT_TIMEOUT_S = 30
 
 def settings(wandb):
     # No system-metrics sampler per run: trials are short and several share a machine.
-    return wandb.Settings(silent=True, init_timeout=INIT_TIMEOUT_S, x_disable_stats=True)
+    return wandb.Settings(silent=not chatter.verbose(), init_timeout=INIT_TIMEOUT_S, x_disable_stats=True)

@@ -10,12 +10,10 @@ sentences' translations (text tasks) and data there, as harness.artifacts names 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import shutil
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ from ablate.harness.attention_maps import save_probe_image
 from ablate.harness.callbacks import (
     AttentionImages,
     CostMonitor,
+    DivergenceGuard,
     HistoryCallback,
     StepBudgetProgressBar,
     ValidateOnStop,
@@ -47,17 +46,6 @@ from ablate.models.decoding import generation_budget
 from ablate.models.module import Seq2SeqModule
 
 MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
-
-
-def quiet_lightning() -> None:
-    """Many trials in one process: Lightning's per-run notices (accelerators, tips, checkpoint restores)
-    and its deprecation warnings would bury the one line a worker prints per trial."""
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    for category in (DeprecationWarning, FutureWarning):
-        warnings.filterwarnings("ignore", category=category, module="lightning")
-    # A resumed trial continues its epoch's batches itself (harness.checkpoints) in its own folder.
-    warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch")
-    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
 
 
 @dataclass
@@ -139,10 +127,10 @@ def log_final(loggers: list, result: TrialResult, step: int) -> None:
 
 
 def build_trainer(
-    cfg: ExperimentConfig, callbacks: list, loggers: list, progress: bool, steps_per_epoch: int, root: str
+    cfg: ExperimentConfig, callbacks: list, loggers: list, progress: bool, root: str
 ) -> L.Trainer:
-    """The Trainer for the train.* budgets: validation every val_every steps (at most once an epoch),
-    or once an epoch when max_epochs is set."""
+    """The Trainer for the train.* budgets: validation every val_every steps, counted across epochs (an
+    epoch shorter than val_every does not cut the interval), or once an epoch when max_epochs is set."""
     t = cfg.train
     if t.patience is not None:
         callbacks = [*callbacks, EarlyStopping(MONITOR, patience=t.patience, check_on_train_epoch_end=False)]
@@ -153,8 +141,8 @@ def build_trainer(
         max_steps=t.max_steps,
         max_epochs=-1 if by_steps else t.max_epochs,
         max_time={"seconds": t.max_time} if t.max_time else None,
-        val_check_interval=min(t.val_every, max(1, steps_per_epoch)) if by_steps else None,
-        check_val_every_n_epoch=None if by_steps else 1,
+        val_check_interval=t.val_every if by_steps else None,
+        check_val_every_n_epoch=None if by_steps else 1,  # None: val_check_interval counts global steps
         gradient_clip_val=t.grad_clip,
         precision=resolve_precision(t.precision),
         deterministic=t.deterministic,
@@ -206,11 +194,11 @@ def run_trial(
         ckpt_dir = Path(out_dir) / artifacts.CHECKPOINTS if out_dir is not None else Path(scratch)
         best = BestCheckpoint(ckpt_dir, MONITOR)
         periodic = Checkpointer(ckpt_dir, cfg.train.checkpoint_every, publish)
-        own = [history, cost, best, periodic, ValidateOnStop(), AttentionImages(probes), evaluation]
+        # DivergenceGuard first: a NaN model is neither validated, checkpointed as the best nor tested.
+        own = [DivergenceGuard(), history, cost, best, periodic, ValidateOnStop(), AttentionImages(probes),
+               evaluation]  # fmt: skip
         root = str(out_dir) if out_dir is not None else scratch
-        trainer = build_trainer(
-            cfg, [*own, *(callbacks or [])], loggers, progress, len(dm.train_dataloader()), root
-        )
+        trainer = build_trainer(cfg, [*own, *(callbacks or [])], loggers, progress, root)
         trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=True)
         if trainer.global_step == 0:  # an untrained model's scores would be ranked like a trained one's
             budget = f" within train.max_time={cfg.train.max_time} s" if cfg.train.max_time else ""

@@ -38,7 +38,7 @@ from ablate.harness.artifacts import (
     trial_dir,
     upload_trial_files,
 )
-from ablate.harness.callbacks import DivergenceGuard, ReportValidation, StepPruning, TrialFailed
+from ablate.harness.callbacks import ReportValidation, StepPruning, TrialFailed
 from ablate.harness.checkpoints import RESUME_ATTR, Preempted, StoredCheckpoints, fetch
 from ablate.harness.study.looks import queue_next_look
 from ablate.harness.study.queue import (
@@ -225,7 +225,7 @@ class Worker:
     def objective(self, claim: Claim) -> float:
         spec, trial, variant = self.spec, claim.trial, claim.variant
         overrides = self.variants[variant]
-        callbacks: list[L.Callback] = [DivergenceGuard()]
+        callbacks: list[L.Callback] = []
         if claim.phase == TUNE:
             assert spec.tune is not None
             seed = spec.seed_pool[0]
@@ -329,9 +329,6 @@ def run_worker(
 ) -> Worker:
     """Runs queued trials of a prepared study (see study.prepare_study) until none is left, or until a stop
     signal or a full disk (worker.stopped says which)."""
-    from ablate.harness.trial import quiet_lightning
-
-    quiet_lightning()
     signals.install()
     worker = Worker(spec, storage, runs_root, wandb_mode, artifacts)
     worker.run()

@@ -2,7 +2,8 @@
 
 `MultiHeadAttention` is the Transformer's attention with two paths: fused `scaled_dot_product_attention`
 when weights are not needed, and an explicit path that returns them. Both take the same mask and bias, so
-they agree by construction.
+they agree by construction. Its score (models/transformer_scores.py lists them by name) prepares the queries
+and keys and gives the factor on q·k, so both paths serve every score.
 
 The recurrent family's score functions (models/scores.py lists them by name) are small modules behind
 `ScoreAttention`, which masks with the same `masked_softmax` and splits heads with the same `split_heads`;
@@ -51,12 +52,50 @@ def build_mask(
     return mask
 
 
-class MultiHeadAttention(nn.Module):
-    """Scaled dot-product attention over `heads` heads.
+class ScaledDotProduct(nn.Module):
+    """Vaswani et al. 2017: q·k times a fixed `scale` (theirs 1/sqrt(d_k)); queries and keys pass unchanged.
 
-    scale: factor on q·k; None means 1/sqrt(d_k). qkv_projections=False gives the parameter-free
-    self-attention of the lectures: weights softmax(x_i·x_j), outputs sum_j w_ij x_j, no Q/K/V or output
-    projection (with several heads, each head does this on its own slice of the features).
+    The interface of a Transformer score: `query` and `key` prepare the per-head (B, H, L, Dh) queries and
+    keys (after rotary), `scale` is the float factor on q·k that both attention paths take."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def query(self, q: torch.Tensor) -> torch.Tensor:
+        return q
+
+    def key(self, k: torch.Tensor) -> torch.Tensor:
+        return k
+
+
+class QKNorm(nn.Module):
+    """Henry et al. 2020, "Query-Key Normalization for Transformers": score g · cos(q, k), queries and keys
+    l2-normalised over each head's features and one learned scalar g per attention layer, shared by its
+    heads, starting at `start` (as in the authors' code, CyndxAI/QKNorm layers.py ScaleUp; x-transformers'
+    qk_norm keeps a fixed factor instead, qk_norm_scale = 10)."""
+
+    scale = 1.0  # g multiplies the query instead: the fused path's `scale` is a float and could not train g
+
+    def __init__(self, start: float):
+        super().__init__()
+        self.g = nn.Parameter(torch.tensor(float(start)))
+
+    def query(self, q: torch.Tensor) -> torch.Tensor:
+        return F.normalize(q, dim=-1) * self.g
+
+    def key(self, k: torch.Tensor) -> torch.Tensor:
+        return F.normalize(k, dim=-1)  # after rotary, which turns pairs of features and keeps the norm
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with a switchable score over `heads` heads.
+
+    score: prepares the per-head queries and keys and gives the factor on q·k (models/transformer_scores.py
+    builds one from the config); None is Vaswani's scaled dot product, 1/sqrt(d_k). qkv_projections=False
+    with score ScaledDotProduct(1.0) gives the parameter-free self-attention of the lectures: weights
+    softmax(x_i·x_j), outputs sum_j w_ij x_j, no Q/K/V or output projection (with several heads, each head
+    does this on its own slice of the features).
     rotary / score_bias: the generic slots of relative positions inside one sequence, so only for
     self-attention (models/positional.py fills them): rotary(x (B, H, L, Dh), offset) rotates queries and
     keys by position, score_bias(q_len, k_len) -> (H, q_len, k_len) is added to the scores.
@@ -70,16 +109,16 @@ class MultiHeadAttention(nn.Module):
         d_model: int,
         heads: int,
         dropout: float = 0.0,
-        scale: float | None = None,
         qkv_projections: bool = True,
         rotary: nn.Module | None = None,
         score_bias: nn.Module | None = None,
+        score: nn.Module | None = None,
     ):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"heads={heads} must divide d_model={d_model}")
         self.heads, self.head_dim = heads, d_model // heads
-        self.scale = scale if scale is not None else self.head_dim**-0.5
+        self.score = score if score is not None else ScaledDotProduct(self.head_dim**-0.5)
         self.dropout = dropout
         project = (lambda: nn.Linear(d_model, d_model)) if qkv_projections else nn.Identity
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = project(), project(), project(), project()
@@ -90,7 +129,7 @@ class MultiHeadAttention(nn.Module):
         k = split_heads(self.k_proj(key), self.heads)
         if self.rotary is not None:
             k = self.rotary(k, offset)
-        return k, split_heads(self.v_proj(key), self.heads)
+        return self.score.key(k), split_heads(self.v_proj(key), self.heads)
 
     def attend(
         self,
@@ -107,12 +146,13 @@ class MultiHeadAttention(nn.Module):
         q_len, k_len = q.size(2), k.size(2)
         if self.rotary is not None:
             q = self.rotary(q, offset=k_len - q_len)
+        q = self.score.query(q)
         mask = build_mask(key_padding, q_len, k_len, causal, q.device)
         bias = self.score_bias(q_len, k_len).to(q.dtype).unsqueeze(0) if self.score_bias is not None else None
         dropout = self.dropout if self.training else 0.0
 
         if need_weights:
-            scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, T, S)
+            scores = (q @ k.transpose(-2, -1)) * self.score.scale  # (B, H, T, S)
             if bias is not None:
                 scores = scores + bias
             weights = masked_softmax(scores, mask)
@@ -122,7 +162,7 @@ class MultiHeadAttention(nn.Module):
             if bias is not None:  # one additive mask: the bias where allowed, -inf elsewhere
                 attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=self.scale
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=self.score.scale
             )
             weights = None
         return self.out_proj(merge_heads(out)), weights

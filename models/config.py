@@ -1,8 +1,11 @@
 """ModelConfig: every architectural switch of both model families, typed and validated.
 
 The names a switch accepts come from its registry: `pos_encoding` from models/positional.py, `attention`
-from models/scores.py. Presets are named configs; `preset_keys(name, overrides)` gives one's keys with
-changes (the harness validates them with the rest of an experiment), `ModelConfig.from_name` builds it.
+from models/scores.py, `score` from models/transformer_scores.py. Each switch belongs to a family
+(LSTM_KEYS, TRANSFORMER_KEYS), and some act only through a part the model may lack (input feeding needs
+attention): `ignored_keys` says which ones the configured model ignores, so a study cannot count two variants that build one model as two. Presets are
+named configs; `preset_keys(name, overrides)` gives one's keys with changes (the harness validates them
+with the rest of an experiment), `ModelConfig.from_name` builds it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ablate.models.positional import POSITIONAL, check_fits, positional_kind
 from ablate.models.scores import SCORES
+from ablate.models.transformer_scores import TRANSFORMER_SCORES, check_scale
 
 Scale = Literal["sqrt", "none"] | float
 # A count of at least one; strict, so a boolean (YAML's `true`) is not taken for 1.
@@ -40,6 +44,7 @@ class ModelConfig(BaseModel):
     heads: Count = 4
     d_ff: Count = 256
     scale: Scale = "sqrt"
+    score: Literal[tuple(TRANSFORMER_SCORES)] = "dot"  # type: ignore[valid-type]
     pos_encoding: str = Field(
         "sinusoidal",
         description=f"{' | '.join(POSITIONAL)}, or kinds with different parts joined by +, e.g. alibi+sinusoidal",
@@ -73,6 +78,7 @@ class ModelConfig(BaseModel):
             if self.d_model % self.heads:
                 raise ValueError(f"heads: must divide d_model={self.d_model} (got heads={self.heads})")
             check_fits(self)
+            check_scale(self)
         else:
             if self.bidirectional and self.d_model % 2:
                 raise ValueError(
@@ -83,6 +89,30 @@ class ModelConfig(BaseModel):
                     f"attention_heads: must divide d_model={self.d_model} (got attention_heads={self.attention_heads})"
                 )
         return self
+
+    def ignored_keys(self) -> dict[str, str]:
+        """Key -> why the model this config builds ignores it: a switch of the other family, or one that acts
+        only through a part this model lacks. Changing such a key changes nothing the model computes."""
+        if self.arch == "lstm":
+            ignored = dict.fromkeys(TRANSFORMER_KEYS, "a Transformer setting; model.arch is lstm")
+            if self.attention == "none":
+                ignored |= dict.fromkeys(ATTENTION_KEYS, "acts only with attention; model.attention is none")
+        else:
+            ignored = dict.fromkeys(LSTM_KEYS, "an LSTM setting; model.arch is transformer")
+            if not self.ffn:
+                ignored["d_ff"] = "acts only with feed-forward sublayers; model.ffn is false"
+            if not positional_kind(self.pos_encoding).based:
+                ignored["pos_base"] = f"acts only on sinusoidal or rotary positions, not {self.pos_encoding}"
+        # QKNorm's scale starts from the longest sequence the model is built for (models/transformer_scores.py).
+        cosine = self.arch == "transformer" and self.score == "cosine"
+        if self.position_limits == (None, None) and not cosine:
+            ignored["max_positions"] = "bounds only learned positions and location attention, starts cosine's scale"
+        return ignored
+
+    def effective(self) -> ModelConfig:
+        """This config with every ignored key at its default: equal for two configs that build one model."""
+        defaults = {key: ModelConfig.model_fields[key].default for key in self.ignored_keys()}
+        return self.model_copy(update=defaults)
 
     @property
     def scale_factor(self) -> float | None:
@@ -104,6 +134,14 @@ class ModelConfig(BaseModel):
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> ModelConfig:
         return cls(**preset_keys(name, overrides))
+
+
+# The switches of one family, which the other ignores; the rest (d_model, layers, ...) both read.
+LSTM_KEYS = ("cell", "bidirectional", "attention", "attention_query", "input_feeding", "attention_heads")
+# An LSTM's switches that act only with attention.
+ATTENTION_KEYS = ("attention_query", "input_feeding", "attention_heads")
+TRANSFORMER_KEYS = ("heads", "d_ff", "scale", "score", "pos_encoding", "pos_base", "residual", "ffn", "norm",
+                    "causal_mask", "cross_attention", "embed_scale", "qkv_projections")  # fmt: skip
 
 
 def preset_keys(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -41,6 +41,7 @@ class PositionalKind:
     rotary: Part | None = None
     score_bias: Part | None = None
     bounded: bool = False
+    based: bool = False  # reads model.pos_base (the wavelengths' base)
 
     def max_length(self, max_positions: int) -> int | None:
         """The most positions one sequence may have; None when any length works."""
@@ -55,14 +56,17 @@ POSITIONAL: dict[str, PositionalKind] = {
     "none": PositionalKind(),
     # Vaswani et al. 2017: a fixed sinusoid per position, any length.
     "sinusoidal": PositionalKind(
-        embedding=lambda layers, cfg: layers.SinusoidalEncoding(cfg.d_model, cfg.max_positions, cfg.pos_base)
+        embedding=lambda layers, cfg: layers.SinusoidalEncoding(cfg.d_model, cfg.max_positions, cfg.pos_base),
+        based=True,
     ),
     # One trained vector per position: nothing past model.max_positions.
     "learned": PositionalKind(
         embedding=lambda layers, cfg: layers.LearnedEncoding(cfg.d_model, cfg.max_positions), bounded=True
     ),
     # Su et al. 2021: q_m·k_n depends on m - n only.
-    "rope": PositionalKind(rotary=lambda layers, cfg: layers.Rotary(cfg.d_model // cfg.heads, cfg.pos_base)),
+    "rope": PositionalKind(
+        rotary=lambda layers, cfg: layers.Rotary(cfg.d_model // cfg.heads, cfg.pos_base), based=True
+    ),
     # Press et al. 2022: a per-head linear distance penalty on the scores, no embedding.
     "alibi": PositionalKind(score_bias=lambda layers, cfg: layers.ALiBi(cfg.heads)),
 }
@@ -84,7 +88,7 @@ def positional_kind(name: str) -> PositionalKind:
             f"{name!r}: join kinds that each add a different part ({', '.join(PARTS)}), e.g. alibi+sinusoidal"
         )
     merged = {part: next((getattr(k, part) for k in kinds if getattr(k, part)), None) for part in PARTS}
-    return PositionalKind(**merged, bounded=any(k.bounded for k in kinds))
+    return PositionalKind(**merged, bounded=any(k.bounded for k in kinds), based=any(k.based for k in kinds))
 
 
 def check_fits(cfg: ModelConfig) -> None:

@@ -1,9 +1,10 @@
 """Encoder-decoder Transformer (Vaswani et al. 2017) with every part switchable.
 
 Each switch in ModelConfig is resolved to a module (or nn.Identity) here in __init__, so forward reads
-straight through: scale -> MultiHeadAttention.scale, pos_encoding -> Positions (models/positional.py),
-norm -> where the LayerNorms sit, residual -> Sublayer.residual, ffn -> the feed-forward Sublayer or Skip,
-causal_mask / cross_attention -> DecoderLayer, qkv_projections -> Identity projections in MultiHeadAttention.
+straight through: score and scale -> MultiHeadAttention.score (models/transformer_scores.py),
+pos_encoding -> Positions (models/positional.py), norm -> where the LayerNorms sit, residual ->
+Sublayer.residual, ffn -> the feed-forward Sublayer or Skip, causal_mask / cross_attention -> DecoderLayer,
+qkv_projections -> Identity projections in MultiHeadAttention.
 
 With `cross_attention: false` nothing of the source reaches the decoder: it is a language model of the
 target, the control that shows how much a task needs the source (no encoder layers are built).
@@ -22,6 +23,7 @@ from torch import nn
 from ablate.models.attention import MultiHeadAttention
 from ablate.models.config import ModelConfig
 from ablate.models.positional import build_positions
+from ablate.models.transformer_scores import build_score
 
 Cache = dict[str, torch.Tensor]  # one decoder layer's keys and values (B, H, L, Dh) for incremental decoding
 SELF_CACHE = ("self_k", "self_v")
@@ -164,10 +166,11 @@ class Transformer(nn.Module):
         self.embed_dropout = nn.Dropout(cfg.dropout)
 
         def make_attention(positional: bool = True) -> MultiHeadAttention:
-            # Relative positions act within a sequence; cross-attention gets none.
+            # Relative positions act within a sequence; cross-attention gets none. A score of its own per
+            # attention: a learned one has its parameters per layer.
             slots = (self.positions.rotary, self.positions.score_bias) if positional else (None, None)
             return MultiHeadAttention(
-                d, cfg.heads, cfg.dropout, cfg.scale_factor, cfg.qkv_projections, *slots
+                d, cfg.heads, cfg.dropout, cfg.qkv_projections, *slots, score=build_score(cfg)
             )
 
         # Without cross-attention no encoder layer could reach the decoder: none is built or run.

@@ -9,22 +9,25 @@ plotly the notes are written and the figures left out."""
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
 
 import optuna
 import pandas as pd
 
-from ablate.analysis.stats import mean_ci
+from ablate.analysis.stats import mean_table, metric_range
 from ablate.harness import compat
 from ablate.harness.study.queue import optuna_study_name
 from ablate.reports.collect import StudyData
-from ablate.reports.plots import length_accuracy
+from ablate.reports.plots import RANGE_PAD, length_accuracy
 
 FIGURES = ("metric_by_variant", "accuracy_by_length")  # graph ids on the study page
 
 
 def publish(
-    data: StudyData, summary: pd.DataFrame, note: str, trial_notes: dict[int, str], storage,
+    data: StudyData,
+    summary: pd.DataFrame,
+    note: str,
+    trial_notes: dict[int, str],
+    storage,
     train_max_len: int | None,
 ) -> bool:
     """Writes the study note `note`, each trial's note (by trial number) and the figures into the eval
@@ -77,39 +80,43 @@ def metric_by_variant(df: pd.DataFrame, summary: pd.DataFrame, metric: str, orde
     ))  # fmt: skip
     fig.update_layout(title=f"{metric} per variant: mean with 95% CI, one point per seed", yaxis_title=metric,
                       xaxis={"categoryorder": "array", "categoryarray": order})  # fmt: skip
+    rng = metric_range(metric)
+    if rng.bounded:  # the whole range, as the report's figure shows it
+        pad = RANGE_PAD * (rng.high - rng.low)
+        fig.update_layout(yaxis_range=[rng.low - pad, rng.high + pad])
     return fig
 
 
 def length_curves(per_length: pd.DataFrame, order: list[str]) -> pd.DataFrame:
-    """Mean exact match by variant and target length over seeds, with its 95% CI: columns variant,
-    length, mean, ci_low, ci_high, seeds."""
+    """Mean exact match by variant and target length over seeds, with its 95% CI: the report's figure's
+    table (stats.mean_table, in the metric's range); columns variant, length, mean, ci_low, ci_high, seeds."""
     merged = length_accuracy(per_length)
     if merged is None:
         return pd.DataFrame(columns=["variant", "length", "mean", "ci_low", "ci_high", "seeds"])
-    rows: list[dict[str, Any]] = []
-    for (variant, length), group in merged.groupby(["variant", "length"], sort=False):
-        values = group["seq_acc"].to_numpy(dtype=float)
-        lo, hi = mean_ci(values)
-        rows.append({"variant": variant, "length": int(length), "mean": float(values.mean()), "ci_low": lo,
-                     "ci_high": hi, "seeds": len(values)})  # fmt: skip
-    out = pd.DataFrame(rows)
+    out = mean_table(merged.sort_values("length"), ["variant", "length"], "seq_acc", "n")
     rank = {v: i for i, v in enumerate(order)}
     return out.sort_values(["variant", "length"], key=lambda c: c.map(rank) if c.name == "variant" else c)
 
 
 def accuracy_by_length(per_length: pd.DataFrame, order: list[str], train_max_len: int | None):
-    """Exact match against target length per variant (mean over seeds, 95% CI as error bars); the lengths
-    beyond training shaded."""
+    """Exact match against target length per variant (mean over seeds, 95% CI as error bars, each seed a
+    faint point, as in the report's figure); the lengths beyond training shaded."""
     import plotly.graph_objects as go
 
     curves = length_curves(per_length, order)
     if curves.empty:
         return None
+    seeds = length_accuracy(per_length)
     fig = go.Figure()
     for variant, c in curves.groupby("variant", sort=False):
         fig.add_trace(go.Scatter(
-            x=c["length"], y=c["mean"], mode="lines+markers", name=str(variant),
+            x=c["length"], y=c["mean"], mode="lines+markers", name=str(variant), legendgroup=str(variant),
             error_y={"type": "data", "array": c["ci_high"] - c["mean"], "arrayminus": c["mean"] - c["ci_low"]},
+        ))  # fmt: skip
+        own = seeds[seeds["variant"] == variant]
+        fig.add_trace(go.Scatter(
+            x=own["length"], y=own["seq_acc"], mode="markers", name=f"{variant}: seeds", legendgroup=str(variant),
+            showlegend=False, opacity=0.5, marker={"size": 5}, text=[f"seed {s}" for s in own["seed"]],
         ))  # fmt: skip
     longest = int(curves["length"].max())
     if train_max_len is not None and longest > train_max_len:
@@ -117,5 +124,5 @@ def accuracy_by_length(per_length: pd.DataFrame, order: list[str], train_max_len
                       annotation_text="beyond training", annotation_position="top left")  # fmt: skip
     fig.update_layout(title="Exact match by target length (test splits): mean over seeds, 95% CI",
                       xaxis_title="target length (tokens)", yaxis_title="exact match",
-                      yaxis_range=[-0.02, 1.05])  # fmt: skip
+                      yaxis_range=[-RANGE_PAD, 1 + RANGE_PAD])  # fmt: skip
     return fig

@@ -14,7 +14,14 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from ablate.analysis.stats import MetricRange, examples, mean_ci, metric_range, pareto_front  # noqa: E402
+from ablate.analysis.stats import (  # noqa: E402
+    MetricRange,
+    examples,
+    mean_ci,
+    mean_table,
+    metric_range,
+    pareto_front,
+)
 from ablate.harness.artifacts import AttentionSample  # noqa: E402
 from ablate.harness.attention_maps import cross_attention, draw, probe_aer  # noqa: E402
 from ablate.harness.metrics import BLEU_BUCKET, BLEU_BUCKET_SENTENCES, length_buckets  # noqa: E402
@@ -92,22 +99,23 @@ def metric_by_factor(df: pd.DataFrame, metric: str, factor: str, others: list[st
     return grid.figure
 
 
-def _mean_curves(ax, rows: pd.DataFrame, x: str, y: str, hue_order: list[str], n_column: str) -> float:
-    """Per variant: the mean over seeds against x with its CI band (stats.mean_ci, with the fewest examples
-    of `n_column` at that x; 0 where unknown), and each seed's value as a faint point. Returns the highest
-    value drawn, band or point."""
-    rng, top = metric_range(y), float(rows[y].max())
-    for variant, colour in zip(hue_order, sns.color_palette(n_colors=len(hue_order))):
-        own = rows[rows["variant"] == variant]
-        points = [(at, g[y].mean(), *mean_ci(g[y].to_numpy(float), rng, int(g[n_column].min()) or None))
-                  for at, g in own.groupby(x)]  # fmt: skip
-        at, mean, lo, hi = (np.array(column, dtype=float) for column in zip(*points))
-        ax.plot(at, mean, marker="o", markersize=3, color=colour, label=variant)
-        ax.fill_between(at, lo, hi, color=colour, alpha=0.2, lw=0)
-        ax.scatter(own[x], own[y], s=5, color=colour, alpha=0.35, lw=0)
-        top = float(np.nanmax([top, *hi]))
+def _mean_curves(ax, rows: pd.DataFrame, x: str, y: str, hue_order: list[str], n_column: str) -> None:
+    """Per variant: the mean over seeds against x with its CI band (stats.mean_table, with the fewest
+    examples of `n_column` at that x; 0 where unknown), and each seed's value as a point. Bands are cut
+    at the axis; a mean of 0 (every seed at 0) is drawn as a point on the axis, above it."""
+    rng = metric_range(y)
     _show_range(ax, rng, rows[y].to_numpy(float))
-    return top
+    limits = ax.get_ylim() if np.isfinite(rng.low) else (-np.inf, np.inf)  # _show_range set no axis otherwise
+    curves = mean_table(rows.sort_values(x), ["variant", x], y, n_column)
+    for variant, colour in zip(hue_order, sns.color_palette(n_colors=len(hue_order))):
+        own, curve = rows[rows["variant"] == variant], curves[curves["variant"] == variant]
+        ax.plot(curve[x], curve["mean"], marker="o", markersize=3.5, color=colour, label=variant, clip_on=False,
+                zorder=4)  # fmt: skip
+        ax.fill_between(curve[x], curve["ci_low"].clip(*limits), curve["ci_high"].clip(*limits), color=colour,
+                        alpha=0.2, lw=0)  # fmt: skip
+        ax.scatter(own[x], own[y], s=9, color=colour, alpha=0.55, lw=0, zorder=3)
+    if np.isfinite(rng.low):
+        ax.set_ylim(*limits)
 
 
 def learning_curves(
@@ -191,8 +199,10 @@ def bleu_by_length(
     if table is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    top = _mean_curves(ax, table, "length", "bleu", [v for v in order if v in set(table["variant"])], "n")
-    ax.set_ylim(0, min(100.0, 1.15 * max(top, 1.0)))
+    _mean_curves(ax, table, "length", "bleu", [v for v in order if v in set(table["variant"])], "n")
+    curves = mean_table(table.sort_values("length"), ["variant", "length"], "bleu", "n")
+    top = np.nanmax([1.0, table["bleu"].max(), curves["ci_high"].max()])
+    ax.set_ylim(0, min(100.0, 1.15 * top))
     buckets = table.drop_duplicates("length").sort_values("length")
     labels = [f"{low}-{high}" for low, high in zip(buckets["length_min"], buckets["length_max"])]
     ax.set_xticks(buckets["length"], labels)
@@ -207,14 +217,15 @@ def bleu_by_length(
 
 
 def attention_maps(samples: dict[str, list[AttentionSample]]) -> plt.Figure | None:
-    """A grid of probe heatmaps: a row per variant, a column per probe; gold links drawn as red squares
-    and each panel titled with its AER."""
+    """A grid of probe heatmaps: a row per variant, a column per probe, one colour bar for all; gold links
+    drawn as red squares and each panel titled with its AER."""
     samples = {v: [s for s in ss if cross_attention(s) is not None] for v, ss in samples.items()}
     samples = {v: ss for v, ss in samples.items() if ss}
     if not samples:
         return None
     n_cols = max(len(ss) for ss in samples.values())
-    fig, axes = plt.subplots(len(samples), n_cols, figsize=(3.4 * n_cols, 3.3 * len(samples)), squeeze=False)
+    fig, axes = plt.subplots(len(samples), n_cols, figsize=(3.4 * n_cols + 0.8, 3.3 * len(samples)), squeeze=False,
+                             layout="constrained")  # fmt: skip
     for row, (variant, ss) in zip(axes, samples.items()):
         for ax, sample in zip(row, ss):
             aer = probe_aer(sample)
@@ -222,9 +233,12 @@ def attention_maps(samples: dict[str, list[AttentionSample]]) -> plt.Figure | No
             draw(ax, sample, "cross", title)
         for ax in row[len(ss) :]:
             ax.axis("off")
+    # Every panel shares draw's 0-1 colour scale: one bar reads them all.
+    fig.colorbar(
+        axes[0][0].images[0], ax=axes, shrink=min(1.0, 0.9 / len(samples) + 0.3), label="attention weight"
+    )
     fig.supxlabel("source", fontsize=9)
     fig.supylabel("target (predicted token)", fontsize=9)
-    fig.tight_layout()
     return fig
 
 

@@ -9,7 +9,7 @@ import io
 import json
 import os
 import re
-import tempfile
+import secrets
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -28,7 +28,7 @@ from ablate.harness.provenance import environment
 from ablate.harness.study.queue import study_progress
 from ablate.harness.study.spec import StudySpec, short_name, tune_metric, validation_metric
 from ablate.harness.tasks import CORPUS_TASKS
-from ablate.reports import dashboard, paired, plots
+from ablate.reports import dashboard, headline, paired, plots
 from ablate.reports.collect import StudyData, collect
 
 ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
@@ -42,10 +42,11 @@ def _png(fig) -> bytes:
 
 
 def _atomic_write(path: Path, data: bytes | str) -> None:
-    """Write to a temporary file beside `path`, then rename: a report is never half-written."""
-    mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
+    """Write to a temporary file beside `path`, then rename: a report is never half-written. open() creates
+    it, not mkstemp (always 0600), so that its mode follows the umask and others can read what the
+    umask lets them (classmates on a shared server)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    with open(tmp, "xb") if isinstance(data, bytes) else open(tmp, "x", encoding="utf-8") as f:
         f.write(data)
     os.replace(tmp, path)
 
@@ -154,7 +155,7 @@ def figures(
             data.history, list(dict.fromkeys([f"val/{split_metric}", "val/loss"])), order, df
         ),
         "Validation curves by training step: mean over seeds with a 95% CI band, one point per seed; "
-        "an unbounded metric's axis ends at 1.5 times its largest seed, so a wide band may run past it.",
+        "an unbounded metric's axis ends at 1.5 times its largest seed, and a wider band is cut at the axis.",
     )
     made["accuracy_by_length"] = (
         plots.accuracy_by_length(data.per_length, order, train_max_len(data)),
@@ -313,12 +314,17 @@ def build_report(
     variants = list(spec.variant_overrides())
     importances = importance_frame(data)
     figs = figures(data, summary, importances)
+    verdicts = claims.evaluate_all(spec, data.trials)
     context = {
         "spec": spec,
         "metric": spec.metric.name,
         "baseline": spec.baseline_variant(),
+        "headline": headline.headline(data, summary, verdicts),
         "summary": summary.sort_values("rank", na_position="last").to_dict("records"),
-        "claims": claims.evaluate_all(spec, data.trials),
+        "table_notes": headline.table_notes(summary),
+        "show_permutation": headline.show_permutation(summary),
+        "show_g": headline.show_g(summary),
+        "claims": verdicts,
         "look_level": claims.look_level(spec),
         "progress": [asdict(row) for row in study_progress(spec, storage)],
         "trials": trial_rows(data.trials),

@@ -14,9 +14,12 @@ from conftest import ablate
 from optuna.trial import TrialState
 from pydantic import ValidationError
 from test_postgres import postgres_url  # noqa: F401  (a fixture)
+from typer.testing import CliRunner
 
 from ablate.analysis import claims
-from ablate.analysis.claims import INCONCLUSIVE, REPRODUCED
+from ablate.analysis.claims import INCONCLUSIVE, PENDING, REPRODUCED
+from ablate.cli import app
+from ablate.harness.artifacts import default_storage_url
 from ablate.harness.errors import ConfigError
 from ablate.harness.study import looks
 from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, trial_seed
@@ -27,7 +30,7 @@ from ablate.reports.render import seeds_text
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-METRIC = "test/seq_acc"
+METRIC = "test/tok_acc"  # two seeds a side decide a claim on it (exact match needs three)
 VARIANTS = {
     "pos": {"preset": "transformer"},
     "nopos": {"preset": "transformer", "model.pos_encoding": "none"},
@@ -51,6 +54,7 @@ def adaptive_spec(seeds=None, **extra) -> StudySpec:
             "variants": VARIANTS,
             "claims": CLAIMS,
             "seeds": seeds or {"min": 2, "max": 4},
+            "metric": {"name": METRIC},
             **extra,
         }
     )
@@ -150,15 +154,17 @@ def test_a_claim_whose_first_look_is_not_queued_yet_is_running_and_wants_nothing
 
 
 def test_a_decided_claim_keeps_its_look_when_its_variants_run_on_for_another_claim():
-    # Both claims compare pre with pos: the first is decided at look 1, the second (token accuracy,
-    # similar within 1e-6) stays open and takes pre and pos to a third seed. The first keeps its look.
+    # Both claims compare pre with pos: the first is decided at look 1, the second (token accuracy beyond
+    # the training lengths, similar within 1e-6) stays open and takes pre and pos to a third seed. The
+    # first keeps its look.
     spec = StudySpec.model_validate({"name": "adaptive", "variants": VARIANTS, "seeds": {"min": 2, "max": 4},
+        "metric": {"name": METRIC},
         "claims": [{"text": "Pre-LN is far worse here.", "compare": {"model.norm": "pre"}, "to": POS,
                     "expect": "lower", "margin": 0.3},
                    {"text": "Pre-LN matches post-LN in token accuracy.", "compare": {"model.norm": "pre"},
-                    "to": POS, "metric": "test/tok_acc", "expect": "similar", "margin": 0.000001}]})  # fmt: skip
+                    "to": POS, "metric": "test_long/tok_acc", "expect": "similar", "margin": 0.000001}]})  # fmt: skip
     df = table({"pos": [1.0, 1.0, 0.97], "pre": [0.031, 0.016, 0.02]})
-    df["test/tok_acc"] = [1.0, 0.97, 1.0, 1.0, 0.98, 0.99]
+    df["test_long/tok_acc"] = [1.0, 0.97, 1.0, 1.0, 0.98, 0.99]
     first, second = claims.evaluate_all(spec, df)
     assert (first.verdict, first.decided, first.look, first.seeds) == (REPRODUCED, True, 0, 2)
     assert (second.verdict, second.look, second.seeds) == (INCONCLUSIVE, 1, 3)
@@ -186,6 +192,24 @@ def test_a_list_of_seeds_is_one_look_at_95_percent():
 
 
 # Queuing the next look --------------------------------------------------------------------------------------
+
+
+def test_a_side_short_of_seeds_is_pending_while_its_trials_run_and_inconclusive_once_they_end():
+    scores = {"pos": [1.0, np.nan], "nopos": [0.031, 0.016], "pre": [1.0, 0.97]}
+    positions, norm = claims.evaluate_all(adaptive_spec([0, 1]), table(scores, {("pos", 1): "RUNNING"}))
+    assert positions.verdict == norm.verdict == PENDING and not positions.decided
+    positions, _ = claims.evaluate_all(adaptive_spec([0, 1]), table(scores, {("pos", 1): "FAIL"}))
+    assert positions.verdict == INCONCLUSIVE and "1 completed seed(s)" in positions.reason
+
+
+def test_status_calls_each_claim_pending_before_its_sides_have_finished_trials(tmp_path):
+    spec, runs = adaptive_spec(), tmp_path / "runs"
+    prepare_study(spec, open_storage(default_storage_url(spec.slug, runs)))  # queued, none run yet
+    result = CliRunner().invoke(app, ["status", "adaptive", "--out", str(runs)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if any(c["text"] in line for c in CLAIMS)]
+    assert len(rows) == 2 and all("pending" in row and "inconclusive" not in row for row in rows), rows
+
 
 SCORES = {"pos": [1.0, 1.0, 0.97, 1.0], "nopos": [0.031, 0.016, 0.02, 0.0], "pre": [1.0, 0.97, 1.0, 0.98]}
 

@@ -161,7 +161,8 @@ def test_missing_modules_and_pysword_are_one_line_naming_what_to_install(tmp_pat
     with pytest.raises(ConfigError) as error:
         build_task(bible(tmp_path), 0)
     assert str(error.value) == (
-        "the bible task: the [bible] extra is not installed (no module pysword); pip install -e '.[bible]'"
+        "the bible task: the [bible] extra is not installed (no module pysword); "
+        "pip install 'attention-ablate[bible]'"
     )
 
 

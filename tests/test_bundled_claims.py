@@ -3,8 +3,10 @@ configuration produces (harness.metrics.produced_metrics) are what a trial of it
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
+from ablate.analysis import claims
 from ablate.analysis.claims import claim_sides
 from ablate.harness.config import build_config, read_yaml
 from ablate.harness.metrics import produced_metrics
@@ -33,6 +35,49 @@ def test_bundled_claims_cite_their_source_and_name_what_the_study_produces(path,
             for variant in compare + to:
                 produced = produced_metrics(spec.config_for(overrides[variant], spec.seed_pool[0]))
                 assert arm_metric in produced, f"{path.name}: variant {variant} reports no {arm_metric}"
+
+
+@pytest.mark.parametrize("path,profile", PROFILES, ids=[f"{p.stem}-{prof}" for p, prof in PROFILES])
+def test_no_bundled_exact_match_claim_is_decided_at_two_seeds(path, profile):
+    # Each compared cell split between variants (0.24 in one, 0.98 in its sibling), each variant's two
+    # seeds agreeing, the other side at 0.99: a narrow interval at two seeds that two more could overturn.
+    spec = load_study(path, profile)
+    settings = variant_settings(spec)
+    for claim in spec.claims:
+        metrics = [metric for metric, _ in claim.arms(spec.metric.name)]
+        if not any(metric.endswith("/seq_acc") for metric in metrics):
+            continue
+        compared = {
+            v for _, within in claim.arms(spec.metric.name) for v in claim_sides(settings, claim, within)[0]
+        }
+        rows = [{"variant": v, "seed": seed, "state": "COMPLETE",
+                 **dict.fromkeys(metrics, (0.24, 0.98)[i % 2] + 0.01 * k if v in compared else 0.99)}
+                for i, v in enumerate(spec.variant_overrides()) for k, seed in enumerate(spec.seed_pool[:2])]  # fmt: skip
+        df = pd.DataFrame(rows).assign(trial=range(len(rows)))
+        result = claims.judge(spec, claim, df)
+        assert not result.decided, f"{path.name}: {claim.text!r} decided at two seeds: {result.reason}"
+
+
+def test_each_bundled_claim_is_judged_in_one_study():
+    # Two studies judging one finding of one paper from like runs would count it twice.
+    studies: dict[tuple[str, str], set[str]] = {}
+    for path, profile in PROFILES:
+        for claim in load_study(path, profile).claims:
+            studies.setdefault((claim.source.paper, claim.source.where), set()).add(path.stem)
+    assert {place: names for place, names in studies.items() if len(names) > 1} == {}
+
+
+@pytest.mark.parametrize("path,profile", PROFILES, ids=[f"{p.stem}-{prof}" for p, prof in PROFILES])
+def test_alibi_claims_are_judged_where_alibi_can_see_order(path, profile):
+    # ALiBi alone in a bidirectional encoder sees a source and its mirror image alike (README, positional
+    # encodings): a claim about ALiBi is judged in a causal decoder-only model, as Press et al. test it.
+    spec = load_study(path, profile)
+    overrides = spec.variant_overrides()
+    for claim in spec.claims:
+        for variant in claims.claim_variants(spec, claim):
+            model = spec.config_for(overrides[variant], spec.seed_pool[0]).model
+            if model.arch == "transformer" and model.pos_encoding == "alibi":
+                assert model.causal_mask and not model.cross_attention, f"{path.name}: {claim.text!r}"
 
 
 TINY = {"task": {"n_train": 48, "n_valid": 8, "n_test": 8, "min_len": 5, "max_len": 6},

@@ -5,12 +5,15 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from ablate.harness.config import accepted_values, build_config, load_config, parse_override
 from ablate.harness.errors import ConfigError
+from ablate.models import build_model
 from ablate.models.config import PRESETS, ModelConfig
 from ablate.models.positional import POSITIONAL
 from ablate.models.scores import SCORES
+from ablate.models.transformer_scores import TRANSFORMER_SCORES
 from tests.conftest import ablate
 
 
@@ -61,14 +64,40 @@ def test_presets_resolve_in_one_place():
     assert error_of({"preset": "gpt5"}) == f"preset: unknown preset 'gpt5'; known: {', '.join(PRESETS)}"
 
 
+def one_of(names: list[str]) -> str:
+    """How pydantic lists a Literal's choices: 'a', 'b' or 'c'."""
+    return ", ".join(repr(n) for n in names[:-1]) + f" or {names[-1]!r}"
+
+
 def test_lstm_scores_the_config_accepts_are_the_registry():
     for name in ["none", *SCORES]:
         assert build_config({"preset": "lstm"}, {"model.attention": name}).model.attention == name
-    known = ", ".join(repr(n) for n in ["none", *SCORES][:-1]) + f" or {list(SCORES)[-1]!r}"
     assert (
         error_of({}, {"model.attention": "dotty"})
-        == f"model.attention: Input should be {known} (got 'dotty')"
+        == f"model.attention: Input should be {one_of(['none', *SCORES])} (got 'dotty')"
     )
+
+
+def test_transformer_scores_the_config_accepts_are_the_registry():
+    for name in TRANSFORMER_SCORES:
+        assert build_config({"preset": "transformer"}, {"model.score": name}).model.score == name
+    assert (
+        error_of({}, {"model.score": "dotty"})
+        == f"model.score: Input should be {one_of(list(TRANSFORMER_SCORES))} (got 'dotty')"
+    )
+
+
+def test_scale_is_refused_where_the_score_gives_it_no_meaning():
+    """cosine learns its factor g: model.scale is g's start (a number, or the default sqrt for Henry et al.'s
+    log2(L^2 - L)), and `none` (no factor) would be ignored."""
+    assert error_of({}, {"model.score": "cosine", "model.scale": "none"}) == (
+        "model.scale: none has no meaning with score cosine, where it sets the learned factor g's starting "
+        "value: a number, or sqrt (the default) for Henry et al.'s log2(L² − L) with L = model.max_positions"
+    )
+    for scale in ("sqrt", 3.0):
+        assert build_config({}, {"model.score": "cosine", "model.scale": scale}).model.scale == scale
+    for scale in ("sqrt", "none", 0.3):
+        assert build_config({}, {"model.score": "dot", "model.scale": scale}).model.scale == scale
 
 
 def test_accepted_values_name_every_key_with_its_choices():
@@ -76,6 +105,7 @@ def test_accepted_values_name_every_key_with_its_choices():
     assert set(accepts) == set(build_config({}).flat())
     assert accepts["model.norm"] == "post | pre | none | rms_pre"
     assert accepts["model.attention"] == " | ".join(["none", *SCORES])
+    assert accepts["model.score"] == " | ".join(TRANSFORMER_SCORES)
     assert accepts["model.pos_encoding"].startswith(" | ".join(POSITIONAL) + ", or kinds")
     assert (accepts["model.scale"], accepts["task.test_max_len"]) == (
         "sqrt | none, or number",
@@ -174,3 +204,52 @@ def test_from_name_applies_its_overrides_on_the_preset():
     cfg = ModelConfig.from_name("lstm-luong-dot", d_model=32, input_feeding=False)
     assert (cfg.arch, cfg.attention, cfg.attention_query) == ("lstm", "dot", "current")
     assert (cfg.d_model, cfg.input_feeding) == (32, False)  # the preset says True
+
+
+def test_a_key_the_model_ignores_is_refused_on_the_command_line():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, "lstm", ["model.heads=8"])
+    assert str(info.value) == "model.heads: has no effect (a Transformer setting; model.arch is lstm)"
+    with pytest.raises(ConfigError, match=r"^model.input_feeding: has no effect \(acts only with attention"):
+        load_config(None, "lstm", ["model.input_feeding=true"])
+    with pytest.raises(ConfigError, match=r"^model.attention: has no effect \(an LSTM setting"):
+        load_config(None, None, ["model.attention=dot"])
+    # What the preset sets is not the user's doing; a key the model reads is always welcome.
+    assert load_config(None, "lstm-luong-dot", ["model.input_feeding=false"]).model.input_feeding is False
+
+
+# A value other than the default for every key a model may ignore.
+CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention_query": "current",
+           "input_feeding": True, "attention_heads": 2, "heads": 2, "d_ff": 8, "scale": "none", "score": "cosine",
+           "pos_encoding": "rope", "pos_base": 100.0, "residual": False, "ffn": True, "norm": "pre",
+           "causal_mask": False, "cross_attention": False, "embed_scale": False, "qkv_projections": False,
+           "max_positions": 9}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"arch": "lstm"},
+        {"arch": "lstm", "attention": "dot"},
+        {"arch": "transformer", "ffn": False, "pos_encoding": "alibi"},
+    ],
+    ids=["lstm", "lstm-attention", "transformer-no-ffn-alibi"],
+)
+def test_a_key_the_model_ignores_changes_nothing_it_computes(model):
+    cfg = ModelConfig(d_model=16, layers=1, dropout=0.0, **model)
+    src, tgt = torch.randint(1, 12, (2, 6)), torch.randint(1, 12, (2, 5))
+
+    def built(config: ModelConfig) -> tuple[dict, torch.Tensor]:
+        torch.manual_seed(0)
+        net = build_model(config, 12, 12).eval()
+        return net.state_dict(), net(src, tgt)
+
+    weights, outputs = built(cfg)
+    assert set(cfg.ignored_keys()) <= set(CHANGED)
+    for key in cfg.ignored_keys():
+        changed = ModelConfig(**{**cfg.model_dump(), key: CHANGED[key]})
+        assert changed.effective() == cfg.effective(), key
+        other_weights, other_outputs = built(changed)
+        assert other_weights.keys() == weights.keys(), key
+        assert all(torch.equal(other_weights[name], w) for name, w in weights.items()), key
+        assert torch.equal(other_outputs, outputs), key

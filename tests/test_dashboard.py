@@ -23,6 +23,7 @@ import pytest
 import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
 from matplotlib import image
+from matplotlib.collections import PolyCollection
 from test_report_browser import CHROMIUM, chromium
 from test_reports import SRC, attention_sample, synthetic  # noqa: F401  (the session's report)
 
@@ -32,7 +33,7 @@ from ablate.harness.attention_maps import save_probe_image
 from ablate.harness.study.queue import optuna_study_name, prepare_study
 from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.storage import open_storage
-from ablate.reports import collect, dashboard
+from ablate.reports import collect, dashboard, plots
 from ablate.reports.render import build_report, variant_summary
 
 METRIC = "test/seq_acc"
@@ -66,7 +67,7 @@ def test_study_note_holds_the_reports_table_and_verdicts(synthetic):  # noqa: F8
         "[–, –]",  # a side with one seed: no interval
     ]
     assert math.isnan(result.ci_low) and math.isnan(result.ci_high)
-    assert claim[-1] == "a variant has 1 completed seed(s) of test/seq_acc; a verdict needs 2"
+    assert claim[-1] == "a variant has 1 completed seed(s) of test/seq_acc; a verdict needs 3"
     assert "<b>" not in note and "Without positions &lt;b&gt;reversal&lt;/b&gt; fails." in note
 
     notes = {t.number: optuna_dashboard.get_note(optuna.Trial(study, t._trial_id)) for t in study.trials}
@@ -104,7 +105,8 @@ def test_metric_by_variant_draws_every_seed_and_the_tables_ci():
             for i, (v, xs) in enumerate(seeds.items()) for j, x in enumerate(xs)]  # fmt: skip
     df = pd.DataFrame([*done, {"trial": 99, "variant": "b", "seed": 5, "state": "FAIL", METRIC: np.nan}])
     summary = stats.summarize(df, METRIC, list(seeds), "a")
-    points, means = dashboard.metric_by_variant(df, summary, METRIC, list(seeds)).data
+    figure = dashboard.metric_by_variant(df, summary, METRIC, list(seeds))
+    points, means = figure.data
     assert sorted(zip(points.x, points.y)) == sorted((v, x) for v, xs in seeds.items() for x in xs)
     assert list(means.x) == list(seeds) and means.y == pytest.approx([0.8466667, 0.55, 0.3])
     top = np.array(means.y) + np.array(means.error_y.array, dtype=float)
@@ -112,6 +114,7 @@ def test_metric_by_variant_draws_every_seed_and_the_tables_ci():
     assert top[:2] == pytest.approx(summary["ci_high"][:2]) and bottom[:2] == pytest.approx(
         summary["ci_low"][:2]
     )
+    assert list(figure.layout.yaxis.range) == pytest.approx([-0.04, 1.04])  # accuracy's whole range
     empty = df.assign(state="FAIL")
     assert dashboard.metric_by_variant(empty, summary, METRIC, list(seeds)) is None
 
@@ -128,13 +131,44 @@ def test_accuracy_by_length_merges_splits_by_examples_then_averages_seeds():
     )  # fmt: skip
     curves = dashboard.length_curves(per_length, ["a"]).set_index("length")
     assert curves["mean"].to_dict() == pytest.approx({2: 0.45, 6: 0.3})
-    assert tuple(curves.loc[2, ["ci_low", "ci_high"]]) == pytest.approx(stats.mean_ci(np.array([0.2, 0.7])))
+    # The interval in [0, 1], at the fewest examples of a seed at that length (10: trial 1).
+    ci = stats.mean_ci(np.array([0.2, 0.7]), stats.metric_range(METRIC), 10)
+    assert tuple(curves.loc[2, ["ci_low", "ci_high"]]) == pytest.approx(ci)
     fig = dashboard.accuracy_by_length(per_length, ["a"], train_max_len=4)
-    (curve,) = fig.data
+    curve, seeds = fig.data
     assert list(curve.x) == [2, 6] and list(curve.y) == pytest.approx([0.45, 0.3])
+    # Each seed a point, as in the report's figure.
+    assert np.ravel(sorted(zip(seeds.x, seeds.y))) == pytest.approx([2, 0.2, 2, 0.7, 6, 0.2, 6, 0.4])
     (beyond,) = fig.layout.shapes  # the lengths beyond training: 5 and 6
     assert (beyond.x0, beyond.x1) == (4.5, 6.5)
     assert dashboard.accuracy_by_length(per_length.iloc[0:0], ["a"], 4) is None
+
+
+def test_dashboard_and_report_draw_the_same_bounded_length_intervals():
+    # Two seeds a length: both at 0 (length 9), near 1 (length 3), spread wide (length 6); 40 examples each.
+    acc = {3: (1.0, 0.95), 6: (0.1, 0.9), 9: (0.0, 0.0)}
+    per_length = pd.DataFrame(
+        [{"trial": s, "variant": "a", "seed": s, "split": "test", "length": n, "n": 40, "seq_acc": x[s]}
+         for n, x in acc.items() for s in (0, 1)]
+    )  # fmt: skip
+    curve = dashboard.accuracy_by_length(per_length, ["a"], None).data[0]
+    dash_lo = np.array(curve.y) - np.array(curve.error_y.arrayminus, dtype=float)
+    dash_hi = np.array(curve.y) + np.array(curve.error_y.array, dtype=float)
+    ax = plots.accuracy_by_length(per_length, ["a"], None).axes[0]
+    (line,) = [line for line in ax.get_lines() if line.get_label() == "a"]
+    (band,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    vertices = band.get_paths()[0].vertices
+    report_band = [
+        (vertices[vertices[:, 0] == x, 1].min(), vertices[vertices[:, 0] == x, 1].max()) for x in acc
+    ]
+    assert list(line.get_xdata()) == list(curve.x) == list(acc)
+    assert list(line.get_ydata()) == pytest.approx(list(curve.y))
+    assert list(curve.y) == pytest.approx([0.975, 0.5, 0.0])
+    assert np.ravel(report_band) == pytest.approx(np.ravel(list(zip(dash_lo, dash_hi))), abs=1e-12)
+    for (lo, hi), x in zip(report_band, acc.values()):
+        assert (lo, hi) == pytest.approx(stats.mean_ci(np.array(x), stats.metric_range(METRIC), 40))
+        assert 0 <= lo <= np.mean(x) <= hi <= 1
+    assert dash_lo[2] == 0 < dash_hi[2]  # seeds all at 0: a point at 0 with the binomial width of 80 examples
 
 
 def test_probe_heatmap_png_marks_the_gold_links(tmp_path):

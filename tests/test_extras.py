@@ -25,7 +25,7 @@ def test_require_imports_or_names_the_extra(monkeypatch):
         require("datasets", extra="hf", feature="Hugging Face dataset folders")
     assert str(error.value) == (
         "Hugging Face dataset folders: the [hf] extra is not installed (no module datasets); "
-        "pip install -e '.[hf]'"
+        "pip install 'attention-ablate[hf]'"
     )
 
 
@@ -39,9 +39,22 @@ def test_training_on_a_dataset_folder_without_the_hf_extra(monkeypatch, tmp_path
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         "error: Hugging Face dataset folders: the [hf] extra is not installed (no module datasets); "
-        "pip install -e '.[hf]'"
+        "pip install 'attention-ablate[hf]'"
     ]
     assert not out.exists()
+
+
+def test_s3_artifacts_without_the_s3_extra(monkeypatch, tmp_path):
+    missing(monkeypatch, "boto3")
+    result = CliRunner().invoke(
+        app, ["sweep", "quickstart", "--out", str(tmp_path), "--artifacts", "s3://b/p"]
+    )
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "error: --artifacts s3://: the [s3] extra is not installed (no module boto3); "
+        "pip install 'attention-ablate[s3]'"
+    ]
+    assert not any(tmp_path.iterdir())
 
 
 def test_postgresql_urls_use_psycopg2_and_need_the_postgres_extra(monkeypatch):
@@ -58,7 +71,7 @@ def test_postgresql_urls_use_psycopg2_and_need_the_postgres_extra(monkeypatch):
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         "error: PostgreSQL storage: the [postgres] extra is not installed (no module psycopg2); "
-        "pip install -e '.[postgres]'"
+        "pip install 'attention-ablate[postgres]'"
     ]
 
 
@@ -70,5 +83,5 @@ def test_dashboard_without_the_dashboard_extra(monkeypatch, tmp_path):
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         "error: ablate dashboard: the [dashboard] extra is not installed (no module optuna_dashboard); "
-        "pip install -e '.[dashboard]'"
+        "pip install 'attention-ablate[dashboard]'"
     ]

@@ -1,6 +1,6 @@
 """Hostile input refused before the first trial: every value, reference, name and path is checked up front,
 a failing study lists all its problems with their YAML locations, and operating-system errors become one
-line. In-process checks first (fast); then the installed `ablate` script, permission cases as a user
+line. In-process checks first (fast); then the installed `ablate` script, permission cases in a process
 without CAP_DAC_OVERRIDE so they bite when the tests run as root."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,8 +18,9 @@ import lightning as L
 import pytest
 import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
+from typer.testing import CliRunner
 
-from ablate.cli import error_line
+from ablate.cli import app, error_line, main
 from ablate.harness.artifacts import MAX_FOLDER_BYTES, slugify
 from ablate.harness.config import ExperimentConfig, accepted_values, build_config, read_yaml
 from ablate.harness.errors import ConfigError, RunFailed
@@ -154,6 +154,43 @@ def test_named_variants_that_build_the_same_config_are_an_error(tmp_path):
     variants = {"a": {"model.norm": "pre"}, "b": {"preset": "transformer-pre-ln"}}
     lines = problems_of(study(tmp_path, variants=variants))
     assert lines == [f"{tmp_path / 'study.yaml'}: variants.b: builds the same config as variants.a"]
+
+
+def test_a_key_a_variants_model_ignores_is_refused_at_its_location(tmp_path):
+    # The base's transformer keys are shared: an LSTM variant may ignore them. Its own may not be ignored.
+    variants = {"plain": {"preset": "lstm"}, "fed": {"preset": "lstm", "model.input_feeding": True},
+                "headed": {"preset": "lstm-bahdanau", "model.heads": 2}}  # fmt: skip
+    lines = problems_of(study(tmp_path, variants=variants))
+    where = tmp_path / "study.yaml"
+    assert lines == [
+        f"{where}: variants.fed.model.input_feeding: has no effect (acts only with attention; "
+        "model.attention is none)",
+        f"{where}: variants.headed.model.heads: has no effect (a Transformer setting; model.arch is lstm)",
+        f"{where}: variants.plain: builds the same model as variants.fed (model.input_feeding: ignored by "
+        "this model)",
+    ]
+
+
+def test_a_grid_crossing_a_key_some_variants_ignore_is_refused_naming_them(tmp_path):
+    factors = {"model.attention": ["none", "dot"], "model.input_feeding": [True, False]}
+    lines = problems_of(study(tmp_path, base=base(preset="lstm"), factors=factors))
+    assert lines == [
+        f"{tmp_path / 'study.yaml'}: factors.model.input_feeding: has no effect in "
+        "'attention=none,input_feeding=True', 'attention=none,input_feeding=False' (acts only with "
+        "attention; model.attention is none); list the variants by name to leave it out where it does nothing",
+        f"{tmp_path / 'study.yaml'}: variant 'attention=none,input_feeding=False': builds the same model as "
+        "variant 'attention=none,input_feeding=True' (model.input_feeding: ignored by this model)",
+    ]
+
+
+def test_variants_that_build_one_model_through_their_presets_are_an_error(tmp_path):
+    # Neither writes a key its model ignores, yet without attention the preset's input feeding does nothing.
+    variants = {"a": {"preset": "lstm"}, "b": {"preset": "lstm-luong-dot", "model.attention": "none"}}
+    lines = problems_of(study(tmp_path, variants=variants))
+    assert lines == [
+        f"{tmp_path / 'study.yaml'}: variants.b: builds the same model as variants.a "
+        "(model.attention_query, model.input_feeding: ignored by this model)"
+    ]
 
 
 def test_a_failing_study_lists_all_its_problems_with_their_locations(tmp_path):
@@ -299,6 +336,34 @@ def test_the_study_metric_is_one_every_variant_reports(tmp_path, task, preset, m
 def test_claims_are_matched_against_the_built_variants(tmp_path, claim, problem):
     variants = {"rnn": {"preset": "lstm"}, "tf": {"preset": "transformer"}}
     path = study(tmp_path, variants=variants, claims=[{"text": "t", "expect": "lower", **claim}])
+    if problem is None:
+        load_study(path)
+    else:
+        (line,) = problems_of(path)
+        assert line.startswith(f"{path}: {problem}"), line
+
+
+@pytest.mark.parametrize(
+    "claim, problem",
+    [
+        ({"expect": "lower", "margin": 1.0},
+         "claims[0].margin: 1 cannot be met: test/seq_acc lies in [0, 1], so Δ lies within ±1"),
+        ({"expect": "similar", "margin": 1.5},
+         "claims[0].margin: 1.5 can never fail: test/seq_acc lies in [0, 1], so Δ lies within ±1"),
+        ({"expect": "higher", "margin": 1.0, "metric": "test_long/tok_acc"},
+         "claims[0].margin: 1 cannot be met: test_long/tok_acc lies in [0, 1], so Δ lies within ±1"),
+        ({"expect": "lower", "margin": 2.0, "versus": {"metric": "test/tok_acc"}},
+         "claims[0].margin: 2 cannot be met: test/seq_acc lies in [0, 1], so Δ lies within ±2"),
+        ({"expect": "lower", "margin": 0.1, "metric": "test/loss", "versus": {"metric": "test/tok_acc"}},
+         "claims[0].versus.metric: judges test/loss as a ratio and test/tok_acc as a difference"),
+        ({"expect": "lower", "margin": 0.99}, None),
+        ({"expect": "lower", "margin": 5.0, "metric": "test/loss"}, None),  # a ratio: one side 6 times the other
+    ],
+)  # fmt: skip
+def test_a_claim_whose_margin_its_metric_cannot_meet_is_refused(tmp_path, claim, problem):
+    variants = {"rnn": {"preset": "lstm"}, "tf": {"preset": "transformer"}}
+    sides = {"text": "t", "compare": {"preset": "lstm"}, "to": {"preset": "transformer"}}
+    path = study(tmp_path, variants=variants, claims=[{**sides, **claim}])
     if problem is None:
         load_study(path)
     else:
@@ -521,46 +586,103 @@ def test_debug_shows_the_traceback(tmp_path):
     )
 
 
-@pytest.fixture
-def shared_dir():
-    """A folder another user can enter (pytest's own are private to root)."""
-    folder = Path(tempfile.mkdtemp(prefix="ablate-perm-"))
-    folder.chmod(0o777)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+@pytest.mark.parametrize(
+    "tree, problem",
+    [
+        ({"name": ""}, "name: must not be empty"),
+        ({"name": "x" * 300}, "name: 300 bytes long; a name is at most 200 bytes (UTF-8)"),
+        ({"name": "é" * 101}, "name: 202 bytes long; a name is at most 200 bytes (UTF-8)"),
+        ({"name": "two\nlines"}, "name: must be one line of printable characters"),
+        ({"variants": {"": {"preset": "lstm"}}}, "variants: variant '': must not be empty"),
+        ({"variants": {"v" * 201: {}}}, f"variants: variant {'v' * 40!r}: 201 bytes long; a name is at most "
+                                        "200 bytes (UTF-8)"),
+    ],
+)  # fmt: skip
+def test_a_name_that_cannot_name_a_studys_outputs_is_refused(tmp_path, tree, problem):
+    # A name becomes folders, Optuna study names, W&B groups and the argument its workers get.
+    path = study(tmp_path, **tree)
+    result = CliRunner().invoke(app, ["sweep", str(path), "--out", str(tmp_path / "out")])
+    assert (result.exit_code, result.output.splitlines()) == (2, [f"error: {path}: {problem}"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_study_or_config_file_above_a_megabyte_is_refused_before_parsing(tmp_path):
+    # One line, however the file goes on: an alias bomb past the bound is never expanded.
+    path = study(tmp_path)
+    with path.open("a") as f:
+        f.write("bomb: &a [x, x, x, x, x, x, x, x, x, x]\n" + "#" * 1_000_000 + "\n")
+    size = path.stat().st_size
+    for command in (["sweep", str(path)], ["train", str(path)]):
+        proc = ablate(*command, "--out", str(tmp_path / "out"))
+        assert_refused(proc, f"{path}: {size:,} bytes; a config or study file is at most 1,000,000")
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_that_diverges_fails_with_the_reason(tmp_path):
+    # As a sweep's trial fails: exit 1 and why, not exit 0 with NaN metrics.
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(base()))
+    proc = ablate("train", str(config), "train.lr=1e308", "--out", str(tmp_path / "out"), "--json")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    # Checked at the first validation (val_every 2): the first update already made the weights infinite.
+    assert proc.stderr.splitlines() == ["error: diverged: train/loss is not finite (by step 2)"]
+    assert proc.stdout == ""
+
+
+def test_cuda_out_of_memory_in_train_is_one_line(monkeypatch, capsys):
+    import torch
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+            "3.06 GiB is free. Including non-PyTorch memory, this process has 76.10 GiB memory in use. If reserved "
+            "but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid"
+            " fragmentation.  See documentation for Memory Management\n  (https://pytorch.org/docs/stable/notes)"
+        )
+
+    monkeypatch.setattr("ablate.harness.trial.run_trial", out_of_memory)
+    monkeypatch.setattr("sys.argv", ["ablate", "train", "--preset", "lstm", "train.max_steps=1"])
+    with pytest.raises(SystemExit) as exit:
+        main()
+    assert exit.value.code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+        "which 3.06 GiB is free; a smaller train.batch_size needs less"
+    ]
 
 
 def ablate_unprivileged(*args: str, home: Path) -> subprocess.CompletedProcess:
-    """`ablate` as a user without CAP_DAC_OVERRIDE: as root, through setpriv as nobody."""
+    """`ablate` without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH. As root, setpriv drops them and stays root
+    rather than becoming another user, who could not reach a checkout in a private home (/root is 0700)."""
     env = {**os.environ, "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", "WANDB_MODE": "disabled"}
     exe = ablate_exe()
     prefix: list[str] = []
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
             pytest.skip("running as root and setpriv (util-linux) is missing: cannot drop CAP_DAC_OVERRIDE")
-        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
     return subprocess.run([*prefix, exe, *args], capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_unreadable_study_file(shared_dir):
-    path = study(shared_dir)
+def test_unreadable_study_file(tmp_path):
+    path = study(tmp_path)
     path.chmod(0)
-    proc = ablate_unprivileged("sweep", str(path), "--out", str(shared_dir / "out"), home=shared_dir)
+    proc = ablate_unprivileged("sweep", str(path), "--out", str(tmp_path / "out"), home=tmp_path)
     assert_refused(proc, f"{path}: permission denied")
-    assert not (shared_dir / "out").exists()
+    assert not (tmp_path / "out").exists()
 
 
-def test_unreadable_corpus_and_unwritable_out_are_listed_together(shared_dir):
-    (shared_dir / "other.tsv").write_text(PAIRS)
-    (shared_dir / "c.tsv").write_text(PAIRS)
-    (shared_dir / "c.tsv").chmod(0)
-    path = corpus_study(shared_dir, "c.tsv")
-    locked = shared_dir / "locked"
+def test_unreadable_corpus_and_unwritable_out_are_listed_together(tmp_path):
+    (tmp_path / "other.tsv").write_text(PAIRS)
+    (tmp_path / "c.tsv").write_text(PAIRS)
+    (tmp_path / "c.tsv").chmod(0)
+    path = corpus_study(tmp_path, "c.tsv")
+    locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
-    proc = ablate_unprivileged("sweep", str(path), "--out", str(locked / "runs"), home=shared_dir)
+    proc = ablate_unprivileged("sweep", str(path), "--out", str(locked / "runs"), home=tmp_path)
     assert_refused(
         proc,
-        f"{path}: base.task.path: {shared_dir / 'c.tsv'}: permission denied",
+        f"{path}: base.task.path: {tmp_path / 'c.tsv'}: permission denied",
         f"--out: {locked}: permission denied (not writable)",
     )
     assert list(locked.iterdir()) == []

@@ -322,21 +322,34 @@ def test_bf16_mixed_trains_and_beam_searches_on_cpu(logged_trial):
         assert bf16.metrics[key] == pytest.approx(fp32.metrics[key], rel=0.02)
 
 
-class BarDescriptions(L.Callback):
-    """What the progress bar's tasks say at the end of training (Rich keeps every task it showed)."""
+class TrainBars(L.Callback):
+    """What the training bars say at the end of training: description, done, total (Rich keeps every task
+    it showed)."""
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.seen = [task.description.strip() for task in trainer.progress_bar_callback.progress.tasks]
+        tasks = trainer.progress_bar_callback.progress.tasks
+        self.seen = [
+            (t.description.strip(), t.completed, t.total) for t in tasks if "Validation" not in t.description
+        ]
 
 
-def test_progress_bar_counts_epochs_without_a_negative_last_one():
-    # A step budget leaves max_epochs at -1, which Lightning's Rich bar shows as "Epoch 1/-2". The tiny
-    # task has 4 batches an epoch: 6 steps run through epochs 0 and 1.
-    for sets, expected in ((("train.max_steps=6",), "Epoch 1"), (("train.max_epochs=2",), "Epoch 1/1")):
-        bar = BarDescriptions()
-        run_trial(tiny(*sets, "train.val_every=3"), callbacks=[bar], progress=True)
-        train_bars = [d for d in bar.seen if d.startswith("Epoch")]
-        assert train_bars[-1] == expected, bar.seen
+def test_progress_bar_counts_the_steps_of_the_budget_across_epochs():
+    # The tiny task has 4 batches an epoch: a budget of 6 steps runs through epochs 0 and 1 on one bar of 6
+    # steps, where Lightning's counts each epoch's 4 batches under "Epoch 1/-2".
+    bar = TrainBars()
+    run_trial(tiny("train.max_steps=6", "train.val_every=3"), callbacks=[bar], progress=True)
+    assert bar.seen == [("steps", 6, 6)]
+    # An epoch budget keeps Lightning's bar: the last epoch's batches, "Epoch 1/1" of two.
+    bar = TrainBars()
+    run_trial(tiny("train.max_epochs=2"), callbacks=[bar], progress=True)
+    assert bar.seen == [("Epoch 1/1", 4, 4)]
+
+
+def test_validation_runs_every_val_every_steps_across_epochs_shorter_than_that():
+    # 4 batches an epoch, validation every 6 steps: at steps 6 and 12 (the end of the budget), not capped to
+    # every epoch (4, 8, 12).
+    result = run_trial(tiny("train.max_steps=12", "train.val_every=6"))
+    assert [row["step"] for row in result.history] == [6, 12]
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")

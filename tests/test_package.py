@@ -153,20 +153,24 @@ def test_installed_wheel_holds_only_ablate_and_runs_beside_a_users_own_models_py
     assert {t for t in tops if not t.endswith(".dist-info")} == {"ablate"}
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing but the new install
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=env)
     python = venv / "bin" / "python"
-    # The dependencies come from this environment's site-packages; a path a .pth file adds runs none of
-    # that folder's own .pth files, so this checkout's editable install stays out of the new one.
-    new_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    (Path(new_site) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, env=env,
                    capture_output=True, timeout=300)  # fmt: skip
+    # Then the dependencies, from this environment's site-packages (after the install, so pip does not see
+    # this checkout's own install there); a path a .pth file adds runs none of that folder's own .pth
+    # files, so the checkout's editable install stays out of the new environment.
+    new_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True, env=env).stdout.strip()  # fmt: skip
+    (Path(new_site) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
     work = tmp_path / "course"
     for package in ("harness", "reports", "analysis"):
         (work / package).mkdir(parents=True)
-        (work / package / "__init__.py").write_text(f'raise ImportError("the folder\'s own {package} was imported")\n')
+        (work / package / "__init__.py").write_text(
+            f'raise ImportError("the folder\'s own {package} was imported")\n'
+        )
     (work / "models.py").write_text('raise ImportError("the folder\'s own models.py was imported")\n')
     study = {
         "name": "course", "base": {"task": TINY_TASK, "model": TINY_MODEL, "train": TINY_TRAIN},
@@ -174,8 +178,9 @@ def test_installed_wheel_holds_only_ablate_and_runs_beside_a_users_own_models_py
         "seeds": [0], "metric": {"name": "test/tok_acc", "direction": "maximize"},
     }  # fmt: skip
     (work / "study.yaml").write_text(yaml.safe_dump(study))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    check = subprocess.run([python, "-c", "import models"], cwd=tmp_path, capture_output=True, text=True, env=env)
+    check = subprocess.run(
+        [python, "-c", "import models"], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
     assert "No module named 'models'" in check.stderr
     check = subprocess.run([python, "-c", "import ablate.models, ablate.harness.trial; print(ablate.models.__file__)"],
                            cwd=tmp_path, capture_output=True, text=True, env=env)  # fmt: skip

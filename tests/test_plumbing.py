@@ -50,7 +50,7 @@ def build(root, overrides: dict[str, Any]) -> Built:
     dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed, batch_tokens=cfg.train.batch_tokens)
     torch.manual_seed(0)  # equal seeds: two builds differ only by what the changed key does
     module = build_module(cfg, data, dm.eval_splits)
-    trainer = build_trainer(cfg, [], [], False, len(dm.train_dataloader()), str(root))
+    trainer = build_trainer(cfg, [], [], False, str(root))
     return Built(cfg, dm, module, trainer)
 
 
@@ -208,9 +208,9 @@ def check_patience(base, changed):
 def check_deterministic(base, changed):
     # Trainer(deterministic=...) sets torch's global flag; build order decides what it is now.
     try:
-        build_trainer(changed.cfg, [], [], False, 4, "/tmp")
+        build_trainer(changed.cfg, [], [], False, "/tmp")
         assert torch.are_deterministic_algorithms_enabled()
-        build_trainer(base.cfg, [], [], False, 4, "/tmp")
+        build_trainer(base.cfg, [], [], False, "/tmp")
         assert not torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(False)
@@ -356,6 +356,9 @@ def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
         "model.d_ff": Case(8, model_has(lambda m: m.decoder[0].ff.fn.net[0].out_features == 8)),
         "model.ffn": Case(False, model_has(lambda m: not any(isinstance(x, nn.ReLU) for x in m.modules()))),
         "model.scale": Case(0.05, outputs_differ),
+        "model.score": Case(
+            "cosine", model_has(lambda m: type(m.decoder[0].cross_attn.fn.attn.score).__name__ == "QKNorm")
+        ),
         "model.pos_encoding": Case("rope", outputs_differ),
         "model.pos_base": Case(100.0, outputs_differ),
         "model.max_positions": Case(4, check_max_positions, {"model.pos_encoding": "learned"}),

@@ -12,9 +12,10 @@ RoPE 1e-5, because its angles are computed in float32 on purpose (models/positio
 angle of position p is off by about p * 6e-8 radians.
 
 The attention layer alone (the end of the file): Vaswani et al.'s multi-head formula, its mask of padded
-and later keys, a score bias meeting those masks, its dropout on the weights and relative positions
-under a key-value cache, written out the same way, on both of its paths; then the recurrent family's
-`ScoreAttention` with Luong's general and location scores.
+and later keys, a score bias meeting those masks, Henry et al.'s cosine score (QKNorm) with the masks and
+with RoPE and ALiBi, its dropout on the weights and relative positions under a key-value cache, written
+out the same way, on both of its paths; then the recurrent family's `ScoreAttention` with Luong's general
+and location scores.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from ablate.models.attention import (
     GeneralScore,
     LocationScore,
     MultiHeadAttention,
+    QKNorm,
+    ScaledDotProduct,
     ScoreAttention,
 )
 from ablate.models.config import ModelConfig
@@ -161,7 +164,7 @@ def test_causal_and_padding_masks_combine(need_weights):
     """Parameter-free attention (weights softmax_j(x_i . x_j), outputs sum_j w_ij x_j) over 4 positions
     whose first is padding: query i sees keys 1..i. (Query 0 sees no key at all; it is padding, and its
     row is left out.) float64, 1e-12."""
-    attn = MultiHeadAttention(4, 1, scale=1.0, qkv_projections=False)
+    attn = MultiHeadAttention(4, 1, qkv_projections=False, score=ScaledDotProduct(1.0))
     x = torch.randn(2, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     padding = torch.tensor([[False, True, True, True]] * 2)
     out, weights = attn(x, x, key_padding=padding, causal=True, need_weights=need_weights)
@@ -179,7 +182,7 @@ def test_attention_dropout_drops_weights_in_training_only(need_weights):
     """Keys and values are the one-hot rows of I_6 and there are no projections, so the output rows are
     the weights after dropout: each w_ij is dropped (0) or kept and scaled by 1 / (1 - p) = 2. Without
     dropout w_ii = e / (e + 5) and w_ij = 1 / (e + 5). In eval mode nothing is dropped."""
-    attn = MultiHeadAttention(6, 1, dropout=0.5, scale=1.0, qkv_projections=False)
+    attn = MultiHeadAttention(6, 1, dropout=0.5, qkv_projections=False, score=ScaledDotProduct(1.0))
     x = torch.eye(6, dtype=torch.float64).expand(40, 6, 6)
     w = torch.full((6, 6), 1 / (math.e + 5), dtype=torch.float64).fill_diagonal_(math.e / (math.e + 5))
     attn.eval()
@@ -216,16 +219,30 @@ def test_tanh_score_v_starts_uniform_within_one_over_sqrt_head_dim():
     assert v.abs().max() <= 0.25 and v.min() < -0.15 and v.max() > 0.15
 
 
-def multi_head_by_hand(attn: MultiHeadAttention, query, key, allowed=None, bias=None) -> tuple:
-    """Vaswani et al. 2017, Sec. 3.2.2: Concat(head_1, ..., head_h) W^O, head_i = softmax(Q W_i^Q (K W_i^K)^T
-    / sqrt(d_k) + bias_i) V W_i^V, head i reading features i d_k .. (i + 1) d_k of each projection; keys
+def scaled_dot(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Vaswani et al. 2017: q_t . k_s / sqrt(d_k) for one head's (B, T, d_k) queries and (B, S, d_k) keys."""
+    return q @ k.transpose(1, 2) / q.size(-1) ** 0.5
+
+
+def cosine(g: float):
+    """Henry et al. 2020 (QKNorm): g cos(q_t, k_s) = g q_t . k_s / (|q_t| |k_s|), for one head."""
+    return lambda q, k: (
+        g * (q @ k.transpose(1, 2)) / (q.norm(dim=-1)[..., :, None] * k.norm(dim=-1)[..., None, :])
+    )
+
+
+def multi_head_by_hand(
+    attn: MultiHeadAttention, query, key, allowed=None, bias=None, score=scaled_dot
+) -> tuple:
+    """Vaswani et al. 2017, Sec. 3.2.2: Concat(head_1, ..., head_h) W^O, head_i = softmax(score(Q W_i^Q,
+    K W_i^K) + bias_i) V W_i^V, head i reading features i d_k .. (i + 1) d_k of each projection; keys
     where `allowed` (B, T, S) is False get weight 0. Returns the output and the weights (B, H, T, S)."""
     q, k, v = affine(attn.q_proj, query), affine(attn.k_proj, key), affine(attn.v_proj, key)
     dk = q.size(-1) // attn.heads
     outputs, weights = [], []
     for i in range(attn.heads):
         f = slice(i * dk, (i + 1) * dk)
-        scores = q[..., f] @ k[..., f].transpose(1, 2) / dk**0.5  # (B, T, S)
+        scores = score(q[..., f], k[..., f])  # (B, T, S)
         if bias is not None:
             scores = scores + bias[i]
         if allowed is not None:
@@ -258,6 +275,20 @@ def test_multi_head_attention_is_the_concatenated_heads_times_w_o(padded):
         torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
 
 
+def five_positions(padded: bool, causal: bool) -> tuple:
+    """Self-attention inputs x (2, 5, 8) in float64, the key padding (the second sentence's last two, or
+    None) and which keys each query may see (2, 5, 5): the real ones, and with `causal` the earlier ones."""
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2]) if padded else None
+    i, j = torch.arange(5)[:, None], torch.arange(5)[None, :]
+    allowed = torch.ones(2, 5, 5, dtype=torch.bool)
+    if padded:
+        allowed = allowed & padding[:, None, :]
+    if causal:
+        allowed = allowed & (j <= i)
+    return x, padding, allowed
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("padded, causal", [(True, True), (True, False), (False, True), (False, False)])
 @pytest.mark.parametrize("need_weights", [True, False])
@@ -267,18 +298,56 @@ def test_a_score_bias_meets_the_masks_on_both_paths(padded, causal, need_weights
     into one additive mask, the explicit one adds and masks. Self-attention over 5 positions, float64."""
     torch.manual_seed(0)
     attn = MultiHeadAttention(8, 2, score_bias=ALiBi(2).double()).double()
-    x = torch.randn(2, 5, 8, dtype=torch.float64)
-    padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2]) if padded else None
+    x, padding, allowed = five_positions(padded, causal)
     i, j = torch.arange(5)[:, None], torch.arange(5)[None, :]
-    allowed = torch.ones(2, 5, 5, dtype=torch.bool)
-    if padded:
-        allowed = allowed & padding[:, None, :]
-    if causal:
-        allowed = allowed & (j <= i)
     bias = torch.stack([-(2.0**-4) * (i - j).abs(), -(2.0**-8) * (i - j).abs()]).double()
     expected, _ = multi_head_by_hand(attn, x, x, allowed, bias)
     out, _ = attn(x, x, key_padding=padding, causal=causal, need_weights=need_weights)
     torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("padded, causal", [(True, True), (True, False), (False, True), (False, False)])
+def test_cosine_weights_are_softmax_of_g_times_the_cosine_on_both_paths(padded, causal):
+    """Henry et al. 2020: w_ts = softmax_s(g cos(q_t, k_s)) per head over the projected queries and keys,
+    padded (the second sentence's last two) and later keys weight 0; g = 2.5 (so not 1/sqrt(d_k) = 0.5 by
+    chance). Both paths, self-attention over 5 positions, float64, 1e-12."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(8, 2, score=QKNorm(2.5)).double()
+    x, padding, allowed = five_positions(padded, causal)
+    expected, expected_weights = multi_head_by_hand(attn, x, x, allowed, score=cosine(2.5))
+    out, weights = attn(x, x, key_padding=padding, causal=causal, need_weights=True)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        attn(x, x, key_padding=padding, causal=causal)[0], expected, atol=1e-12, rtol=0
+    )
+    # Not the scaled dot product: the score is another function of q and k.
+    assert (expected_weights - multi_head_by_hand(attn, x, x, allowed)[1]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("pos", ["rope", "alibi"])
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_cosine_score_keeps_rope_and_alibi_inside_the_model(pos, side):
+    """model.score: cosine with model.scale: 2.5 (g's start) and relative positions, through the model.
+    RoPE rotates q and k before the cosine; a rotation keeps each norm, so the score is g times the RoPE dot
+    product (rope_scores, times sqrt(d)) over |q_m| |k_n|. ALiBi adds -slope_h |m - n| (encoder) or
+    -slope_h (m - n) (causal decoder) to g cos(q_m, k_n). Two heads of 4; tolerances as above."""
+    heads = 2
+    weights, q, k = self_attention(pos, heads=heads, side=side, score="cosine", scale=2.5)
+    length = weights.size(-1)
+    m, n = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    allowed = torch.ones(length, length, dtype=torch.bool) if side == "encoder" else n <= m
+    norms = q.norm(dim=-1)[..., :, None] * k.norm(dim=-1)[..., None, :]  # (H, L, L)
+    if pos == "rope":
+        scores, atol = 2.5 * rope_scores(q, k) * (D // heads) ** 0.5 / norms, 1e-5
+    else:
+        slopes = torch.tensor([2 ** (-8 * h / heads) for h in range(1, heads + 1)], dtype=torch.float64)
+        distance = (m - n).abs() if side == "encoder" else m - n
+        scores, atol = 2.5 * (q @ k.transpose(-2, -1)) / norms - slopes[:, None, None] * distance, 1e-10
+    expected = score_differences(torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1), allowed)
+    torch.testing.assert_close(score_differences(weights, allowed), expected, atol=atol, rtol=0)
+    assert torch.all(weights[..., ~allowed] == 0)
 
 
 @torch.no_grad()

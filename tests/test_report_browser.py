@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="no chromium binary on PATH (Debian: apt-get install -y chromium)"
 )
 
-# Reports every image's decoded width and every table's row count once the page has loaded.
+# Reports every image's decoded width, every table's row count and where the headline box ends once the
+# page has loaded.
 PROBE = """<script>
 window.addEventListener("load", () => {
   const out = document.createElement("pre");
@@ -28,6 +29,7 @@ window.addEventListener("load", () => {
   out.textContent = JSON.stringify({
     images: [...document.images].map(img => img.naturalWidth),
     tables: Object.fromEntries([...document.querySelectorAll("table[id]")].map(t => [t.id, t.rows.length])),
+    headline_bottom: document.getElementById("headline").getBoundingClientRect().bottom,
   });
   document.body.appendChild(out);
 });
@@ -49,11 +51,15 @@ def test_tables_and_figures_render_and_user_text_stays_text(synthetic, tmp_path)
     report = synthetic[3] / "report.html"
     probe = tmp_path / "probe.html"
     probe.write_text(report.read_text().replace("</body>", PROBE + "</body>"))
-    proc = chromium(tmp_path, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
+    # A common laptop window: the headline (result and claims) must show without scrolling.
+    proc = chromium(
+        tmp_path, "--window-size=1280,800", "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert console_lines(proc) == []
     dom = proc.stdout
     found = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom).group(1).replace("&quot;", '"'))
+    assert 0 < found["headline_bottom"] <= 800
     assert len(found["images"]) == len(FIGURES) and all(width > 100 for width in found["images"])
     assert found["tables"]["summary"] == 1 + 4  # header + one row per variant
     assert found["tables"]["claims-table"] == 2 and found["tables"]["progress"] == 5

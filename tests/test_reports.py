@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import stat
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +17,7 @@ import optuna
 import pandas as pd
 import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
+from scipy import stats as sps
 
 from ablate.analysis import stats
 from ablate.harness.artifacts import AttentionSample, study_dir
@@ -22,7 +25,7 @@ from ablate.harness.study.queue import optuna_study_name, prepare_study
 from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.storage import open_storage
 from ablate.harness.workers import run_worker
-from ablate.reports import collect, plots
+from ablate.reports import collect, headline, plots
 from ablate.reports.render import (
     _md_cell,
     build_report,
@@ -196,10 +199,22 @@ def test_report_of_a_partial_grid_study(synthetic):
     assert rows["pos_encoding=none,norm=pre"][8] == "–"
     assert rows["pos_encoding=none,norm=post"][-1] == "0.67"  # uniform attention: AER 1 - 2/6
     assert rows["pos_encoding=sinusoidal,norm=post"][-1] == "0.00"  # attention on the gold links
-    # The claim pairs both norms; norm=pre has one no-positions seed, so there is no verdict yet.
+    # The claim pairs both norms; norm=pre has one no-positions seed and one running: no verdict yet.
     claim = next(line for line in md.splitlines() if line.startswith("| Without positions"))
-    assert "**inconclusive**" in claim and "1 completed seed(s)" in claim and "(paired)" in claim
+    assert "**pending**" in claim and "1 completed seed(s)" in claim and "(paired)" in claim
     assert "`train.lr` log_uniform [0.0001, 0.01]" in md
+
+
+def test_report_files_follow_the_umask(tmp_path):
+    # Under umask 022 a report is readable by others (classmates on a shared server), as any file is.
+    spec, storage, runs = synthetic_study(tmp_path)
+    umask = os.umask(0o022)
+    try:
+        out = build_report(spec, storage, runs)
+    finally:
+        os.umask(umask)
+    modes = {p.name: stat.filemode(p.stat().st_mode) for p in out.iterdir()}
+    assert "report.html" in modes and set(modes.values()) == {"-rw-r--r--"}, modes
 
 
 def test_user_text_is_escaped(synthetic, tmp_path):
@@ -417,10 +432,81 @@ def test_figure_bands_and_bars_stay_inside_the_metric_range():
     # The loss axis starts at 0 and ends at 1.5 x the largest seed's loss (1 - 0 at step 1): two seeds give a
     # log-scale band far above the curves, which the axis clips instead of squashing them.
     assert loss.get_ylim() == pytest.approx((0, 1.5))
+    for ax in (accuracy, loss):  # no band runs off its axis
+        bottom, top = ax.get_ylim()
+        assert all(bottom <= c.get_paths()[0].vertices[:, 1].min() and c.get_paths()[0].vertices[:, 1].max() <= top
+                   for c in ax.collections if isinstance(c, PolyCollection))  # fmt: skip
     ax = plots.metric_by_variant(trials, "test/seq_acc", ["a", "b"]).axes[0]
     bars = np.concatenate([line.get_ydata() for line in ax.lines[1:]])
     assert np.nanmin(bars) >= 0 and np.nanmax(bars) <= 1 and ax.get_ylim()[0] < 0 < 1 < ax.get_ylim()[1]
     assert sum(len(c.get_offsets()) for c in ax.collections) == len(trials)  # one point per seed
+    plots.plt.close("all")
+
+
+def test_the_report_opens_with_its_result_and_each_claims_verdict(synthetic):
+    spec, storage, runs, out = synthetic
+    md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
+    summary = variant_summary(collect.collect(spec, storage, runs)).sort_values("rank")
+    best, runner_up = summary["variant"].iloc[:2]
+    opening = md[: md.index("## Results by variant")]
+    assert opening.index("**Compared:**") < opening.index("**Result:**") < opening.index("**Claims:**")
+    assert f"**Result:** {best} scores {summary['mean'].iloc[0]:.3f}" in opening
+    assert f"ahead of the runner-up {runner_up}" in opening
+    assert "> - Without positions &lt;b&gt;reversal&lt;/b&gt; fails → **pending**: Δ = " in opening
+    assert html.index('id="headline"') < html.index('id="summary"')
+
+
+def test_the_headline_says_how_sure_the_winner_is():
+    spec = SimpleNamespace(
+        metric=SimpleNamespace(name="test/score", direction="maximize")
+    )  # unbounded: Welch
+
+    def winner(values: dict[str, list[float]]) -> str:
+        df = pd.DataFrame([{"trial": 0, "variant": v, "seed": i, "state": "COMPLETE", "test/score": x}
+                           for v, xs in values.items() for i, x in enumerate(xs)])  # fmt: skip
+        summary = stats.summarize(df, "test/score", list(values), next(iter(values)))
+        return headline.winner(SimpleNamespace(spec=spec, trials=df), summary)
+
+    a, b = [5.0, 6.0, 7.0], [1.0, 2.0, 3.5]
+    welch = sps.ttest_ind(a, b, equal_var=False)
+    ci = welch.confidence_interval(0.95)
+    assert winner({"b": b, "a": a}) == (
+        f"a scores 6.000 (95% CI [{stats.mean_ci(np.array(a))[0]:.3f}, {stats.mean_ci(np.array(a))[1]:.3f}]), "
+        f"ahead of the runner-up b (2.167) by Δ = 3.833 (95% CI [{ci.low:.3f}, {ci.high:.3f}], "
+        f"p = {welch.pvalue:.3f}); the CI excludes 0."
+    )
+    assert winner({"b": [1.0, 3.0], "a": [1.5, 3.0]}).endswith(
+        "the CI includes 0: not distinguishable at these seeds."
+    )
+    assert winner({"b": [1.0], "a": [2.0, 3.0]}).endswith("by Δ = 1.500 (no CI (one seed)).")
+
+
+def test_no_row_pairs_a_ci_that_excludes_0_with_p_above_005_unexplained(synthetic):
+    md = (synthetic[3] / "report.md").read_text()
+    results = md[md.index("## Results by variant") : md.index("## Claims")]
+    header = [
+        c.strip()
+        for c in next(line for line in results.splitlines() if line.startswith("| variant")).split("|")
+    ]
+    ci, p = header.index("95% CI of Δ"), header.index("p")
+    tested = 0
+    for line in results.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if line.startswith("| pos_") and cells[p] != "–":
+            lo, hi = map(float, cells[ci].strip("[]").split(", "))
+            assert (lo > 0 or hi < 0) == (cells[p] == "<0.001" or float(cells[p]) < 0.05)
+            tested += 1
+    assert tested >= 2
+    # Holm can differ from the CI, and says why; at 2 and 3 seeds the permutation test cannot reach 0.05.
+    assert "so a CI that excludes 0 may sit beside a Holm p above 0.05" in results
+    assert "p (perm.)" not in header and "Permutation test not shown: at these seeds its smallest" in results
+
+
+def test_attention_grid_has_one_colour_bar():
+    fig = plots.attention_maps({"a": [attention_sample(True)], "b": [attention_sample(False)]})
+    panels, (bar,) = fig.axes[:2], fig.axes[2:]
+    assert all(ax.images for ax in panels) and bar.get_ylabel() == "attention weight"
+    assert bar.get_ylim() == (0.0, 1.0)
     plots.plt.close("all")
 
 

@@ -34,7 +34,7 @@ def s3_bucket(monkeypatch):
     boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (pip install '.[s3]')")
     exe = moto_server()
     if exe is None:
-        pytest.skip("moto_server is not installed (pip install 'moto[server]', part of '.[dev]')")
+        pytest.skip("moto_server is not installed (pip install 'moto[server]', part of '.[test]')")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats as sps
 
 from ablate.analysis import claims, stats
-from ablate.analysis.claims import CONTRADICTED, INCONCLUSIVE, REPRODUCED
+from ablate.analysis.claims import CONTRADICTED, INCONCLUSIVE, REPRODUCED, UNATTAINABLE
 from ablate.harness.study.spec import StudySpec
 
 METRIC = "test/seq_acc"
@@ -44,8 +44,7 @@ def test_welch_and_difference_match_scipy_on_a_constructed_table():
     for name, values in (("worse", worse), ("same", same)):
         row = summary.loc[name]
         ref = sps.ttest_ind(values, base, equal_var=False)
-        assert row["p_welch"] == pytest.approx(ref.pvalue, rel=1e-12)
-        assert row["p"] == row["p_welch"]
+        assert row["p"] == pytest.approx(ref.pvalue, rel=1e-9)  # the test that inverts Welch's interval
         assert row["diff"] == pytest.approx(np.mean(values) - np.mean(base))
         ci = ref.confidence_interval(0.95)
         assert (row["diff_ci_low"], row["diff_ci_high"]) == pytest.approx((ci.low, ci.high), rel=1e-12)
@@ -90,10 +89,11 @@ def test_hedges_g_and_degenerate_groups():
     g = stats.hedges_g(np.array([1.0, 2, 3, 4]), np.array([2.0, 3, 4, 5, 6]))
     assert g == pytest.approx(-1.5 / math.sqrt(15 / 7) * (1 - 3 / 27))
     assert math.isnan(stats.hedges_g(np.array([1.0]), np.array([2.0, 3.0])))
-    # No variance on either side: Welch is undefined and the permutation test decides.
+    # No variance on either side and no example count: the interval has no width at any level, so its
+    # p-value is 0; the permutation test still has its floor of 2 relabellings in 20.
     df = table({"base": [0.0, 0.0, 0.0], "perfect": [1.0, 1.0, 1.0]})
     row = stats.summarize(df, METRIC, ["base", "perfect"], "base").iloc[1]
-    assert math.isnan(row["p_welch"]) and row["p"] == row["p_perm"] == pytest.approx(2 / 20)
+    assert row["p"] == 0.0 and row["p_perm"] == row["p_perm_floor"] == pytest.approx(2 / 20)
     assert (row["diff"], row["diff_ci_low"], row["diff_ci_high"]) == (1.0, 1.0, 1.0)
 
 
@@ -160,7 +160,7 @@ def test_summary_counts_completed_grid_points_once():
     assert summary.loc["a", "n"] == 2 and summary.loc["a", "mean"] == pytest.approx(0.6)
     assert summary.loc["b", "n"] == 1 and math.isnan(summary.loc["b", "std"])
     assert math.isnan(summary.loc["b", "ci_low"]) and math.isnan(summary.loc["b", "ci_high"])  # one seed
-    assert math.isnan(summary.loc["b", "p_welch"])
+    assert math.isnan(summary.loc["b", "p"])
     assert summary.loc["never-ran", "n"] == 0 and pd.isna(summary.loc["never-ran", "rank"])
 
 
@@ -217,9 +217,9 @@ def test_claim_pairs_variants_across_the_other_factor():
     assert result.ci_high < -0.3 and result.verdict == REPRODUCED
     assert (result.n_compare, result.n_to) == (6, 6)
 
-    # The same numbers against a margin the drop cannot reach.
+    # The same numbers against a margin the drop cannot reach: the to side sits 0.82 above 0.
     spec = grid_spec({**spec.claims[0].model_dump(), "margin": 0.9})
-    assert claims.evaluate_all(spec, df)[0].verdict == CONTRADICTED
+    assert claims.evaluate_all(spec, df)[0].verdict == UNATTAINABLE
 
 
 def test_claim_pools_named_variants_and_keeps_compare_out_of_to():
@@ -248,20 +248,23 @@ def test_failed_trials_never_count_even_with_a_finite_value():
     assert stats.variant_values(df, "m")["a"].tolist() == [0.5, 0.7]
 
 
-def test_two_values_a_side_are_enough_for_every_test():
+def test_two_values_a_side_are_enough_for_the_tests_but_not_for_g():
     a, b = np.array([0.0, 1.0]), np.array([10.0, 11.0])
-    assert stats.welch_p(a, b) == pytest.approx(sps.ttest_ind(a, b, equal_var=False).pvalue)
+    assert stats.ci_p([(a, b)]) == pytest.approx(sps.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-9)
     # 6 relabellings of 4 values into 2 + 2; the observed split and its mirror are the most extreme.
-    assert stats.permutation_p(a, b) == pytest.approx(2 / 6)
-    # Pooled variance 0.5, correction 1 - 3 / (4 * 4 - 9) = 4/7: g = -10 / sqrt(0.5) * 4/7.
-    assert stats.hedges_g(a, b) == pytest.approx(-10 / math.sqrt(0.5) * 4 / 7)
+    assert stats.permutation_p(a, b) == pytest.approx(2 / 6) == stats.permutation_floor(2, 2)
+    # A pooled SD on 2 df is no yardstick: g waits for three values a side.
+    assert math.isnan(stats.hedges_g(a, b))
+    assert math.isnan(
+        stats.summarize(table({"a": [0.1, 0.3], "b": [0.5, 0.6]}), METRIC, ["a", "b"], "a")["g"][1]
+    )
     est, lo, hi = stats.diff_ci([(np.array([1.0, 2.0, 3.0]), np.array([2.0]))])  # a one-value group
     assert est == pytest.approx(0.0) and math.isnan(lo) and math.isnan(hi)  # one seed says nothing of spread
 
 
-def test_welch_p_needs_variance_on_one_side_only():
+def test_the_p_value_needs_variance_on_one_side_only():
     a, b = np.array([1.0, 1.0, 1.0]), np.array([2.0, 3.0, 4.0])
-    assert stats.welch_p(a, b) == pytest.approx(sps.ttest_ind(a, b, equal_var=False).pvalue)
+    assert stats.ci_p([(a, b)]) == pytest.approx(sps.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-9)
 
 
 def test_hedges_g_with_a_pooled_variance_of_one():
@@ -349,7 +352,7 @@ GRID_TABLE = {
     "expect, margin, verdict, says",
     [
         ("lower", 0.3, REPRODUCED, "lies below -0.3"),
-        ("lower", 0.9, CONTRADICTED, "rules out an effect below -0.9"),
+        ("lower", 0.7, CONTRADICTED, "rules out an effect below -0.7"),
         ("higher", 0.3, CONTRADICTED, "rules out an effect above 0.3"),
         ("similar", 0.3, CONTRADICTED, "rules out an effect within ±0.3"),
         ("lower", 0.6, INCONCLUSIVE, "straddles the margin (expected below -0.6)"),
@@ -376,10 +379,10 @@ NO_POSITIONS = {"text": "t", "compare": {"model.pos_encoding": "none"},
 
 def test_claim_means_pairing_and_seed_minimum():
     result = claim_of({"model.pos_encoding": ["sinusoidal", "none"]}, NO_POSITIONS,
-                      {"pos_encoding=sinusoidal": [0.9, 0.8], "pos_encoding=none": [0.1, 0.2]})  # fmt: skip
+                      {"pos_encoding=sinusoidal": [0.9, 0.8, 0.85], "pos_encoding=none": [0.1, 0.2, 0.15]})  # fmt: skip
     assert result.metric == "test/seq_acc" and not result.paired  # one pair: nothing to pair across
     assert (result.mean_compare, result.mean_to) == (pytest.approx(0.15), pytest.approx(0.85))
-    assert result.verdict == REPRODUCED  # two seeds a side are enough for a verdict
+    assert result.verdict == REPRODUCED  # three seeds a side are enough for a verdict on exact match
 
     norms = {"model.pos_encoding": ["sinusoidal", "none"], "model.norm": ["post", "pre", "none"]}
     values = {f"pos_encoding={p},norm={n}": [base + shift, base + shift + 0.02]
@@ -396,18 +399,18 @@ def test_claim_with_a_variant_that_never_completed():
                "pos_encoding=none,norm=post": [0.1, 0.12]}  # fmt: skip
     result = claims.evaluate_all(grid_spec(NO_POSITIONS), table(missing))[0]
     assert (result.n_compare, result.n_to) == (2, 4) and result.verdict == INCONCLUSIVE
-    assert result.reason == "a variant has 0 completed seed(s) of test/seq_acc; a verdict needs 2"
+    assert result.reason == "a variant has 0 completed seed(s) of test/seq_acc; a verdict needs 3"
     assert result.mean_compare == pytest.approx(0.11) and result.mean_to == pytest.approx(0.81)
     missing_to = {k: v for k, v in GRID_TABLE.items() if k != "pos_encoding=sinusoidal,norm=pre"}
     result = claims.evaluate_all(grid_spec(NO_POSITIONS), table(missing_to))[0]
     assert (result.n_compare, result.n_to) == (6, 3) and result.verdict == INCONCLUSIVE
     spec = StudySpec.model_validate({
-        "name": "named", "seeds": [0, 1], "claims": [{**NO_POSITIONS, "to": {"preset": "transformer"}}],
+        "name": "named", "seeds": [0, 1, 2], "claims": [{**NO_POSITIONS, "to": {"preset": "transformer"}}],
         "variants": {"tf": {"preset": "transformer"}, "tf-nopos": {"preset": "transformer", "model.pos_encoding": "none"},
                      "tf-nopos-pre": {"preset": "transformer", "model.pos_encoding": "none", "model.norm": "pre"}},
     })  # fmt: skip
-    result = claims.evaluate_all(spec, table({"tf": [0.9, 0.8], "tf-nopos": [0.1, 0.2]}))[0]
-    assert (result.n_compare, result.n_to, result.paired) == (2, 2, False)
+    result = claims.evaluate_all(spec, table({"tf": [0.9, 0.8, 0.85], "tf-nopos": [0.1, 0.2, 0.15]}))[0]
+    assert (result.n_compare, result.n_to, result.paired) == (3, 3, False)
     assert result.mean_compare == pytest.approx(0.15) and result.verdict == REPRODUCED
     # Nothing matches `to`: the reason names that side.
     spec = grid_spec({**NO_POSITIONS, "to": {"model.pos_encoding": "rope"}})
@@ -602,4 +605,45 @@ def test_summary_and_claims_read_the_example_counts_and_ranges():
     assert (result.ci_low, result.ci_high) == pytest.approx(
         tuple(summary.loc["nopos", ["diff_ci_low", "diff_ci_high"]])
     )
-    assert -1 <= result.ci_low and result.ci_high < -0.3 and result.verdict == REPRODUCED
+    assert -1 <= result.ci_low and result.ci_high < -0.3
+    assert result.verdict == INCONCLUSIVE  # exact match needs three seeds a side
+
+
+@pytest.mark.parametrize("metric", [METRIC, "test/loss", UNBOUNDED])
+def test_the_p_value_is_below_005_exactly_when_the_95_ci_excludes_0(metric):
+    rng = np.random.default_rng(7)
+    disagree = []
+    for _ in range(60):
+        k = int(rng.integers(2, 5))
+        centre = {"base": rng.uniform(0.05, 0.95), "a": rng.uniform(0.05, 0.95), "b": rng.uniform(0.05, 0.95)}
+        values = {
+            v: list(np.clip(c + rng.normal(0, rng.uniform(0.01, 0.2), k), 0, 1)) for v, c in centre.items()
+        }
+        df = table(values, metric=metric).assign(**{"examples/test": 500})
+        for row in stats.summarize(df, metric, list(values), "base").iloc[1:].itertuples():
+            excludes = row.diff_ci_low > 0 or row.diff_ci_high < 0
+            disagree += (
+                [] if (row.p < 0.05) == excludes else [(values, row.diff_ci_low, row.diff_ci_high, row.p)]
+            )
+            # At the level 1 - p the interval just touches 0.
+            _, lo, hi = stats.diff_ci([(np.array(values[row.variant]), np.array(values["base"]))],
+                                      stats.metric_range(metric), 500, 1 - row.p)  # fmt: skip
+            assert min(abs(lo), abs(hi)) == pytest.approx(0, abs=1e-9)
+    assert disagree == []
+
+
+def test_the_p_value_of_an_unbounded_metric_is_welchs_t_test():
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        a, b = rng.normal(0, 1, int(rng.integers(2, 7))), rng.normal(1, 2, int(rng.integers(2, 7)))
+        assert stats.ci_p([(a, b)]) == pytest.approx(sps.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-8)
+    assert stats.ci_p([(np.array([1.0, 2.0]), np.array([2.0, 1.0]))]) == 1.0
+    assert math.isnan(stats.ci_p([(np.array([1.0]), np.array([2.0, 3.0]))]))
+
+
+@pytest.mark.parametrize("n_a, n_b, floor", [(2, 2, 2 / 6), (3, 3, 2 / 20), (2, 3, 2 / 10), (5, 5, 2 / 252),
+                                             (10, 10, 2 / 10000)])  # fmt: skip
+def test_the_permutation_floor_is_the_p_of_two_fully_separated_groups(n_a, n_b, floor):
+    assert stats.permutation_floor(n_a, n_b) == pytest.approx(floor)
+    separated = stats.permutation_p(np.arange(n_a, dtype=float), np.arange(n_b, dtype=float) + 100)
+    assert separated == pytest.approx(floor)

@@ -8,13 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ablate.models.attention import MultiHeadAttention
+from ablate.models.attention import MultiHeadAttention, QKNorm, ScaledDotProduct
 from ablate.models.config import ModelConfig
 from ablate.models.diagnostics import attention_entropy, layer_diagnostics, rank_collapse
 from ablate.models.transformer import FeedForward, Transformer
+from ablate.models.transformer_scores import TRANSFORMER_SCORES, ScoreKind
 
 VOCAB = 11  # 4 specials + 7 symbols
-PAD, BOS = 0, 1
+PAD, BOS, EOS = 0, 1, 2
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -106,9 +107,18 @@ def test_vanilla_settings_equal_torch_nn_transformer(norm):
 @torch.no_grad()
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("pos", ["none", "sinusoidal", "learned", "rope", "alibi"])
-@pytest.mark.parametrize("scale", ["sqrt", "none", 0.3])
-def test_fast_and_explicit_paths_agree(scale, pos, causal):
-    model = build(scale=scale, pos_encoding=pos, causal_mask=causal, heads=4)
+@pytest.mark.parametrize(
+    "score",
+    [
+        dict(scale="sqrt"),
+        dict(scale="none"),
+        dict(scale=0.3),
+        dict(score="cosine"),
+        dict(score="cosine", scale=3.0),
+    ],
+)
+def test_fast_and_explicit_paths_agree(score, pos, causal):
+    model = build(**score, pos_encoding=pos, causal_mask=causal, heads=4)
     src, tgt = batch()
     fast = model(src, tgt)
     explicit, weights = model(src, tgt, need_weights=True)
@@ -131,7 +141,7 @@ def attention_inputs(d: int = 8, t: int = 5, s: int = 6):
 @torch.no_grad()
 @pytest.mark.parametrize("scale, factor", [(None, 8**-0.5), (1.0, 1.0), (0.3, 0.3)])
 def test_scale_multiplies_q_dot_k_exactly(scale, factor):
-    attn = MultiHeadAttention(8, 1, scale=scale).eval()
+    attn = MultiHeadAttention(8, 1, score=None if scale is None else ScaledDotProduct(scale)).eval()
     query, key = attention_inputs()
     out, weights = attn(query, key, need_weights=True)
     q, k, v = attn.q_proj(query), attn.k_proj(key), attn.v_proj(key)
@@ -143,7 +153,7 @@ def test_scale_multiplies_q_dot_k_exactly(scale, factor):
 
 @torch.no_grad()
 def test_no_qkv_projections_is_the_lectures_parameter_free_self_attention():
-    attn = MultiHeadAttention(8, 1, scale=1.0, qkv_projections=False)
+    attn = MultiHeadAttention(8, 1, qkv_projections=False, score=ScaledDotProduct(1.0))
     assert not list(attn.parameters())
     x, _ = attention_inputs()
     out, weights = attn(x, x, need_weights=True)
@@ -240,6 +250,7 @@ def test_post_ln_normalises_every_layer_output_and_no_norm_does_not():
 
 SWITCHES = [
     ("scale", ["sqrt", "none", 0.5]),
+    ("score", ["dot", "cosine"]),
     ("pos_encoding", ["none", "sinusoidal", "learned", "rope", "alibi"]),
     ("pos_base", [100.0]),
     ("residual", [True, False]),
@@ -285,6 +296,53 @@ def test_every_switch_value_builds_and_trains_a_step(key, value):
     assert torch.isfinite(after) and after < before
 
 
+def qk_norms(model: nn.Module) -> list[QKNorm]:
+    return [m for m in model.modules() if isinstance(m, QKNorm)]
+
+
+@pytest.mark.parametrize(
+    "model, start",
+    [(dict(max_positions=20), math.log2(20**2 - 20)), (dict(max_positions=20, scale=3.0), 3.0)],
+)
+def test_cosine_score_has_one_learned_g_per_attention_layer_starting_as_configured(model, start):
+    """Henry et al. 2020 start g at log2(L^2 - L), L a length the model sees (here model.max_positions);
+    a number in model.scale starts it there instead. Each attention layer (encoder self, decoder self and
+    cross: 2 + 2 + 2 here) has its own g, one scalar shared by the layer's heads."""
+    transformer = build(score="cosine", **model)
+    scores = qk_norms(transformer)
+    assert len(scores) == 6 and len({id(s.g) for s in scores}) == 6
+    assert all(s.g.shape == () and s.g.requires_grad and s.g.item() == pytest.approx(start) for s in scores)
+
+
+def test_every_attention_layer_builds_its_own_score_from_the_registry(monkeypatch):
+    """Adding a score is its class and one registry entry: the model builds each attention's score from the
+    entry `model.score` names, a fresh one per attention (encoder self, decoder self and cross: 6 here)."""
+    monkeypatch.setitem(TRANSFORMER_SCORES, "dot", ScoreKind(lambda a, cfg: a.QKNorm(1.5), ("sqrt",), ""))
+    scores = [m.score for m in build().modules() if isinstance(m, MultiHeadAttention)]
+    assert len({id(s) for s in scores}) == 6 and all(type(s) is QKNorm and s.g.item() == 1.5 for s in scores)
+
+
+def test_cosine_score_learns_to_copy_in_a_few_steps():
+    """A one-layer Transformer with model.score: cosine, teacher-forced to copy 32 sources of 5 symbols
+    (then EOS): 30 Adam steps more than halve the loss, and every g has moved (gradients reach it)."""
+    model = build(score="cosine", layers=1, max_positions=8).train()
+    g = torch.Generator().manual_seed(2)
+    src = torch.randint(4, VOCAB, (32, 5), generator=g)
+    tgt_in = torch.cat([torch.full((32, 1), BOS), src], dim=1)
+    tgt_out = torch.cat([src, torch.full((32, 1), EOS)], dim=1)
+    starts = [score.g.item() for score in qk_norms(model)]
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten())
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] / 2
+    assert all(score.g.item() != start for score, start in zip(qk_norms(model), starts))
+
+
 def test_weights_start_xavier_uniform_except_positions_and_padding():
     """Every weight matrix is Xavier-uniform, U(-a, a) with a = sqrt(6 / (fan_in + fan_out)) and standard
     deviation a / sqrt(3); the learned position table keeps its N(0, 0.02^2); the padding rows are zero.
@@ -326,6 +384,7 @@ def test_embed_scale_multiplies_embeddings_by_sqrt_d_model():
     "overrides",
     [dict(pos_encoding=p) for p in ("sinusoidal", "learned", "rope", "alibi", "none")]
     + [dict(norm="pre"), dict(causal_mask=False), dict(cross_attention=False), dict(qkv_projections=False)]
+    + [dict(score="cosine", pos_encoding="rope"), dict(score="cosine", pos_encoding="alibi")]
     + [dict(layers=1)],
 )
 def test_step_equals_full_decoding_of_the_prefix(overrides):
@@ -507,6 +566,7 @@ def test_presets_are_vaswani_post_ln_and_xiong_pre_ln():
     [
         ("scale", -1.0, "model.scale: "),
         ("scale", "cube", "model.scale: "),
+        ("score", "softmax", "model.score: Input should be 'dot' or 'cosine'"),
         ("pos_encoding", "relative", "model.pos_encoding: "),
         ("norm", "sandwich", "model.norm: "),
         ("pos_base", 1.0, "model.pos_base: Input should be greater than 1 "),

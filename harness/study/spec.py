@@ -135,6 +135,22 @@ SeedsField = Annotated[
 ]
 
 
+MAX_NAME_BYTES = 200  # in UTF-8; ablate then meets no file name limit (NAME_MAX is 255 bytes)
+
+
+def checked_name(name: str) -> str:
+    """A study's or variant's name: it names folders, Optuna studies (`<study>:tune:<variant>`), W&B groups
+    and runs, and a worker's command line, so it is one non-empty printable line of bounded length."""
+    if not name.strip():
+        raise ValueError("must not be empty")
+    if not name.isprintable():
+        raise ValueError("must be one line of printable characters")
+    size = len(name.encode())
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"{size} bytes long; a name is at most {MAX_NAME_BYTES} bytes (UTF-8)")
+    return name
+
+
 class StudySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -156,8 +172,16 @@ class StudySpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must not be empty")
+        return checked_name(v)
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_names(cls, v: dict[str, dict[str, Value]]) -> dict[str, dict[str, Value]]:
+        for name in v:
+            try:
+                checked_name(name)
+            except ValueError as e:
+                raise ValueError(f"variant {name[:40]!r}: {e}") from None
         return v
 
     @field_validator("seeds")
@@ -265,7 +289,8 @@ def variant_settings(spec: StudySpec) -> dict[str, dict[str, Value]]:
 def apply_profile(tree: dict[str, Any], profile: str | None, where: str) -> dict[str, Any]:
     """Study files size their runs per machine in `profiles` (e.g. `cpu` and `gpu`); the first listed is the
     default. A profile's keys are config keys (added to `fixed`) or study keys: `seeds`, `factors.<key>`,
-    and `claims` (more claims, for findings only that profile's scale can test). Any other profile than the
+    `variants` (in place of the file's named variants) and `claims` (more claims, for findings only that
+    profile's scale can test). Any other profile than the
     default runs as its own study, `<name>-<profile>`."""
     profiles = tree.pop("profiles", None) or {}
     if not isinstance(profiles, dict):
@@ -281,8 +306,8 @@ def apply_profile(tree: dict[str, Any], profile: str | None, where: str) -> dict
     tree = {**tree, "fixed": dict(tree.get("fixed") or {}), "profile": profile}
     factors = dict(tree.get("factors") or {})
     for key, value in (profiles[profile] or {}).items():
-        if key == "seeds":
-            tree["seeds"] = value
+        if key in ("seeds", "variants"):
+            tree[key] = value
         elif key == "claims":
             tree["claims"] = [*(tree.get("claims") or []), *(value or [])]
         elif key.startswith("factors."):

@@ -17,7 +17,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ablate.harness.config import ExperimentConfig, build_config, flatten, read_yaml, validation_problems
+from ablate.harness.config import (
+    ExperimentConfig,
+    build_config,
+    flatten,
+    ignored_settings,
+    read_yaml,
+    validation_problems,
+)
 from ablate.harness.errors import ConfigError
 from ablate.harness.study.spec import (
     AdaptiveSeeds,
@@ -88,6 +95,7 @@ def study_problems(
     problems += config_errors
     if config_errors:
         return problems  # references and data need every variant's config
+    problems += ignored_key_problems(spec, configs, set(set_keys))
     problems += variant_duplicates(spec, configs)
     problems += reference_problems(spec, configs)
     problems += data_problems(spec, configs, set(set_keys))
@@ -177,15 +185,39 @@ def factor_duplicates(spec: StudySpec) -> list[Problem]:
     return problems
 
 
+def ignored_key_problems(
+    spec: StudySpec, configs: dict[str, ExperimentConfig], set_keys: set[str]
+) -> list[Problem]:
+    """A model key a variant sets (its own override, or a factor) that its model ignores: the variant would
+    look different from another and build the same model. Keys of base, fixed and --set are shared by
+    variants of both families and may be ignored by some."""
+    variants: dict[Problem, list[str]] = {}
+    for name, overrides in spec.variant_overrides().items():
+        for key, why in ignored_settings(configs[name], overrides):
+            variants.setdefault((origin(spec, name, key, set_keys), why), []).append(name)
+    if spec.variants:
+        return [(where, f"has no effect ({why})") for where, why in variants]
+    advice = "list the variants by name to leave it out where it does nothing"
+    return [(where, f"has no effect in {', '.join(map(repr, names))} ({why}); {advice}")
+            for (where, why), names in variants.items()]  # fmt: skip
+
+
 def variant_duplicates(spec: StudySpec, configs: dict[str, ExperimentConfig]) -> list[Problem]:
-    """Two variants that train the same thing would count one result twice."""
+    """Two variants that build the same model (keys the model ignores left out) with the same task and
+    training would count one result twice."""
     label = "variants.{}".format if spec.variants else "variant {!r}".format
     seen: dict[ExperimentConfig, str] = {}
     problems = []
     for name, cfg in configs.items():
-        if cfg in seen:
-            problems.append((label(name), f"builds the same config as {label(seen[cfg])}"))
-        seen.setdefault(cfg, name)
+        effective = cfg.model_copy(update={"model": cfg.model.effective()})
+        if effective in seen:
+            first = seen[effective]
+            ignored = sorted(k for k, v in cfg.flat().items() if configs[first].flat()[k] != v)
+            why = f" ({', '.join(ignored)}: ignored by this model)" if ignored else ""
+            problems.append(
+                (label(name), f"builds the same {'model' if why else 'config'} as {label(first)}{why}")
+            )
+        seen.setdefault(effective, name)
     return problems
 
 
@@ -261,6 +293,30 @@ def claim_problems(
         if metric != spec.metric.name:  # the study metric is checked against every variant already
             involved = {name: produced[name] for name in (*compared, *others)}
             problems += metric_problems(f"{label}.metric", metric, involved)
+    return problems + judging_problems(where, claim, spec)
+
+
+def judging_problems(where: str, claim: ClaimSpec, spec: StudySpec) -> list[Problem]:
+    """What would keep a claim from ever being judged as it reads (analysis.claims): a margin its metric's
+    range cannot reach (or, for `similar`, cannot miss), and an interaction that subtracts a ratio from a
+    difference."""
+    from ablate.analysis.claims import on_ratio_scale
+    from ablate.analysis.stats import metric_range
+
+    metrics = [metric for metric, _ in claim.arms(spec.metric.name)]
+    problems = []
+    if len({on_ratio_scale(m) for m in metrics}) > 1:
+        scales = " and ".join(f"{m} as a {'ratio' if on_ratio_scale(m) else 'difference'}" for m in metrics)
+        problems.append(
+            (f"{where}.versus.metric", f"judges {scales}; an interaction needs one scale for both")
+        )
+    rng = metric_range(metrics[0])
+    # Δ on a metric in [low, high] lies within ±(high - low); an interaction's within twice that.
+    reach = (rng.high - rng.low) * len(metrics)
+    if not on_ratio_scale(metrics[0]) and abs(claim.margin) >= reach:
+        outcome = "can never fail" if claim.expect == "similar" else "cannot be met"
+        problems.append((f"{where}.margin", f"{claim.margin:g} {outcome}: {metrics[0]} lies in "
+                         f"[{rng.low:g}, {rng.high:g}], so Δ lies within ±{reach:g}"))  # fmt: skip
     return problems
 
 

@@ -1,0 +1,161 @@
+"""The Python API, for notebooks and scripts: what the `ablate` command does, as calls.
+
+    study = ablate.load_study("quickstart", sets={"train.max_steps": 50}, out="runs")
+    study.run(workers=2, wandb="disabled")   # as `ablate sweep`; progress bars in Jupyter too
+    study.results()                          # the trial table, a pandas DataFrame
+    study.claims()                           # each claim's verdict, as the report gives it
+    study.report_path                        # runs/quickstart/report/report.html
+    ablate.train({"preset": "lstm"}, sets={"train.max_steps": 100})   # as `ablate train --json`
+
+Each call runs the command line's own code (ablate/sweep.py, ablate/training.py), so the checks and
+their messages are the same: bad input raises ConfigError (one line per problem, naming what and where)
+before anything is created; a fault during a run raises RunFailed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from ablate.sweep import SweepOptions, load_sweep, size_line, stored_study, sweep
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ablate.analysis.claims import ClaimResult
+    from ablate.harness.config import ExperimentConfig
+    from ablate.harness.study.spec import StudySpec
+
+
+def load_study(
+    study: str | Path,
+    profile: str | None = None,
+    sets: dict[str, Any] | None = None,
+    *,
+    out: str | Path = "runs",
+    storage: str | None = None,
+    artifacts: str | None = None,
+    allow_large: bool = False,
+) -> Study:
+    """A study file, or the name of a bundled one (`ablate list`), with one of its profiles and `sets`
+    ({"train.max_steps": 50}) fixed for every trial, as `ablate sweep --profile --set` take them. Its runs
+    live in `out`/<study>/ and its trials in `storage` (default: SQLite there), its trials' files in
+    `artifacts` (s3://bucket/prefix; default: the folder). ConfigError lists every problem of the study
+    and of these options."""
+    options = SweepOptions(storage=storage, out=Path(out), artifacts=artifacts, allow_large=allow_large)
+    spec = load_sweep(study, profile, sets, options)
+    return Study(str(study), profile, dict(sets or {}), options, spec)
+
+
+class Study:
+    """A checked study and where its runs live: run it, then read its results, claims and report."""
+
+    def __init__(
+        self, source: str, profile: str | None, sets: dict[str, Any], options: SweepOptions, spec: StudySpec
+    ) -> None:
+        self.source, self.profile, self.sets, self.options = source, profile, sets, options
+        self.spec = spec  # the study file as checked (harness/study/spec.py)
+
+    def __repr__(self) -> str:
+        return f"<Study {Console().render_str(size_line(self.spec)).plain}>"
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def report_path(self) -> Path:
+        """The report's HTML file (report.md, results.csv and the figures lie beside it)."""
+        from ablate.harness.artifacts import report_dir
+
+        return report_dir(self.spec.slug, self.options.out) / "report.html"
+
+    def run(
+        self,
+        workers: int | None = None,
+        *,
+        devices: str | None = None,
+        per_device: int = 1,
+        wandb: str | None = None,
+        report: bool = True,
+    ) -> Path | None:
+        """Runs every variant x seed not yet done, as `ablate sweep` does (reading the study file again):
+        `workers` local CPU processes, or `per_device` processes on each GPU of `devices` ("0,1"); W&B
+        `online`, `offline` or `disabled` (default: online with credentials, else offline). Writes the
+        report unless `report=False` and returns its HTML file. Progress shows as bars (in Jupyter too).
+
+        Interrupting (Ctrl-C, or the notebook's stop button) stops the workers, which checkpoint their
+        trials, and raises KeyboardInterrupt; calling run again resumes them."""
+        options = replace(
+            self.options, workers=workers, devices=devices, per_device=per_device, wandb=wandb, report=report
+        )
+        folder = sweep(
+            self.source, self.profile, self.sets, options, Console(stderr=True), stop_on_signals=False
+        )
+        return folder / "report.html" if folder else None
+
+    def _stored(self, call: str):
+        """The study as its storage holds it (what was run), and the storage."""
+        return stored_study(call, self.name, self.options.storage, self.options.out)
+
+    def _table(self, call: str) -> tuple[StudySpec, pd.DataFrame]:
+        from ablate.analysis.table import trials_frame
+        from ablate.harness.study.queue import EVAL, load_phase_study
+
+        spec, store = self._stored(call)
+        return spec, trials_frame(spec, load_phase_study(spec, store, EVAL).get_trials(deepcopy=False))
+
+    def results(self) -> pd.DataFrame:
+        """One row per eval trial, from the storage alone (analysis/table.py): trial, variant, seed, state
+        (COMPLETE, FAIL, ...), the factor keys, cost columns, every metric (`test/seq_acc`, ...)."""
+        return self._table("results")[1]
+
+    def claims(self) -> list[ClaimResult]:
+        """Each claim's verdict with the numbers behind it, as the report judges it (analysis/claims.py
+        ClaimResult: claim.text, verdict, diff, ci_low, ci_high, level, decision, ...)."""
+        from ablate.analysis.claims import evaluate_all
+
+        return evaluate_all(*self._table("claims"))
+
+    def report(self) -> Path:
+        """Builds the report from the storage and the trials' files, as `ablate report`; its HTML file."""
+        from ablate.reports.render import build_report
+
+        spec, store = self._stored("report")
+        folder = build_report(spec, store, self.options.out, artifact_location=self.options.artifacts)
+        return folder / "report.html"
+
+
+def train(
+    config: ExperimentConfig | dict[str, Any] | str | Path | None = None,
+    *,
+    preset: str | None = None,
+    sets: dict[str, Any] | None = None,
+    out: str | Path | None = None,
+    wandb: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Trains and tests one configuration, as `ablate train`: `config` is a YAML file, a nested dict
+    ({"task": {"name": "reverse"}, "model": {...}}) or an ExperimentConfig; `preset` fills the model keys
+    it does not give; `sets` overrides dotted keys ({"train.max_steps": 200}). Returns the metrics
+    `ablate train --json` prints: test/seq_acc, test/tok_acc, val/..., params, wall_time, ...
+    W&B: `wandb` as on the command line (default: disabled). With `out`, leaves its artifacts there."""
+    from ablate.harness.config import ExperimentConfig, build_config, read_yaml
+    from ablate.training import train_config
+
+    config_file = config if isinstance(config, str | Path) else None
+    if config_file is not None:
+        tree = read_yaml(config_file)
+    elif isinstance(config, ExperimentConfig):
+        tree = config.model_dump()
+    else:
+        tree = dict(config or {})
+    overrides = {**({"preset": preset} if preset else {}), **(sets or {})}
+    cfg = build_config(tree, overrides)
+    result = train_config(
+        cfg, config_file=config_file, preset=preset, overrides=sets or {}, out=Path(out) if out else None,
+        wandb=wandb, progress=progress,
+    )  # fmt: skip
+    return result.summary()

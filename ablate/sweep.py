@@ -1,0 +1,226 @@
+"""Running a study, for `ablate sweep` and the Python API alike: every check before anything is created,
+the storage, the local workers and their progress, the report; and a study already in a storage.
+
+Errors: ConfigError for bad input (before anything is created), RunFailed for a fault during the run."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from ablate.harness.errors import ConfigError, RunFailed
+
+if TYPE_CHECKING:
+    from ablate.harness.study.spec import StudySpec
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """`ablate sweep`'s options: the command line's flags, or the Python API's arguments."""
+
+    storage: str | None = None  # SQLAlchemy URL; None: SQLite in <out>/<study>/
+    out: Path = Path("runs")
+    workers: int | None = None  # local CPU worker processes
+    devices: str | None = None  # GPUs, e.g. "0,1"
+    per_device: int = 1
+    wandb: str | None = None  # online | offline | disabled; None: online with credentials
+    artifacts: str | None = None  # s3://bucket/prefix; None: <out>/<study>/artifacts
+    allow_large: bool = False
+    report: bool = True
+
+
+def check_artifacts(location: str | None) -> None:
+    """--artifacts: an s3:// URL with a bucket, and boto3 to reach it."""
+    from ablate.harness.artifacts import parse_s3_url
+    from ablate.harness.extras import require
+
+    if location is None:
+        return
+    try:
+        parse_s3_url(location)
+    except ValueError as e:
+        raise ConfigError(f"--artifacts: {e}") from None
+    require("boto3", extra="s3", feature="--artifacts s3://")
+
+
+def load_sweep(
+    study: str | Path, profile: str | None, sets: dict[str, Any] | None, options: SweepOptions
+) -> StudySpec:
+    """The study file (or bundled name) with its profile and `sets` added to its fixed keys, checked
+    together with the options: every problem in one ConfigError, before anything is created."""
+    from ablate.harness.study.validate import MAX_TRIALS, load_study, run_problems
+
+    if options.workers and options.devices:
+        raise ConfigError("--workers: give either --workers (CPU processes) or --devices (GPUs), not both")
+    check_artifacts(options.artifacts)
+    problems = run_problems(options.out, options.storage, options.devices, options.wandb)
+    return load_study(study, profile, sets, None if options.allow_large else MAX_TRIALS, problems)
+
+
+def size_line(spec: StudySpec) -> str:
+    """'quickstart: 3 variants x 2 seeds: 6 trials', in rich markup."""
+    from ablate.harness.study.validate import seed_count, trial_count, variant_count
+
+    seeds = f"{spec.adaptive.min}-{spec.adaptive.max} adaptive" if spec.adaptive else seed_count(spec)
+    tune = f", {spec.tune.trials} tune trials per variant" if spec.tune else ""
+    trials = f"{trial_count(spec):,} trials{' at most' if spec.adaptive else ''}"
+    return f"[bold]{spec.name}[/]: {variant_count(spec)} variants x {seeds} seeds{tune}: {trials}"
+
+
+def sweep(
+    study: str | Path,
+    profile: str | None,
+    sets: dict[str, Any] | None,
+    options: SweepOptions,
+    console: Console,
+    stop_on_signals: bool,
+) -> Path | None:
+    """Tunes (if the study says so) and runs every variant x seed of the study in local worker processes,
+    resuming what the storage holds, then writes the report; returns its folder (None without one).
+
+    `stop_on_signals` (the command line): SIGTERM and SIGINT are noted (harness/signals.py) and forwarded
+    to the workers, which checkpoint their trials; then this returns None, and signals.received() says
+    which. Otherwise Ctrl-C (KeyboardInterrupt, as in a notebook) stops the workers the same way and is
+    raised again. Either way the same call resumes the study."""
+    from ablate.harness import signals, tracking
+    from ablate.harness.artifacts import default_storage_url
+    from ablate.harness.study.queue import prepare_study
+    from ablate.harness.study.storage import masked_url, open_storage
+
+    spec = load_sweep(study, profile, sets, options)
+    # The size before anything is created; on stdout, so stderr stays one line if opening fails next.
+    Console().print(size_line(spec))
+    mode = tracking.resolve_mode(options.wandb)  # type: ignore[arg-type]
+    url = options.storage or default_storage_url(spec.slug, options.out)
+    store = open_storage(url, heartbeat=spec.heartbeat)
+    stored = prepare_study(spec, store)
+    if stored != spec:
+        changed = ", ".join(k for k in type(spec).model_fields if getattr(stored, k) != getattr(spec, k))
+        raise ConfigError(
+            f"{study}: {masked_url(url)} already holds study {spec.name!r} with a different {changed}; "
+            "rename the study or give another --out / --storage"
+        )
+    from ablate.harness.workers import (  # Lightning: seconds to import, so after the checks
+        NO_SPACE_EXIT,
+        forward_signal,
+        spawn_workers,
+        worker_slots,
+    )
+
+    gpus = [d.strip() for d in options.devices.split(",")] if options.devices else None
+    slots = worker_slots(options.workers, gpus, options.per_device)
+    console.print(f"{len(slots)} worker(s), storage {masked_url(url)}, W&B {mode}")
+    procs = spawn_workers(spec.name, url, options.out, mode, slots, options.artifacts)
+    if stop_on_signals:
+        signals.install(then=lambda signum: forward_signal(procs, signum))
+    try:
+        watch_workers(spec, store, procs, console)
+    except KeyboardInterrupt:
+        console.print(
+            "interrupted: workers checkpointed their trials and stopped; the same call resumes them"
+        )
+        raise
+    if signals.received():
+        return None
+    if NO_SPACE_EXIT in [p.returncode for p in procs]:
+        raise RunFailed(
+            f"--out: no space left on device under {options.out}; free some, then run the same command"
+        )
+    crashed = [p.returncode for p in procs if p.returncode != 0]
+    report = None
+    if options.report:
+        from ablate.reports.render import build_report
+
+        report = build_report(spec, store, options.out, wandb_mode=mode, artifact_location=options.artifacts)
+        console.print(f"report: {report / 'report.html'}")
+    if crashed:
+        raise RunFailed(f"{len(crashed)} worker(s) exited with an error (codes {crashed})")
+    return report
+
+
+def watch_workers(spec: StudySpec, store, procs, console: Console) -> None:
+    """A progress bar per phase until every worker has exited, or for at most 25 s after a stop signal
+    (Ctrl-C as KeyboardInterrupt is forwarded to the workers first)."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ablate.harness import signals
+    from ablate.harness.study.queue import study_progress, time_left_s
+    from ablate.harness.workers import forward_signal, stop_workers
+
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[left]}")]  # fmt: skip
+    # Rich's live display in Jupyter needs ipywidgets; one output updated in place needs nothing more.
+    progress = Progress(*columns, console=console, disable=console.is_jupyter)
+    shown = _notebook_output(progress) if console.is_jupyter else None
+    try:
+        with progress:
+            tasks = {}
+            while True:
+                rows = study_progress(spec, store)
+                left = time_left_s(rows, len(procs))
+                fields = {"left": f"~{left / 60:.1f} min left" if left is not None else ""}
+                counts = {
+                    "eval": (sum(r.done + r.failed + r.pruned for r in rows), sum(r.total for r in rows))
+                }
+                if spec.tune:
+                    counts = {
+                        "tune": (sum(r.tune_done for r in rows), sum(r.tune_total for r in rows)),
+                        **counts,
+                    }
+                for phase, (done, total) in counts.items():
+                    if phase not in tasks:
+                        tasks[phase] = progress.add_task(phase, total=total, left="")
+                    progress.update(tasks[phase], completed=done, total=total, **fields)
+                if shown is not None:
+                    shown.update(progress)
+                if all(p.poll() is not None for p in procs):
+                    return
+                if signals.received():
+                    break
+                time.sleep(2)
+    except KeyboardInterrupt:
+        forward_signal(procs, signal.SIGINT)
+        raise
+    finally:
+        stop_workers(procs)
+
+
+def _notebook_output(progress):
+    """A notebook output showing `progress` (a rich renderable), to update in place."""
+    from IPython.display import display
+
+    return display(progress, display_id=True)
+
+
+def stored_study(command: str, study: str, storage: str | None, out: Path):
+    """The spec (as stored) and storage of a study, by name or file, that exists in the storage."""
+    from ablate.harness.artifacts import default_storage_url, slugify
+    from ablate.harness.study.queue import load_spec_from_storage, stored_study_names
+    from ablate.harness.study.storage import masked_url, open_storage
+
+    name = study_name(study)
+    url = storage or default_storage_url(slugify(name), out)
+    store = open_storage(url, create_dir=False)
+    if name not in stored_study_names(store):
+        known = ", ".join(stored_study_names(store)) or "none"
+        raise ConfigError(f"{command}: no study {name!r} in {masked_url(url)} (studies there: {known})")
+    return load_spec_from_storage(store, name), store
+
+
+def is_study_file(study: str) -> bool:
+    return study.endswith((".yaml", ".yml")) or Path(study).is_file()
+
+
+def study_name(study: str) -> str:
+    """A study given by name, or by its file (whose `name` is read)."""
+    if is_study_file(study):
+        from ablate.harness.study.validate import load_study
+
+        return load_study(study).name
+    return study

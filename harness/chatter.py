@@ -1,0 +1,27 @@
+"""Library chatter kept off the terminal: what Optuna, Lightning and W&B log at INFO (a new study, the
+devices found, tips, checkpoint restores) and the warnings libraries raise (deprecations, advice to whoever
+calls them), which would bury the lines `ablate` prints. `ablate --verbose` (ABLATE_VERBOSE=1, which the
+workers a sweep starts inherit) shows them all."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+VERBOSE_ENV = "ABLATE_VERBOSE"
+# Any module but the project's own: a warning attributed to ablate's code is about ablate, and stays.
+NOT_ABLATE = r"(?!ablate(\.|$))"
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV) == "1"
+
+
+def quiet_libraries() -> None:
+    """Unless verbose, mutes log records at INFO and below and warnings raised outside ablate, for the
+    whole process: only the command line, which owns the terminal, calls it."""
+    if verbose():
+        return
+    logging.disable(logging.INFO)
+    warnings.filterwarnings("ignore", module=NOT_ABLATE)

@@ -1,0 +1,75 @@
+"""The Transformer family's attention scores by name: the one list `model.score` accepts, each with how it
+is built from its class in models/attention.py and what `model.scale` means for it.
+
+A score is a small module every attention layer of the Transformer holds: it prepares the per-head queries
+and keys and gives the factor on q·k, so MultiHeadAttention keeps both of its paths (fused
+`scaled_dot_product_attention`, explicit weights), the rotary and score_bias slots and the masks unchanged.
+
+Adding a score: its class in models/attention.py and one entry in TRANSFORMER_SCORES. This module imports
+no torch (config checks read it); `build_score` loads the classes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ablate.models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ScoreKind:
+    # (models.attention, config) -> the score module of one attention layer
+    build: Callable[[ModuleType, ModelConfig], nn.Module]
+    # The words of `model.scale` it reads (a number always means something), and what the key means for it.
+    scale_words: tuple[str, ...]
+    scale_means: str
+
+
+def qknorm_start(cfg: ModelConfig) -> float:
+    """g's starting value: `model.scale` when a number, else Henry et al. 2020's g0 = log2(L² − L). The
+    paper's L is the 97.5th percentile of the training lengths, which a model config cannot know; L here is
+    the longest sequence the model is built for, `model.max_positions` (L² − L: the off-diagonal scores)."""
+    if cfg.scale != "sqrt":
+        return float(cfg.scale)
+    length = max(cfg.max_positions, 2)  # one position has no off-diagonal pair: g0 = 1 as for two
+    return math.log2(length * length - length)
+
+
+TRANSFORMER_SCORES: dict[str, ScoreKind] = {
+    # Vaswani et al. 2017: q·k times a fixed factor.
+    "dot": ScoreKind(
+        lambda a, cfg: a.ScaledDotProduct(cfg.scale_factor or (cfg.d_model // cfg.heads) ** -0.5),
+        scale_words=("sqrt", "none"),
+        scale_means="the factor on q·k: sqrt 1/sqrt(d_k), none 1, or a number",
+    ),
+    # Henry et al. 2020 (QKNorm): g · cos(q, k), g learned.
+    "cosine": ScoreKind(
+        lambda a, cfg: a.QKNorm(qknorm_start(cfg)),
+        scale_words=("sqrt",),
+        scale_means="the learned factor g's starting value: a number, or sqrt (the default) for "
+        "Henry et al.'s log2(L² − L) with L = model.max_positions",
+    ),
+}
+
+
+def check_scale(cfg: ModelConfig) -> None:
+    """`model.scale` means something for the chosen score; ValueError naming the key otherwise."""
+    kind = TRANSFORMER_SCORES[cfg.score]
+    if isinstance(cfg.scale, str) and cfg.scale not in kind.scale_words:
+        raise ValueError(
+            f"scale: {cfg.scale} has no meaning with score {cfg.score}, where it sets {kind.scale_means}"
+        )
+
+
+def build_score(cfg: ModelConfig) -> nn.Module:
+    """A fresh score module named by `model.score`, for one attention layer (a learned score is per layer)."""
+    from ablate.models import attention  # torch: kept out of config checks
+
+    return TRANSFORMER_SCORES[cfg.score].build(attention, cfg)

@@ -1,0 +1,137 @@
+"""The report's words about its numbers: the headline a reader sees first (what was compared, what won, by
+how much, how sure, each claim's verdict) and the notes under the variant table that say why a p-value
+or a column is what it is. Plain text, the same in report.html, report.md and the dashboard's note."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ablate.analysis import stats
+from ablate.analysis.claims import ClaimResult
+from ablate.reports.collect import StudyData
+
+
+def headline(data: StudyData, summary: pd.DataFrame, claims: list[ClaimResult]) -> dict[str, object]:
+    """The report's first lines: what was compared, what won and how surely, one line per claim."""
+    return {"compared": compared(data, summary), "winner": winner(data, summary),
+            "claims": [claim_line(c) for c in claims]}  # fmt: skip
+
+
+def _num(x: float) -> str:
+    return f"{x:.3f}" if np.isfinite(x) else "–"
+
+
+def _ci(lo: float, hi: float) -> str:
+    return f"95% CI [{_num(lo)}, {_num(hi)}]" if np.isfinite(lo) else "no CI (one seed)"
+
+
+def _p(p: float) -> str:
+    return "" if not np.isfinite(p) else ", p < 0.001" if p < 0.001 else f", p = {p:.3f}"
+
+
+def compared(data: StudyData, summary: pd.DataFrame) -> str:
+    """What was compared: the variants, the task, the metric and its direction, the seeds."""
+    spec = data.spec
+    tasks = sorted({str(c["task.name"]) for c in data.configs.values() if c.get("task.name")})
+    seeds = sorted(set(summary["n"]))
+    counts = f"{seeds[-1]}" if len(seeds) == 1 else f"{seeds[0]} to {seeds[-1]}"
+    better = "higher" if spec.metric.direction == "maximize" else "lower"
+    return (
+        f"{len(summary)} variants ({', '.join(summary['variant'])})"
+        + (f" on {', '.join(tasks)}" if tasks else "")
+        + f", by {spec.metric.name} ({better} is better), {counts} seed(s) each."
+    )
+
+
+def winner(data: StudyData, summary: pd.DataFrame) -> str:
+    """The best variant with its mean and CI, and its difference to the runner-up with that difference's
+    CI and the p-value of the same interval (stats.difference)."""
+    ranked = summary.dropna(subset=["mean"]).sort_values("rank")
+    if ranked.empty:
+        return "No variant has a completed trial yet."
+    best = ranked.iloc[0]
+    text = f"{best['variant']} scores {_num(best['mean'])} ({_ci(best['ci_low'], best['ci_high'])})"
+    if len(ranked) < 2:
+        return text + "."
+    runner_up = ranked.iloc[1]
+    metric = data.spec.metric.name
+    values = stats.variant_values(data.trials, metric)
+    d = stats.difference(
+        values[best["variant"]], values[runner_up["variant"]], stats.metric_range(metric),
+        stats.examples(data.trials, metric),
+    )  # fmt: skip
+    sure = (
+        ""  # one seed: no interval to read
+        if not np.isfinite(d["diff_ci_low"])
+        else "; the CI excludes 0"
+        if d["diff_ci_low"] > 0 or d["diff_ci_high"] < 0
+        else "; the CI includes 0: not distinguishable at these seeds"
+    )
+    return (
+        text + f", ahead of the runner-up {runner_up['variant']} ({_num(runner_up['mean'])}) by "
+        f"Δ = {_num(d['diff'])} ({_ci(d['diff_ci_low'], d['diff_ci_high'])}{_p(d['p'])}){sure}."
+    )
+
+
+def _expectation(claim) -> str:
+    m = claim.margin
+    return {"lower": f"expected below -{m}", "higher": f"expected above {m}"}.get(
+        claim.expect, f"expected within ±{m}"
+    )
+
+
+def _statement(text: str) -> str:
+    """A claim's statement without its explanation: the text up to its first '. ', ': ' or '; '."""
+    cut = min((i for i in (text.find(s) for s in (". ", ": ", "; ")) if i > 0), default=len(text))
+    return " ".join(text[:cut].rstrip(".").split())
+
+
+def claim_line(result: ClaimResult) -> dict[str, str]:
+    """One claim in a line, in three parts: its statement, its verdict, and Δ with its CI (at the claim's
+    level: above 95% where adaptive looks share the error) against its margin."""
+    return {
+        "statement": _statement(result.claim.text),
+        "verdict": result.verdict,
+        "numbers": f"Δ = {_num(result.diff)}, {100 * result.level:.3g}% CI [{_num(result.ci_low)}, "
+        f"{_num(result.ci_high)}], {_expectation(result.claim)}.",
+    }
+
+
+def table_notes(summary: pd.DataFrame) -> list[str]:
+    """Why the variant table's p-values read as they do, and which columns it leaves out and why."""
+    compared_rows = summary[np.isfinite(summary["p"])]
+    notes = [
+        "p is the test of the CI beside it (the level at which that CI of Δ just reaches 0): it is below 0.05 "
+        "exactly when the 95% CI of Δ excludes 0."
+    ]
+    if len(compared_rows) > 1:
+        notes.append(
+            f"p (Holm) corrects p for the {len(compared_rows)} comparisons with the baseline; the CIs are "
+            "not corrected, so a CI that excludes 0 may sit beside a Holm p above 0.05."
+        )
+    floors = compared_rows["p_perm_floor"].dropna()
+    if len(floors) and not show_permutation(summary):
+        n = int(summary["n"].min())
+        notes.append(
+            f"Permutation test not shown: with {n} seeds a side its smallest possible p is "
+            f"{floors.min():.3f} (2 of C({2 * n}, {n}) = {math.comb(2 * n, n)} relabellings), so it could "
+            "never reach 0.05."
+            if summary["n"].nunique() == 1
+            else f"Permutation test not shown: at these seeds its smallest possible p is {floors.min():.3f} "
+            "or more, so it could never reach 0.05."
+        )
+    if len(compared_rows) and not show_g(summary):
+        notes.append(f"Hedges' g not shown: it needs {stats.G_MIN_SEEDS} seeds a side.")
+    return notes
+
+
+def show_permutation(summary: pd.DataFrame) -> bool:
+    """Whether any row's permutation test could reach 0.05 at its seeds."""
+    return bool((summary["p_perm_floor"] <= 0.05).any())
+
+
+def show_g(summary: pd.DataFrame) -> bool:
+    return bool(np.isfinite(summary["g"].astype(float)).any())
