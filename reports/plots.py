@@ -31,6 +31,8 @@ from ablate.harness.metrics import bleu_by_length as bucket_bleu  # noqa: E402
 plt.rcParams["text.parse_math"] = False
 sns.set_theme(style="whitegrid", context="paper")
 RANGE_PAD = 0.04  # share of a bounded range left free above and below it
+# BLEU by length: how far (in tokens) the outermost variants' points sit from their bucket's centre.
+DODGE = 1.0
 # An unbounded axis ends at this multiple of the largest seed's distance from its bound.
 UNBOUNDED_HEADROOM = 1.5
 
@@ -194,13 +196,18 @@ def bleu_by_length(
     """Corpus BLEU against source sentence length per variant (length_bleu), the figure of Bahdanau et al.
     (2015) Fig. 2, with the sources longer than any training pair (task.max_tokens) shaded. BLEU stays in
     [0, 100], but the axis ends a little above the highest interval: models trained for minutes score a
-    few points, which a full-range axis would flatten."""
+    few points, which a full-range axis would flatten. Each variant's points sit a little apart from the
+    others' (within DODGE tokens of the bucket's centre), so that no seed hides behind another variant's."""
     table = length_bleu(translations)
     if table is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    _mean_curves(ax, table, "length", "bleu", [v for v in order if v in set(table["variant"])], "n")
-    curves = mean_table(table.sort_values("length"), ["variant", "length"], "bleu", "n")
+    hue_order = [v for v in order if v in set(table["variant"])]
+    spread = np.linspace(-DODGE, DODGE, len(hue_order)) if len(hue_order) > 1 else [0.0]
+    offsets = dict(zip(hue_order, spread))
+    dodged = table.assign(length=table["length"] + table["variant"].map(offsets))
+    _mean_curves(ax, dodged, "length", "bleu", hue_order, "n")
+    curves = mean_table(dodged.sort_values("length"), ["variant", "length"], "bleu", "n")
     top = np.nanmax([1.0, table["bleu"].max(), curves["ci_high"].max()])
     ax.set_ylim(0, min(100.0, 1.15 * top))
     buckets = table.drop_duplicates("length").sort_values("length")
