@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ablate.harness.errors import ConfigError
+from ablate.harness.launchers import LAUNCHERS
 from ablate.sweep import check_artifacts, is_study_file, stored_study, study_name
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
@@ -139,10 +140,19 @@ def sweep(
     allow_large: Annotated[
         bool, typer.Option("--allow-large", help="Run a study of more than 10,000 trials.")
     ] = False,
+    launcher: Annotated[
+        str | None,
+        typer.Option("--launcher", help=f"Start the workers with {' or '.join(LAUNCHERS)} (default: here)."),
+    ] = None,
+    launch: Annotated[
+        list[str] | None,
+        typer.Option("--launch", help="A launcher setting, key=value (the study's launcher block's keys)."),
+    ] = None,
 ) -> None:
     """Tune (if the study says so) and run every variant x seed of a study, then write its report.
 
-    Resumes what the storage holds: finished trials are kept, interrupted ones run again."""
+    Resumes what the storage holds: finished trials are kept, interrupted ones run again. With --launcher,
+    a scheduler starts the workers (README: Run on a cluster)."""
     from ablate.harness import signals
     from ablate.harness.config import parse_override
     from ablate.sweep import SweepOptions
@@ -150,7 +160,8 @@ def sweep(
 
     options = SweepOptions(
         storage=storage, out=out, workers=workers, devices=devices, per_device=per_device, wandb=wandb,
-        artifacts=artifacts, allow_large=allow_large, report=not no_report,
+        artifacts=artifacts, allow_large=allow_large, report=not no_report, launcher=launcher,
+        launch=tuple(launch or ()),
     )  # fmt: skip
     try:
         # --set changes the study's fixed keys for every trial (e.g. train.max_steps=50).
@@ -181,15 +192,14 @@ def worker(
     """Join a study: run its queued trials until none is left (any machine that reaches the storage); the
     worker that finishes the study's last trial writes its report.
 
-    SIGTERM or Ctrl-C: the running trial checkpoints and waits again; the same command resumes it."""
-    from ablate.harness import signals
+    SIGTERM, SIGUSR1 or Ctrl-C: the running trial checkpoints and waits again; the same command resumes it."""
     from ablate.harness.artifacts import default_storage_url
     from ablate.harness.study.queue import prepare_study
     from ablate.harness.study.storage import open_storage
     from ablate.harness.study.validate import load_study, raise_problems, run_problems
 
     try:
-        check_artifacts(artifacts)
+        check_artifacts(artifacts, reach=True)
         problems = run_problems(out, storage, None, wandb)
         if is_study_file(study):
             spec = load_study(study, also=problems)
@@ -210,13 +220,12 @@ def worker(
         import torch
 
         torch.set_num_threads(threads)
-    from ablate.harness.workers import NO_SPACE_EXIT, run_worker
+    from ablate.harness.workers import run_worker
 
     done = run_worker(spec, store, out, mode, artifacts)
     if done.stopped:
         typer.echo(f"worker: {done.stopped}", err=True)
-        received = signals.received()
-        raise typer.Exit(code=signals.exit_code(received) if received else NO_SPACE_EXIT)
+        raise typer.Exit(code=done.stop_code)
     if done.finished_last and not no_report:
         from ablate.reports.render import build_report
 
@@ -495,8 +504,18 @@ def error_line(e: BaseException) -> tuple[int, str] | None:
 def main() -> None:
     """The one place errors left unhandled become lines on stderr, exit 2 for bad input and 1 for a fault
     during the run; ABLATE_DEBUG=1 keeps the traceback."""
+    from ablate.harness import signals
+
     try:
         app()
+    except SystemExit as done:
+        if signals.received() is None:
+            raise
+        # Stopped by a signal, everything written: end now. Tearing down torch, Lightning and the storage's
+        # engine takes seconds on a starved machine, and the scheduler's SIGKILL does not wait for it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(done.code if isinstance(done.code, int) else 1)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

@@ -31,11 +31,14 @@ class SweepOptions:
     artifacts: str | None = None  # s3://bucket/prefix; None: <out>/<study>/artifacts
     allow_large: bool = False
     report: bool = True
+    launcher: str | None = None  # harness/launchers: slurm | ray; None: worker processes here
+    launch: tuple[str, ...] = ()  # the launcher's settings, key=value, over the study file's launcher block
 
 
-def check_artifacts(location: str | None) -> None:
-    """--artifacts: an s3:// URL with a bucket, and boto3 to reach it."""
-    from ablate.harness.artifacts import parse_s3_url
+def check_artifacts(location: str | None, reach: bool = False) -> None:
+    """--artifacts: an s3:// URL with a bucket, and boto3 to reach it; `reach`: the bucket answers (before a
+    sweep or a worker trains anything whose files it could not keep)."""
+    from ablate.harness.artifacts import parse_s3_url, s3_problem
     from ablate.harness.extras import require
 
     if location is None:
@@ -45,6 +48,8 @@ def check_artifacts(location: str | None) -> None:
     except ValueError as e:
         raise ConfigError(f"--artifacts: {e}") from None
     require("boto3", extra="s3", feature="--artifacts s3://")
+    if reach and (reason := s3_problem(location)):
+        raise ConfigError(f"--artifacts: {location}: {reason}")
 
 
 def load_sweep(
@@ -52,12 +57,17 @@ def load_sweep(
 ) -> StudySpec:
     """The study file (or bundled name) with its profile and `sets` added to its fixed keys, checked
     together with the options: every problem in one ConfigError, before anything is created."""
-    from ablate.harness.study.validate import MAX_TRIALS, load_study, run_problems
+    from ablate.harness.launchers import plan
+    from ablate.harness.study.validate import MAX_TRIALS, capacity_problems, load_study, run_problems
 
     if options.workers and options.devices:
         raise ConfigError("--workers: give either --workers (CPU processes) or --devices (GPUs), not both")
-    check_artifacts(options.artifacts)
-    problems = run_problems(options.out, options.storage, options.devices, options.wandb)
+    check_artifacts(options.artifacts, reach=True)
+    problems = [*run_problems(options.out, options.storage, options.devices, options.wandb),
+                *capacity_problems(options.workers, options.devices, options.per_device),
+                *plan(options.launcher, str(study), list(options.launch))[1]]  # fmt: skip
+    if options.launcher and (options.workers or options.devices):
+        problems.append(("--workers", "local processes only; with --launcher, --launch workers=N"))
     return load_study(study, profile, sets, None if options.allow_large else MAX_TRIALS, problems)
 
 
@@ -80,7 +90,9 @@ def sweep(
     stop_on_signals: bool,
 ) -> Path | None:
     """Tunes (if the study says so) and runs every variant x seed of the study in local worker processes,
-    resuming what the storage holds, then writes the report; returns its folder (None without one).
+    resuming what the storage holds, then writes the report; returns its folder (None without one). With
+    `options.launcher`, a launcher starts the workers (harness/launchers); one that hands them to a
+    scheduler returns at once, None, and the worker that finishes the study writes the report.
 
     `stop_on_signals` (the command line): SIGTERM and SIGINT are noted (harness/signals.py) and forwarded
     to the workers, which checkpoint their trials; then this returns None, and signals.received() says
@@ -88,14 +100,19 @@ def sweep(
     raised again. Either way the same call resumes the study."""
     from ablate.harness import signals, tracking
     from ablate.harness.artifacts import default_storage_url
+    from ablate.harness.launchers import plan
     from ablate.harness.study.queue import prepare_study
     from ablate.harness.study.storage import masked_url, open_storage
+    from ablate.harness.study.validate import raise_problems
 
     spec = load_sweep(study, profile, sets, options)
+    launch, _ = plan(options.launcher, str(study), list(options.launch))  # checked with the study
     # The size before anything is created; on stdout, so stderr stays one line if opening fails next.
     Console().print(size_line(spec))
     mode = tracking.resolve_mode(options.wandb)  # type: ignore[arg-type]
     url = options.storage or default_storage_url(spec.slug, options.out)
+    if launch is not None:
+        raise_problems("", [], launch.problems(url))
     store = open_storage(url, heartbeat=spec.heartbeat)
     stored = prepare_study(spec, store)
     if stored != spec:
@@ -106,15 +123,21 @@ def sweep(
         )
     from ablate.harness.workers import (  # Lightning: seconds to import, so after the checks
         NO_SPACE_EXIT,
+        STORAGE_FULL_EXIT,
         forward_signal,
         spawn_workers,
         worker_slots,
     )
 
-    gpus = [d.strip() for d in options.devices.split(",")] if options.devices else None
-    slots = worker_slots(options.workers, gpus, options.per_device)
-    console.print(f"{len(slots)} worker(s), storage {masked_url(url)}, W&B {mode}")
-    procs = spawn_workers(spec.name, url, options.out, mode, slots, options.artifacts)
+    if launch is None:
+        gpus = [d.strip() for d in options.devices.split(",")] if options.devices else None
+        slots = worker_slots(options.workers, gpus, options.per_device)
+        console.print(f"{len(slots)} worker(s), storage {masked_url(url)}, W&B {mode}")
+        procs = spawn_workers(spec.name, url, options.out, mode, slots, options.artifacts)
+    else:
+        procs = launch.start(spec, url, options.out, mode, options.artifacts)
+        if procs is None:  # a scheduler runs them now
+            return None
     if stop_on_signals:
         signals.install(then=lambda signum: forward_signal(procs, signum))
     try:
@@ -126,10 +149,11 @@ def sweep(
         raise
     if signals.received():
         return None
-    if NO_SPACE_EXIT in [p.returncode for p in procs]:
-        raise RunFailed(
-            f"--out: no space left on device under {options.out}; free some, then run the same command"
-        )
+    full = {NO_SPACE_EXIT: f"--out: no space left on device under {options.out}",
+            STORAGE_FULL_EXIT: f"--storage: no space left on device for {masked_url(url)}"}  # fmt: skip
+    for code, where in full.items():
+        if code in [p.returncode for p in procs]:
+            raise RunFailed(f"{where}; free some, then run the same command")
     crashed = [p.returncode for p in procs if p.returncode != 0]
     report = None
     if options.report:

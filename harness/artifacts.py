@@ -48,6 +48,7 @@ TRANSLATIONS = "translations.jsonl"
 
 
 UNSAFE = re.compile(r"[^A-Za-z0-9_.=,-]+")  # what some filesystem would refuse, misread or fold
+S3_TIMEOUT_S = 10  # an artifact store that does not answer is reported before the first trial, not waited on
 MAX_FOLDER_BYTES = 200  # under the 255 of common filesystems, with room for what tools append
 
 
@@ -121,6 +122,25 @@ def parse_s3_url(location: str) -> tuple[str, str]:
     if not location.startswith("s3://") or not bucket:
         raise ValueError(f"expected s3://bucket/prefix (got {location!r})")
     return bucket, prefix.strip("/")
+
+
+def s3_problem(location: str) -> str | None:
+    """Why the bucket of `location` cannot hold trial files now, from one request made before anything runs
+    (as the storage is opened first): an endpoint that does not answer within S3_TIMEOUT_S, no credentials,
+    no such bucket, access refused. None when the bucket answers."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    config = Config(connect_timeout=S3_TIMEOUT_S, read_timeout=S3_TIMEOUT_S, retries={"max_attempts": 1})
+    try:
+        boto3.client("s3", config=config).head_bucket(Bucket=parse_s3_url(location)[0])
+    except ClientError as e:  # the endpoint answered: 404, 403, ...
+        code = e.response.get("Error", {}).get("Code", "")
+        return {"404": "no such bucket", "403": "access denied"}.get(code, str(e))
+    except BotoCoreError as e:  # unreachable endpoint, no credentials, a malformed endpoint URL
+        return str(e)
+    return None
 
 
 def prefixed_s3_store(bucket: str, prefix: str):

@@ -1,4 +1,5 @@
-"""SIGTERM (spot preemption, SLURM's warning before it kills) and SIGINT (Ctrl-C) as a request to stop.
+"""SIGTERM (spot preemption, a scheduler about to kill), SIGUSR1 (SLURM's warning before a time limit,
+`--signal=USR1@90`) and SIGINT (Ctrl-C) as a request to stop.
 
 A worker notes the signal instead of dying mid-step: its running trial checkpoints after the step it is
 in and goes back to the queue (harness.checkpoints.Checkpointer), then the worker exits with 128 + the
@@ -6,10 +7,13 @@ signal's number. Lightning's own SIGTERM handler composes with this one (it keep
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from collections.abc import Callable
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): the signal a process gets when its parent dies
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 _received: signal.Signals | None = None
 
@@ -20,7 +24,7 @@ def _note(signum: int, _frame) -> None:
 
 
 def install(then: Callable[[signal.Signals], None] | None = None) -> None:
-    """From now on SIGTERM and SIGINT only set the stop request (and call `then`, e.g. to forward it)."""
+    """From now on the stop signals only set the stop request (and call `then`, e.g. to forward it)."""
 
     def handler(signum: int, frame) -> None:
         _note(signum, frame)
@@ -37,5 +41,23 @@ def received() -> signal.Signals | None:
 
 
 def exit_code(signum: signal.Signals) -> int:
-    """The shell's convention: 130 after Ctrl-C, 143 after SIGTERM."""
+    """The shell's convention: 130 after Ctrl-C, 143 after SIGTERM, 138 after SIGUSR1."""
     return 128 + int(signum)
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """For Popen's preexec_fn: the child gets SIGTERM (a worker then checkpoints, queues its trial again and
+    exits) when the process that started it dies, however it dies (the OOM killer's SIGKILL included), so
+    no worker runs on as an orphan. Linux's prctl(PR_SET_PDEATHSIG); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec

@@ -21,6 +21,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import WandbLogger
 
@@ -155,6 +156,10 @@ def build_trainer(
         enable_model_summary=False,
         num_sanity_val_steps=0,
         default_root_dir=root,
+        # One process, one device, whatever the scheduler: inside a SLURM job Lightning would otherwise read
+        # SLURM_NTASKS as a world size (and refuse K workers of one `srun -n K`) and install its own SIGUSR1
+        # requeue beside the harness's (harness.signals, harness.launchers.slurm).
+        plugins=[LightningEnvironment()],
     )
 
 

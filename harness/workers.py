@@ -52,9 +52,10 @@ from ablate.harness.study.queue import (
     trial_variant,
 )
 from ablate.harness.study.spec import StudySpec, tune_metric, validation_metric
-from ablate.harness.study.storage import quiet_experimental
+from ablate.harness.study.storage import chain, masked_url, quiet_experimental, storage_full
 
 NO_SPACE_EXIT = 75  # a worker stopped by a full disk (EX_TEMPFAIL: run it again once space is freed)
+STORAGE_FULL_EXIT = 74  # the same, the disk full being the storage's (SQLite's file, PostgreSQL's server)
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
 
 
@@ -109,6 +110,7 @@ class Worker:
         self.tune = {v: load_phase_study(spec, storage, TUNE, v) for v in self.variants} if spec.tune else {}
         self.finished_last = False
         self.stopped: str | None = None  # why the worker stopped before the study was done (one line)
+        self.storage_full = False  # stopped because the storage could not write
 
     def run(self) -> None:
         """Runs trials until nothing is queued or running and no claim wants more seeds (study.looks); waits
@@ -120,14 +122,27 @@ class Worker:
             if signals.received():
                 self.stopped = f"{signals.received().name}: no trial was running; stopped"
                 return
-            claim = self.claim()
-            if claim is not None:
-                self.run_claimed(claim)
-                self.finished_last = not self.anything_pending()
-            elif self.anything_pending():
-                time.sleep(POLL_S)
-            elif not queue_next_look(self.spec, self.storage):
-                return
+            claim = None
+            try:
+                claim = self.claim()
+                if claim is not None:
+                    self.run_claimed(claim)
+                    self.finished_last = not self.anything_pending()
+                elif self.anything_pending():
+                    time.sleep(POLL_S)
+                elif not queue_next_look(self.spec, self.storage):
+                    return
+            except Exception as e:  # the storage's disk filled up between trials, or as one was recorded
+                if not no_space(e):
+                    raise
+                self.stop_for_space(e, claim)
+
+    @property
+    def stop_code(self) -> int:
+        """The exit code of a worker that stopped early: 128 + the stop signal's number, or a full disk's."""
+        if signals.received():
+            return signals.exit_code(signals.received())
+        return STORAGE_FULL_EXIT if self.storage_full else NO_SPACE_EXIT
 
     def studies(self) -> list[optuna.Study]:
         return [*self.tune.values(), self.eval]
@@ -167,9 +182,16 @@ class Worker:
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
             if claimed:
-                # A trial queued again keeps its old heartbeat, stale at once: beat before anyone looks.
-                self.storage.record_heartbeat(compat.trial_id(frozen))
-                return Claim(study, optuna.Trial(study, compat.trial_id(frozen)), phase, variant, trial_seed(frozen))
+                try:
+                    # A trial queued again keeps its old heartbeat, stale at once: beat before anyone looks.
+                    self.storage.record_heartbeat(compat.trial_id(frozen))
+                except Exception:
+                    # Without a heartbeat no worker would ever find it stale and run it again.
+                    self.storage.set_trial_state_values(compat.trial_id(frozen), TrialState.WAITING)
+                    raise
+                return Claim(
+                    study, optuna.Trial(study, compat.trial_id(frozen)), phase, variant, trial_seed(frozen)
+                )
         return None
 
     def run_claimed(self, claim: Claim) -> None:
@@ -200,13 +222,29 @@ class Worker:
                 self.fail(claim, e)
                 say(f"FAILED, {type(e).__name__}: {e}"[:300])
                 return
-            # Every later trial would fail the same way: wait, as it was, for space to be freed.
-            self.queue_again(trial)
-            self.stopped = f"no space left on device under {self.root}; trial {trial.number} queued again"
-            say("queued again (disk full)")
+            self.stop_for_space(e, claim)
+            say("stopped (disk full)")
         else:
             study.tell(trial, value)
             say(f"{self.metric_name(claim)} = {value:.4g}")
+
+    def stop_for_space(self, e: BaseException, claim: Claim | None) -> None:
+        """Every later trial would fail the same way: the claimed one waits, as it was, for space to be freed."""
+        self.storage_full = storage_full(e)
+        where = (
+            f"for the storage {masked_url(self.storage.url)}" if self.storage_full else f"under {self.root}"
+        )
+        self.stopped = f"no space left on device {where}"
+        if claim is None:
+            return
+        try:
+            self.queue_again(claim.trial)
+            self.stopped += f"; trial {claim.trial.number} queued again"
+        except Exception as again:
+            if not no_space(again):
+                raise
+            # Not even its state could be written: its heartbeat goes stale, and a worker retries it.
+            self.stopped += f"; trial {claim.trial.number} is retried once space is freed"
 
     def fail(self, claim: Claim, e: Exception) -> None:
         trial = claim.trial
@@ -303,13 +341,13 @@ class Worker:
 
 
 def no_space(e: BaseException) -> bool:
-    """The disk filled up: an OSError ENOSPC, or torch.save's RuntimeError for a write that failed, anywhere
-    in the exception's chain."""
-    while e is not None:
-        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "file write failed" in str(e):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+    """The disk filled up: an OSError ENOSPC, torch.save's RuntimeError for a write that failed, or the
+    storage's disk (storage_full), anywhere in the exception's chain."""
+    return storage_full(e) or any(
+        (isinstance(c, OSError) and c.errno == errno.ENOSPC) or "file write failed" in str(c)
+        for c in chain(e)
+    )
+
 
 def free_device_memory() -> None:
     """After a failed trial (CUDA out of memory among others), return its cached blocks to the device."""
@@ -355,14 +393,29 @@ def spawn_workers(
     """Starts one `ablate worker` process per slot, each with CPU threads = cores / processes; the sweep
     that starts them writes the report once they have all exited, so they do not."""
     threads = max(1, (os.cpu_count() or 1) // len(slots))
-    # -P keeps the working folder off sys.path: there a study's output folder (`bottleneck/` with --out .)
-    # or a stray file would shadow a module the worker imports; the installed `ablate` is found without it.
-    command = [sys.executable, "-P", "-m", "ablate.cli", "worker", study_name,
-               "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads), "--no-report",
-               *(["--artifacts", artifacts] if artifacts else [])]  # fmt: skip
+    command = [*python_command(), *worker_args(study_name, runs_root, wandb_mode, threads, artifacts)]
     # The URL travels in the environment: on the command line its password would show in `ps`.
     env = {**os.environ, "ABLATE_STORAGE": storage_url}
-    return [subprocess.Popen(command, env={**env, **slot}) for slot in slots]
+    return [
+        subprocess.Popen(command, env={**env, **slot}, preexec_fn=signals.die_with_parent()) for slot in slots
+    ]
+
+
+def python_command(python: str = sys.executable) -> list[str]:
+    """`ablate` run by `python`. -P keeps the working folder off sys.path: there a study's output folder
+    (`bottleneck/` with --out .) or a stray file would shadow a module the worker imports; the installed
+    `ablate` is found without it."""
+    return [python, "-P", "-m", "ablate.cli"]
+
+
+def worker_args(
+    study_name: str, runs_root: str | Path, wandb_mode: str, threads: int, artifacts: str | None = None,
+    report: bool = False,
+) -> list[str]:  # fmt: skip
+    """The arguments of an `ablate worker` that a sweep or a launcher starts (never the storage URL: that
+    goes in ABLATE_STORAGE); `report`: the worker that finishes the study writes its report."""
+    return ["worker", study_name, "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads),
+            *([] if report else ["--no-report"]), *(["--artifacts", artifacts] if artifacts else [])]  # fmt: skip
 
 
 def forward_signal(procs: list[subprocess.Popen], signum: signal.Signals) -> None:

@@ -1,6 +1,8 @@
 """What long sweeps on shared machines need: a worker killed mid-trial costs one retry and nothing else,
 faults end as FAIL with their reason while the sweep goes on, W&B without network never blocks and never
-leaks the key, and the same config and seed give the same numbers in two processes.
+leaks the key, the same config and seed give the same numbers in two processes, and the faults that scale
+brings (more workers than the machine holds, a killed sweep, a full storage disk, an unreachable artifact
+store, a stop on a loaded machine) end in one line, with no trial left RUNNING where one can be saved.
 
 The crash scenario runs here on the SQLite default and in test_postgres.py on PostgreSQL."""
 
@@ -15,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -449,3 +452,168 @@ def test_same_config_and_seed_give_identical_metrics_in_two_processes(tmp_path):
     first, second = ({k: v for k, v in s.items() if k not in timing} for s in summaries)
     assert first == second
     assert "test/loss" in first and first["steps"] == 6
+
+
+# Faults that scale brings -----------------------------------------------------------------------------------
+
+
+def test_more_workers_than_the_machine_holds_are_refused_up_front(tmp_path):
+    study, runs = write_study(tmp_path / "crash.yaml"), tmp_path / "runs"
+    count = max(64, (os.cpu_count() or 1) + 1)
+    refused = ablate("sweep", str(study), "--out", str(runs), "--workers", str(count), "--wandb", "disabled")
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith(f"error: --workers: {count} worker processes exceed this machine (")
+    assert "at most" in line
+    assert not runs.exists()
+
+
+def processes(parent: int) -> list[int]:
+    """The live (not zombie) children of `parent`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == parent and fields[0] != "Z":
+                found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
+@pytest.mark.slow  # about a minute on 2 busy cores
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's (prctl)")
+def test_a_killed_sweep_leaves_no_worker_behind_and_no_trial_running(tmp_path):
+    """The OOM killer's SIGKILL to `ablate sweep`, which no handler sees: each worker gets SIGTERM as its
+    parent dies, checkpoints its trial, queues it again and exits, instead of training on as an orphan."""
+    study, runs = write_study(tmp_path / "crash.yaml", max_steps=400, seeds=[0, 1]), tmp_path / "runs"
+    url = f"sqlite:///{runs / 'crash' / 'study.db'}"
+    sweep = background([ablate_exe(), "sweep", str(study), "--out", str(runs), "--wandb", "disabled",
+                        "--no-report", "--workers", "2"])  # fmt: skip
+    workers = []
+    try:
+        checkpointed = lambda: resume_record(url, study, 0) or resume_record(url, study, 1)  # noqa: E731
+        wait_for(checkpointed, 300, "a checkpoint", poll=0.2)
+        workers = processes(sweep.pid)
+        assert len(workers) == 2
+        sweep.send_signal(signal.SIGKILL)
+        sweep.wait(timeout=30)
+        wait_for(lambda: not any(alive(pid) for pid in workers), 60, "the orphaned workers to stop")
+    finally:
+        sweep.kill()
+        for pid in filter(alive, workers):
+            os.kill(pid, signal.SIGKILL)
+    states = [t.state for t in stored_trials(study, url)]
+    assert TrialState.RUNNING not in states and TrialState.WAITING in states
+
+
+def test_storages_without_a_heartbeat_are_refused(tmp_path):
+    """Optuna's journal storages and gRPC proxy record no heartbeat: a dead worker's trial would never run
+    again, with one worker or many. Refused before anything is created."""
+    study, runs = write_study(tmp_path / "crash.yaml"), tmp_path / "runs"
+    for url in ("grpc://127.0.0.1:13000", "redis://127.0.0.1:6379/0", str(tmp_path / "journal.log")):
+        refused = ablate("sweep", str(study), "--out", str(runs), "--storage", url, "--workers", "2")
+        assert refused.returncode == 2
+        (line,) = refused.stderr.strip().splitlines()
+        assert line.startswith(f"error: --storage: {url}: Optuna's journal storages and gRPC proxy keep no ")
+        assert line.endswith("would stay RUNNING for good, never retried; use SQLite or PostgreSQL")
+    assert not runs.exists()
+
+
+def test_an_unreachable_artifact_store_stops_sweep_and_worker_before_any_trial(tmp_path, monkeypatch):
+    pytest.importorskip("boto3", reason="boto3 is not installed (pip install '.[s3]')")
+    aws = {"AWS_ENDPOINT_URL": NO_SERVER, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+    for key, value in aws.items():
+        monkeypatch.setenv(key, value)
+    study, runs = write_study(tmp_path / "crash.yaml"), tmp_path / "runs"
+    for command in ("sweep", "worker"):
+        refused = ablate(command, str(study), "--out", str(runs), "--artifacts", "s3://trials/team",
+                         "--wandb", "disabled", timeout=120)  # fmt: skip
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        (line,) = refused.stderr.strip().splitlines()
+        endpoint = f'Could not connect to the endpoint URL: "{NO_SERVER}/trials"'
+        assert line == f"error: --artifacts: s3://trials/team: {endpoint}"
+    assert not runs.exists()  # no study, no trial
+
+
+@pytest.mark.slow  # three sweeps, about 2 min on 2 busy cores
+def test_storage_on_a_full_disk_stops_the_sweep_in_one_line_with_no_trial_left_running(tmp_path, small_tmpfs):
+    study = write_study(tmp_path / "crash.yaml", max_steps=20, seeds=[0, 1, 2])
+    url = f"sqlite:///{small_tmpfs / 'study.db'}"  # the storage on the small disk, --out elsewhere
+    command = [ablate_exe(), "sweep", str(study), "--out", str(tmp_path / "runs"), "--storage", url,
+               "--wandb", "disabled", "--no-report"]  # fmt: skip
+    filler = small_tmpfs / "filler"
+
+    def fill() -> None:
+        filler.write_bytes(b"\0" * shutil.disk_usage(small_tmpfs).free)
+
+    # Full before the study exists: nothing can be created.
+    fill()
+    full = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert full.returncode == 1
+    assert full.stderr.strip().splitlines() == [
+        f"error: storage {url}: no space left on device; free some, then run the same command"
+    ]
+    filler.unlink()
+
+    # Full while the first trial runs.
+    sweep = background(command)
+    running = lambda: any(t.state == TrialState.RUNNING for t in stored_trials(study, url))  # noqa: E731
+    wait_for(running, 300, "a trial to run")
+    fill()
+    sweep.wait(timeout=300)
+    sweep.log.seek(0)
+    out = sweep.log.read()
+    assert sweep.returncode == 1, out[-3000:]
+    assert out.strip().splitlines()[-1] == (
+        f"error: --storage: no space left on device for {url}; free some, then run the same command"
+    )
+    assert "Traceback" not in out
+    filler.unlink()
+    assert TrialState.RUNNING not in [t.state for t in stored_trials(study, url)]
+
+    # Space freed: the same command finishes the study.
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [t.state for t in stored_trials(study, url)] == [TrialState.COMPLETE] * 3
+
+
+def stored_trials(study: Path, url: str) -> list:
+    # A locked database (a worker is writing): nothing to see yet, look again next poll.
+    with contextlib.suppress(KeyError, ConfigError, sqlalchemy.exc.OperationalError, StorageInternalError):
+        return load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    return []
+
+
+STOP_BOUND_S = 30  # the README's: a stopped sweep exits within this, however loaded the machine
+
+
+@pytest.mark.slow  # about 2 min: workers start slowly on a machine kept busy
+def test_sigterm_stops_a_sweep_within_the_bound_on_a_loaded_machine(tmp_path):
+    """SIGTERM while both workers train and every core is kept busy by another process: the sweep exits 143
+    within STOP_BOUND_S (workers get 25 s to checkpoint, then are killed), and no trial is FAILED."""
+    study, runs = write_study(tmp_path / "crash.yaml", max_steps=2000, seeds=[0, 1]), tmp_path / "runs"
+    url = f"sqlite:///{runs / 'crash' / 'study.db'}"
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        sweep = background([ablate_exe(), "sweep", str(study), "--out", str(runs), "--wandb", "disabled",
+                            "--no-report", "--workers", "2"])  # fmt: skip
+        training = lambda: resume_record(url, study, 0) and resume_record(url, study, 1)  # noqa: E731
+        wait_for(training, 600, "both trials to train")
+        sent = time.monotonic()
+        sweep.send_signal(signal.SIGTERM)
+        sweep.wait(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        for busy in load:
+            busy.kill()
+    print(f"SIGTERM to exit: {took:.1f} s with {len(load)} busy processes")
+    sweep.log.seek(0)
+    assert sweep.returncode == 143, sweep.log.read()[-3000:]
+    assert took < STOP_BOUND_S
+    assert TrialState.FAIL not in [t.state for t in stored_trials(study, url)]

@@ -95,7 +95,7 @@ def test_tuning_prunes_by_step_and_eval_runs_the_best(tmp_path):
 def test_spawned_workers_get_the_storage_url_from_the_environment_not_their_command_line(monkeypatch):
     """Any user on the machine can read a process's command line (`ps`); its environment only its owner."""
     started = []
-    monkeypatch.setattr(workers.subprocess, "Popen", lambda command, env: started.append((command, env)))
+    monkeypatch.setattr(workers.subprocess, "Popen", lambda command, env, **_: started.append((command, env)))
     url = "postgresql://ablate:s3cret@db.example:5432/studies"
     workers.spawn_workers("grid", url, "runs", "disabled", [{"CUDA_VISIBLE_DEVICES": "0"}, {}])
     assert len(started) == 2

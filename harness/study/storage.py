@@ -15,12 +15,19 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, NoSuchModuleError, ProgrammingError
 
-from ablate.harness.errors import ConfigError
+from ablate.harness.errors import ConfigError, RunFailed
 from ablate.harness.extras import require
 from ablate.harness.study.spec import HeartbeatSpec
 
 CONNECT_TIMEOUT_S = 10  # an unreachable database server is reported, not waited on
 SCHEMA_ATTEMPTS = 10
+# Optuna storages without heartbeats (a JournalStorage's Redis backend or file, GrpcStorageProxy), as a user
+# would name them: refused for every run, since a dead worker's trial is only retried through its heartbeat.
+NO_HEARTBEAT_SCHEMES = ("grpc", "redis", "rediss")
+JOURNAL_FILES = (".log", ".journal")
+# The drivers' codes for a disk with no space left: SQLITE_FULL, SQLITE_IOERR_SHMSIZE (WAL's shared-memory
+# file could not grow), PostgreSQL's disk_full.
+SQLITE_FULL, PG_DISK_FULL = (13, 4874), "53100"
 MAX_RETRIES = 3  # a grid point whose worker keeps dying (killed, out of host memory) is given up after this
 
 
@@ -50,6 +57,9 @@ def open_storage(url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = H
             # Workers that open a new database at the same moment all create Optuna's tables; the losers
             # hit a table, type or version row another just made. Opening again finds the schema there.
             lost_race = isinstance(e, IntegrityError | ProgrammingError) or "already exists" in reason
+            if storage_full(e):  # a fault of the machine, not of the URL: exit 1
+                raise RunFailed(f"storage {masked_url(url)}: no space left on device; free some, then run the "
+                                "same command") from None  # fmt: skip
             if not lost_race or attempt == SCHEMA_ATTEMPTS - 1:
                 raise ConfigError(f"storage {masked_url(url)}: cannot open ({reason})") from None
             time.sleep(0.2 * (attempt + 1))
@@ -68,6 +78,22 @@ def with_driver(url: str) -> str:
     return url
 
 
+def storage_full(e: BaseException) -> bool:
+    """The storage could not write for want of space (SQLITE_FULL above), anywhere in the chain (Optuna
+    wraps SQLAlchemy's error, which wraps the driver's)."""
+    return any(
+        getattr(c, "sqlite_errorcode", None) in SQLITE_FULL or getattr(c, "pgcode", None) == PG_DISK_FULL
+        for c in chain(e)
+    )
+
+
+def chain(e: BaseException | None) -> Iterator[BaseException]:
+    """An exception and the ones it was raised from or while handling."""
+    while e is not None:
+        yield e
+        e = e.__cause__ or e.__context__
+
+
 def masked_url(url: str) -> str:
     """The URL as every message, banner and report shows it: the password replaced by ***."""
     try:
@@ -79,6 +105,11 @@ def masked_url(url: str) -> str:
 def url_problem(url: str) -> str | None:
     """Why `url` cannot name a storage (malformed, unknown database, driver not installed), or None; found
     without connecting: whether the server answers is known when the storage is opened."""
+    if url.partition("://")[0] in NO_HEARTBEAT_SCHEMES or url.endswith(JOURNAL_FILES):
+        return (
+            "Optuna's journal storages and gRPC proxy keep no heartbeat: the trial of a worker that dies "
+            "would stay RUNNING for good, never retried; use SQLite or PostgreSQL"
+        )
     try:
         parsed = make_url(with_driver(url))
         parsed.get_dialect().import_dbapi()
@@ -133,6 +164,9 @@ def serialize_sqlite_transactions(engine) -> None:
         dbapi_connection.isolation_level = None  # pysqlite must not issue its own deferred BEGIN
         dbapi_connection.execute("PRAGMA journal_mode=WAL")
         dbapi_connection.execute("PRAGMA busy_timeout=60000")
+        # The log goes back into the database after every commit and the next writer reuses its file from
+        # the start: on a disk that filled up, a small write (a trial queued again) still fits there.
+        dbapi_connection.execute("PRAGMA wal_autocheckpoint=1")
 
     @event.listens_for(engine, "begin")
     def _begin(connection) -> None:

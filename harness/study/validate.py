@@ -3,8 +3,9 @@
 Each check adds (YAML location, what is wrong) to one list: every variant's config, the references the study
 makes (its metric, each claim's metric and compare / to, the baseline, tuned keys) against what the variants
 build and report, every local corpus of a `parallel` task, the seeds, the grid's size, and what the command
-line adds (storage URL, --out, --devices, W&B mode). A failing study raises one StudyError listing them all.
-No Optuna, no storage, no folder: nothing here writes. `load_study` reads a study file and checks it here.
+line adds (storage URL, --out, --devices, --workers against the machine, W&B mode). A failing study raises
+one StudyError listing them all. No Optuna, no storage, no folder: nothing here writes. `load_study` reads a
+study file and checks it here.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ Problem = tuple[str, str]  # (where in the study file or command line, what is w
 MAX_SHOWN = 20
 MAX_TRIALS = 10_000  # a bigger grid needs --allow-large: a typo in a factor list should not queue a million
 WANDB_MODES = ("online", "offline", "disabled", "dryrun")
+WORKER_GIB = 0.6  # a worker process's memory with torch and Lightning loaded and a tiny model (measured)
 
 
 class StudyError(ConfigError):
@@ -452,6 +454,44 @@ def device_problems(devices: str) -> list[Problem]:
     return []
 
 
+def capacity_problems(workers: int | None, devices: str | None, per_device: int) -> list[Problem]:
+    """Local worker processes against this machine: CPU workers (--workers) beyond its cores only wait for
+    one another, and processes beyond its free memory are killed mid-trial."""
+    if not workers and not devices:
+        return []
+    option, count = (
+        ("--workers", workers) if workers else ("--per-device", len(devices.split(",")) * per_device)
+    )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    memory = available_memory_gib()
+    most = max(1, min(cores if workers else count, int(memory / WORKER_GIB) if memory is not None else count))
+    if count <= most:
+        return []
+    free = f", {memory:.1f} GiB of memory free" if memory is not None else ""
+    return [(option, f"{count} worker processes exceed this machine ({cores} cores{free}, about {WORKER_GIB} "
+                     f"GiB a worker): at most {most} here")]  # fmt: skip
+
+
+def available_memory_gib() -> float | None:
+    """Memory this process may still use: the kernel's MemAvailable, or less under a cgroup limit (a
+    container, a SLURM job); None where neither can be read (not Linux)."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    free = next(
+        int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")
+    )
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            free = min(free, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return free / 2**30
+
+
 def os_reason(e: OSError) -> str:
     """'permission denied', 'not a folder', 'file name too long', 'no space left on device', ..."""
     return (e.strerror or str(e)).lower().replace("not a directory", "not a folder")
@@ -466,6 +506,7 @@ def load_study(
     ConfigError) lists every problem. `max_trials` refuses a bigger grid before any variant is built."""
     path = resolve_study_path(path)
     tree = apply_profile(read_yaml(path), profile, str(path))
+    tree.pop("launcher", None)  # where its workers run (harness/launchers), not what the study is
     if sets:
         tree = {**tree, "fixed": {**(tree.get("fixed") or {}), **sets}}
     try:

@@ -1,0 +1,109 @@
+"""Launchers: `ablate sweep STUDY --launcher NAME` runs the study's `ablate worker` processes where a
+scheduler puts them instead of on this machine. The study is checked and created in the storage as for a
+local sweep; the queue stays Optuna's (exactly-once claims, heartbeat retries, resume from checkpoints), so a
+launcher only decides where workers start.
+
+A launcher is a module here, listed in LAUNCHERS, with
+  Options   a pydantic model: the keys of the study file's `launcher: {NAME: {...}}` block, which
+            `--launch key=value` overrides
+  problems(options, url) -> list of (where, what): why it cannot run the study on that storage, found
+            before anything is created
+  start(spec, url, out, wandb_mode, artifacts, options) -> the workers as Popen-like handles (poll,
+            send_signal, wait, kill, returncode) that the sweep watches as it watches local ones, or None
+            when a scheduler took the work (the sweep then returns; the last worker writes the report)
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+# The command line reads the names on every start: the study code is imported only to launch.
+LAUNCHERS = {"slurm": "ablate.harness.launchers.slurm", "ray": "ablate.harness.launchers.ray"}
+
+Problem = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A launcher with its options, checked."""
+
+    name: str
+    options: BaseModel
+
+    @property
+    def module(self):
+        return importlib.import_module(LAUNCHERS[self.name])
+
+    def problems(self, url: str) -> list[Problem]:
+        return self.module.problems(self.options, url)
+
+    def start(self, spec, url: str, out: Path, wandb_mode: str, artifacts: str | None):
+        return self.module.start(spec, url, out, wandb_mode, artifacts, self.options)
+
+
+def plan(name: str | None, study: str, sets: list[str]) -> tuple[Launch | None, list[Problem]]:
+    """The launcher `name` with its options (the study file's `launcher.<name>` block, then `sets`), and
+    what is wrong with them; (None, []) for a local sweep."""
+    from pydantic import ValidationError
+
+    from ablate.harness.config import validation_problems
+
+    if name is None:
+        return None, [("--launch", "give --launcher too")] if sets else []
+    if name not in LAUNCHERS:
+        return None, [("--launcher", f"unknown launcher {name!r} (known: {', '.join(LAUNCHERS)})")]
+    options = importlib.import_module(LAUNCHERS[name]).Options
+    lists = {
+        key
+        for key, field in options.model_fields.items()
+        if getattr(field.annotation, "__origin__", None) is list
+    }
+    block, problems = study_block(study, name)
+    given, where = dict(block), {key: f"{study}: launcher.{name}.{key}" for key in block}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(("--launch", f"{item!r}: expected key=value, e.g. tasks=4"))
+            continue
+        key = key.strip()
+        # Strings from the command line: pydantic reads '4' as 4 and 'true' as True where the key wants them;
+        # each `--launch key=value` of a list key adds an item.
+        given[key] = [*given.get(key, []), value] if key in lists else value
+        where[key] = f"--launch {key}"
+    try:
+        return Launch(name, options.model_validate(given)), problems
+    except ValidationError as e:
+        known = f"unknown setting (known: {', '.join(options.model_fields)})"
+        found = [(where.get(loc.split(".")[0], loc), known if msg == "unknown config key" else msg)
+                 for loc, msg in validation_problems(e)]  # fmt: skip
+        return None, problems + found
+
+
+def study_block(study: str, name: str) -> tuple[dict[str, Any], list[Problem]]:
+    """The study file's `launcher.<name>` mapping; a file that cannot be read is load_study's to report."""
+    from ablate.harness.config import read_yaml
+    from ablate.harness.errors import ConfigError
+    from ablate.harness.study.spec import resolve_study_path
+
+    try:
+        tree = read_yaml(resolve_study_path(study))
+    except ConfigError:
+        return {}, []
+    launchers = tree.get("launcher") or {}
+    if not isinstance(launchers, dict) or not isinstance(launchers.get(name) or {}, dict):
+        return {}, [(f"{study}: launcher", f"expected a mapping like {{{name}: {{...}}}}")]
+    unknown = [(f"{study}: launcher.{other}", f"unknown launcher (known: {', '.join(LAUNCHERS)})")
+               for other in launchers if other not in LAUNCHERS]  # fmt: skip
+    return launchers.get(name) or {}, unknown
+
+
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite storage URL, None for a database server's: a file only processes on the machine
+    that holds it can share (WAL needs one host's shared memory), a server any machine can reach."""
+    return url.removeprefix("sqlite:///") if url.startswith("sqlite:") else None

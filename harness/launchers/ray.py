@@ -1,0 +1,128 @@
+"""Ray: the study's workers as Ray actors on a Ray cluster (the [ray] extra).
+
+Each actor reserves `cpus` CPUs and a `gpus` share of a GPU (0.5: two workers per GPU) and runs one
+`ablate worker` process, which Ray pins to the actor's GPU (CUDA_VISIBLE_DEVICES); the sweep watches them as
+it watches local processes, forwards a stop signal to them (each checkpoints its trial and queues it
+again) and writes the report once all have exited. The queue stays Optuna's: Ray only places the workers.
+The storage URL goes to each actor as an argument and to its worker in the environment, never on a command
+line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+
+from ablate.harness.errors import ConfigError
+from ablate.harness.extras import require
+from ablate.harness.launchers import Problem, sqlite_file
+
+
+class Options(BaseModel):
+    """The study file's `launcher: {ray: {...}}` keys, and `--launch key=value`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    address: str | None = (
+        None  # ray.init's: "auto", "ray://head:10001"; none: RAY_ADDRESS, else a new local one
+    )
+    workers: PositiveInt = 1  # worker processes, in all
+    cpus: PositiveFloat = 1.0  # CPUs each (num_cpus); its torch threads are this, rounded up
+    gpus: float = Field(0.0, ge=0, le=1)  # each worker's share of a GPU (num_gpus): 1/K puts K on a GPU
+
+
+def problems(options: Options, url: str) -> list[Problem]:
+    """Connects to the cluster (or starts a local one): an address with no cluster is bad input, and a
+    SQLite file is shared only when the cluster is this one machine."""
+    try:
+        ray = require("ray", extra="ray", feature="--launcher ray")
+    except ConfigError as e:
+        return [("--launcher", str(e))]
+    if not ray.is_initialized():
+        try:
+            ray.init(address=options.address, include_dashboard=False, configure_logging=False)
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            return [("--launch address", f"{options.address or 'RAY_ADDRESS'}: no Ray cluster there ({e})")]
+    nodes = [node for node in ray.nodes() if node["Alive"]]
+    if sqlite_file(url) is not None and len(nodes) > 1:
+        return [("--storage", f"{sqlite_file(url)} is a SQLite file, which workers on the cluster's other "
+                              f"{len(nodes) - 1} node(s) cannot share: give a PostgreSQL URL")]  # fmt: skip
+    return []
+
+
+class WorkerProcess:
+    """A Ray actor holding one `ablate worker` process; threaded (max_concurrency=2), so that `stop`
+    reaches the process while `run` waits for it."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def run(self, args: list[str], env: dict[str, str]) -> int:
+        from ablate.harness import signals
+        from ablate.harness.workers import python_command
+
+        # This actor's own Python, which on another node may live elsewhere than the driver's.
+        self.proc = subprocess.Popen([*python_command(sys.executable), *args], env={**os.environ, **env},
+                                     preexec_fn=signals.die_with_parent())  # fmt: skip
+        return self.proc.wait()
+
+    def stop(self, signum: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+
+class RayWorker:
+    """One actor's worker as the sweep watches a local Popen: poll, send_signal, wait, kill, returncode."""
+
+    def __init__(self, actor, result) -> None:
+        self.actor, self.result = actor, result
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        import ray
+
+        if self.returncode is None and ray.wait([self.result], timeout=0)[0]:
+            try:
+                self.returncode = ray.get(self.result)
+            except ray.exceptions.RayError:  # the actor or its node died: its trial comes back by heartbeat
+                self.returncode = 1
+        return self.returncode
+
+    def send_signal(self, signum: signal.Signals) -> None:
+        self.actor.stop.remote(int(signum))
+
+    def wait(self, timeout: float | None = None) -> int:
+        import ray
+
+        if not ray.wait([self.result], timeout=timeout)[0]:
+            raise subprocess.TimeoutExpired("ray worker", timeout)
+        return self.poll()
+
+    def kill(self) -> None:
+        import ray
+
+        ray.kill(self.actor)  # its worker gets SIGTERM as its parent dies (signals.die_with_parent)
+
+
+def start(
+    spec, url: str, out: Path, wandb_mode: str, artifacts: str | None, options: Options
+) -> list[RayWorker]:
+    import ray
+
+    from ablate.harness.workers import worker_args
+
+    args = worker_args(spec.name, Path(out).resolve(), wandb_mode, math.ceil(options.cpus), artifacts)
+    env = {"ABLATE_STORAGE": url, **({} if options.gpus else {"CUDA_VISIBLE_DEVICES": ""})}
+    actor = ray.remote(WorkerProcess).options(num_cpus=options.cpus, num_gpus=options.gpus, max_concurrency=2)
+    workers = []
+    for _ in range(options.workers):
+        handle = actor.remote()
+        workers.append(RayWorker(handle, handle.run.remote(args, env)))
+    print(f"Ray: {options.workers} worker(s), {options.cpus:g} CPU(s) and {options.gpus:g} GPU each, on "
+          f"{len([n for n in ray.nodes() if n['Alive']])} node(s)", flush=True)  # fmt: skip
+    return workers

@@ -1,0 +1,296 @@
+"""Launchers: a study's workers started by SLURM (a job array) or Ray instead of on this machine.
+
+The batch script, the submission and the launcher settings are checked everywhere, a stand-in `sbatch`
+recording what it was given. The end-to-end tests need a SLURM cluster (.ci/slurm.sh starts a one-node one on
+loopback and exports SLURM_CONF) or Ray (the [ray] extra), and skip saying which is missing. Their storage is
+the PostgreSQL server of .ci/services.sh, as a cluster's would be, else SQLite on this one node."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import lightning as L
+import pytest
+import yaml
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+from optuna.trial import TrialState
+from test_postgres import URL_VARIABLE, postgres_url  # noqa: F401 (a fixture)
+from test_reliability import resume_record, wait_for
+
+from ablate.harness import trial as harness_trial
+from ablate.harness.config import build_config
+from ablate.harness.launchers import plan, slurm
+from ablate.harness.study.queue import EVAL, grid_point, load_phase_study
+from ablate.harness.study.storage import open_storage
+from ablate.harness.study.validate import load_study
+
+SECRET = "not-a-real-password"
+
+
+def write_study(path: Path, launcher: dict | None = None, **extra) -> Path:
+    """Two variants x two seeds of a tiny model: four grid points, a few seconds each."""
+    tree = {
+        "name": "cluster",
+        "base": {"preset": "transformer", "task": TINY_TASK, "model": TINY_MODEL, "train": TINY_TRAIN},
+        "factors": {"model.pos_encoding": ["sinusoidal", "none"]},
+        "seeds": [0, 1],
+        "metric": {"name": "test/tok_acc"},
+        "heartbeat": {"interval": 1, "grace": 3},
+        **({"launcher": launcher} if launcher else {}),
+        **extra,
+    }
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def trials(study: Path, url: str):
+    return load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+
+
+# The batch script and its submission -------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_sbatch(tmp_path, monkeypatch) -> Path:
+    """An `sbatch` first on PATH that records its arguments, its ABLATE_STORAGE and the script it was given,
+    and answers as `sbatch --parsable` does."""
+    bin_dir, record = tmp_path / "bin", tmp_path / "sbatch-record"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}.args\nprintf "%s" "$ABLATE_STORAGE" > {record}.storage\n'
+        f'for last; do :; done\ncp "$last" {record}.script\necho "4242;testcluster"\n'
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return record
+
+
+def test_batch_script_asks_for_what_the_options_say():
+    options = slurm.Options(tasks=3, workers=4, gpus=2, cpus=5, partition="gpu", time="4:00:00",
+                            sbatch=["--mem=16G", "--account=lab"])  # fmt: skip
+    script = slurm.batch_script("grid", "grid", ["python", "-m", "ablate.cli", "worker", "grid"], options,
+                                Path("/shared/runs/grid/slurm"), Path("/shared"))  # fmt: skip
+    lines = script.splitlines()
+    for option in ("--array=0-2", "--ntasks=4", "--cpus-per-task=5", "--gres=gpu:2", "--partition=gpu",
+                   "--time=4:00:00", "--signal=USR1@90", "--requeue", "--chdir=/shared", "--mem=16G",
+                   "--account=lab", "--output=/shared/runs/grid/slurm/%A_%a.log"):  # fmt: skip
+        assert f"#SBATCH {option}" in lines, script
+    # Four workers on two GPUs: each sees one, by its rank on the node.
+    (run,) = [line for line in lines if line.startswith("srun ")]
+    assert "CUDA_VISIBLE_DEVICES=${gpus[SLURM_LOCALID / 2]}" in run
+    assert run.endswith("python -m ablate.cli worker grid")
+    assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in script
+
+    cpu = slurm.batch_script("grid", "grid", ["w"], slurm.Options(), Path("/l"), Path("/w")).splitlines()
+    assert "#SBATCH --array=0-0" in cpu and not any("--gres" in line or "--time" in line for line in cpu)
+    assert any(line.startswith("export CUDA_VISIBLE_DEVICES= ") for line in cpu)  # CPU workers see no GPU
+    # bash accepts it as it is written
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_submission_passes_the_storage_in_the_jobs_environment_only(tmp_path, fake_sbatch, capsys):
+    url = f"postgresql://ablate:{SECRET}@db.example:5432/studies"
+    spec = load_study(write_study(tmp_path / "cluster.yaml"))
+    slurm.start(spec, url, tmp_path / "runs", "offline", None, slurm.Options(tasks=4, cpus=2))
+    printed = capsys.readouterr().out
+    args = Path(f"{fake_sbatch}.args").read_text().splitlines()
+    script = Path(f"{fake_sbatch}.script").read_text()
+    assert args[:2] == ["--parsable", "--export=ALL"]
+    assert Path(f"{fake_sbatch}.storage").read_text() == url  # the job's environment carries it
+    assert SECRET not in script and SECRET not in " ".join(args) and SECRET not in printed
+    assert "ABLATE_STORAGE" not in script.replace("ABLATE_STORAGE in the job's environment", "")
+    assert script == (tmp_path / "runs" / "cluster" / "slurm" / "job.sh").read_text()
+    assert f"--out {tmp_path / 'runs'}" in script and "--threads 2" in script and "--no-report" not in script
+    assert "SLURM job 4242: 4 array task(s)" in printed and "postgresql://ablate:***@db.example" in printed
+    assert f"logs: {tmp_path / 'runs' / 'cluster' / 'slurm'}/4242_<task>.log" in printed
+    assert f"ablate status cluster --out {tmp_path / 'runs'} (with --storage" in printed
+
+
+def test_slurm_refuses_a_sqlite_file_unless_told_every_task_runs_on_one_node(tmp_path, fake_sbatch):
+    study, runs = write_study(tmp_path / "cluster.yaml"), tmp_path / "runs"
+    refused = ablate("sweep", str(study), "--out", str(runs), "--launcher", "slurm", "--wandb", "disabled")
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith(f"error: --storage: {runs / 'cluster' / 'study.db'} is a SQLite file")
+    assert "single_node=true" in line
+    assert not runs.exists()  # nothing created
+
+    submitted = ablate("sweep", str(study), "--out", str(runs), "--launcher", "slurm",
+                       "--launch", "single_node=true", "--wandb", "disabled")  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr[-2000:]
+    assert "SLURM job 4242" in submitted.stdout
+    url = f"sqlite:///{runs / 'cluster' / 'study.db'}"
+    assert [t.state for t in trials(study, url)] == [TrialState.WAITING] * 4  # queued for the tasks
+    assert Path(f"{fake_sbatch}.storage").read_text() == url
+
+
+def test_launcher_settings_come_from_the_study_file_then_the_command_line(tmp_path):
+    block = {"slurm": {"tasks": 2, "partition": "debug", "sbatch": ["--mem=1G"]}, "ray": {"workers": 3}}
+    study = str(write_study(tmp_path / "cluster.yaml", launcher=block))
+    launch, problems = plan("slurm", study, ["tasks=8", "sbatch=--qos=low", "single_node=true"])
+    assert problems == [] and launch.name == "slurm"
+    assert launch.options == slurm.Options(tasks=8, partition="debug", sbatch=["--mem=1G", "--qos=low"],
+                                           single_node=True)  # fmt: skip
+    assert plan("ray", study, [])[0].options.workers == 3
+    assert plan(None, study, []) == (None, [])
+
+    _, problems = plan("slurm", study, ["tasks=0", "bogus=1", "nokey"])
+    assert ("--launch tasks", "Input should be greater than 0 (got '0')") in problems
+    assert ("--launch bogus", f"unknown setting (known: {', '.join(slurm.Options.model_fields)})") in problems
+    assert ("--launch", "'nokey': expected key=value, e.g. tasks=4") in problems
+    assert plan(None, study, ["tasks=2"]) == (None, [("--launch", "give --launcher too")])
+    assert plan("pbs", study, [])[1] == [("--launcher", "unknown launcher 'pbs' (known: slurm, ray)")]
+
+    # YAML reads an unquoted 4:00:00 as 14400: said, not submitted as 14400 minutes.
+    unquoted = tmp_path / "unquoted.yaml"
+    unquoted.write_text((tmp_path / "cluster.yaml").read_text().replace("partition: debug", "time: 4:00:00"))
+    _, problems = plan("slurm", str(unquoted), [])
+    quote = 'quote it, e.g. "4:00:00" (got the number 14400; YAML reads 4:00:00 as 14400)'
+    assert problems == [(f"{unquoted}: launcher.slurm.time", quote)]
+
+
+def test_a_launcher_block_does_not_change_the_stored_study(tmp_path):
+    """Where the workers run is not part of the study: changing it keeps the stored study the same one."""
+    plain = load_study(write_study(tmp_path / "a.yaml"))
+    assert load_study(write_study(tmp_path / "b.yaml", launcher={"slurm": {"tasks": 9}})) == plain
+
+
+# Lightning inside a SLURM job ----------------------------------------------------------------------------
+
+
+class SignalSpy(L.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.sigusr1 = signal.getsignal(signal.SIGUSR1)
+
+
+@pytest.mark.parametrize("ntasks", ["1", "2"])
+def test_a_trial_in_a_slurm_job_trains_in_lightnings_plain_environment(monkeypatch, ntasks, tiny_tree):
+    """As one of the K workers of `srun -n K`: Lightning's SLURM environment would read SLURM_NTASKS as a
+    world size (and raise with K = 2), and install its own SIGUSR1 requeue (with K = 1) beside ours."""
+    job = {"SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "6", "SLURM_ARRAY_TASK_ID": "1", "SLURM_NTASKS": ntasks,
+           "SLURM_PROCID": str(int(ntasks) - 1), "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_JOB_NAME": "ablate-grid", "SLURM_NODELIST": "node1"}  # fmt: skip
+    for key, value in job.items():
+        monkeypatch.setenv(key, value)
+    spy = SignalSpy()
+    result = harness_trial.run_trial(build_config(tiny_tree), callbacks=[spy])
+    assert result.steps == TINY_TRAIN["max_steps"] and 0 <= result.metrics["test/tok_acc"] <= 1
+    assert spy.sigusr1 == signal.SIG_DFL  # Lightning's requeue handler would be here
+
+
+# A SLURM cluster --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def slurm_cluster():
+    import shutil
+
+    if shutil.which("sbatch") is None:
+        pytest.skip(
+            "SLURM is not installed (no sbatch on PATH); .ci/slurm.sh installs one and starts a cluster"
+        )
+    up = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=60)
+    if up.returncode != 0 or not {"idle", "mixed", "allocated", "completing"} & set(up.stdout.split()):
+        reason = (up.stderr.strip().splitlines() or [up.stdout.strip() or "no node up"])[-1]
+        pytest.skip(f"no SLURM controller with a node up ({reason}); .ci/slurm.sh starts one")
+
+
+@pytest.fixture
+def cluster_storage(tmp_path, request) -> tuple[str, list[str]]:
+    """(storage URL, extra sweep arguments): the test PostgreSQL server, else SQLite on this one node."""
+    if os.environ.get(URL_VARIABLE):
+        return request.getfixturevalue("postgres_url"), []
+    return f"sqlite:///{tmp_path / 'study.db'}", ["--launch", "single_node=true"]
+
+
+def submit(study: Path, runs: Path, url: str, *extra: str) -> str:
+    """`ablate sweep --launcher slurm`: the job id it printed."""
+    done = ablate("sweep", str(study), "--out", str(runs), "--storage", url, "--wandb", "disabled",
+                  "--launcher", "slurm", *extra)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split("SLURM job ")[1].split(":")[0]
+
+
+def queue_empty(job: str) -> bool:
+    return not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip()
+
+
+def cancel(job: str) -> None:
+    """What is left of the job (a requeued task waits for its start time) leaves the queue."""
+    subprocess.run(["scancel", job], check=False)
+    wait_for(lambda: queue_empty(job), 120, f"SLURM job {job} to leave the queue", poll=1)
+
+
+@pytest.mark.slow  # about 1.5 min on 2 busy cores
+def test_a_4_task_array_runs_every_grid_point_once_and_writes_the_report(
+    tmp_path, slurm_cluster, cluster_storage
+):  # fmt: skip
+    url, extra = cluster_storage
+    study, runs = write_study(tmp_path / "cluster.yaml"), tmp_path / "runs"
+    job = submit(study, runs, url, "--launch", "tasks=4", *extra)
+    try:
+        wait_for(lambda: queue_empty(job), 300, f"SLURM job {job} to finish", poll=1)
+    finally:
+        cancel(job)
+    logs = "".join(p.read_text() for p in (runs / "cluster" / "slurm").glob(f"{job}_*.log"))
+    done = trials(study, url)
+    assert [t.state for t in done] == [TrialState.COMPLETE] * 4, logs[-3000:]
+    points = [grid_point(f"pos_encoding={p}", s) for p in ("sinusoidal", "none") for s in (0, 1)]
+    assert sorted(t.user_attrs["grid_point"] for t in done) == sorted(points)
+    assert (runs / "cluster" / "report" / "report.html").is_file(), logs[-3000:]
+    assert len(list((runs / "cluster" / "slurm").glob(f"{job}_*.log"))) == 4  # one log per array task
+
+
+@pytest.mark.slow  # about a minute each
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_signalled_task_checkpoints_and_another_task_resumes_the_trial(
+    tmp_path, slurm_cluster, cluster_storage, signum
+):  # fmt: skip
+    """What SLURM sends before a time limit (--signal=USR1@90) or to preempt (SIGTERM), sent with scancel to
+    the task running the study's one trial: the trial is checkpointed and queued again (never FAILED), the
+    task asks to be requeued, and the other task resumes the trial from that checkpoint."""
+    url, extra = cluster_storage
+    train = {**TINY_TRAIN, "max_steps": 300, "val_every": 10, "checkpoint_every": 20, "deterministic": True}
+    base = {"preset": "transformer", "task": TINY_TASK, "model": TINY_MODEL, "train": train}
+    study = write_study(tmp_path / "cluster.yaml", factors={}, seeds=[0], base=base)
+    runs = tmp_path / "runs"
+    job = submit(study, runs, url, "--launch", "tasks=2", *extra)
+    try:
+        wait_for(lambda: resume_record(url, study, 0), 240, "the trial's first checkpoint", poll=0.2)
+        (running,) = trials(study, url)
+        pid = int(running.user_attrs["worker"].rsplit(":", 1)[1])
+        variables = Path(f"/proc/{pid}/environ").read_text().split("\0")
+        environ = dict(v.split("=", 1) for v in variables if "=" in v)
+        task = environ["SLURM_JOB_ID"]  # the array task's own job id: scancel reaches only it
+        subprocess.run(["scancel", f"--signal={signum.name.removeprefix('SIG')}", task], check=True)
+        resumed = lambda: trials(study, url)[0].state == TrialState.COMPLETE  # noqa: E731
+        wait_for(resumed, 240, "the resumed trial", poll=0.5)
+        requeued = subprocess.run(["scontrol", "show", "job", task], capture_output=True, text=True).stdout
+    finally:
+        cancel(job)
+    (trial,) = trials(study, url)
+    assert trial.user_attrs["resumed_from_step"] >= 20
+    assert trial.user_attrs["worker"] != running.user_attrs["worker"]  # another task finished it
+    assert "Restarts=1" in requeued  # the signalled task asked to come back
+    log = (runs / "cluster" / "slurm" / f"{job}_{environ['SLURM_ARRAY_TASK_ID']}.log").read_text()
+    assert f"worker: {signum.name}: eval trial 0 checkpointed and queued again" in log, log[-3000:]
+
+
+# Ray --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a local Ray cluster starts in about half a minute; the study takes another minute
+def test_ray_workers_finish_the_study_and_the_sweep_writes_the_report(tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    study, runs = write_study(tmp_path / "cluster.yaml"), tmp_path / "runs"
+    # No address: Ray starts a cluster of this machine's cores, as ray.init(num_cpus=os.cpu_count()) would.
+    done = ablate("sweep", str(study), "--out", str(runs), "--wandb", "disabled", "--launcher", "ray",
+                  "--launch", "workers=2", timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Ray: 2 worker(s)" in done.stdout
+    url = f"sqlite:///{runs / 'cluster' / 'study.db'}"
+    assert [t.state for t in trials(study, url)] == [TrialState.COMPLETE] * 4
+    assert (runs / "cluster" / "report" / "report.html").is_file()
