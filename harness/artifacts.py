@@ -13,6 +13,7 @@ that reads them both go through here.
             checkpoints/resume.ckpt     the periodic full state a retried trial resumes from (while it runs)
             attention/probe<i>_<split>.npz    AttentionSample.save / load
             attention/probe<i>_<split>.png    its heatmap (reports.attention), shown by optuna-dashboard
+            translations.jsonl      text tasks: {split, src_len, hyp, ref} per test sentence
             data/                   vocabularies and tokenizers
 
 The artifact store is that folder, or with `--artifacts s3://bucket/prefix` an S3-compatible bucket
@@ -26,6 +27,7 @@ Numpy only besides Optuna's artifact store: reading artifacts needs no torch."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +44,7 @@ LAST_CHECKPOINT = "last.ckpt"
 RESUME_CHECKPOINT = "resume.ckpt"
 ATTENTION = "attention"
 DATA = "data"
+TRANSLATIONS = "translations.jsonl"
 
 
 UNSAFE = re.compile(r"[^A-Za-z0-9_.=,-]+")  # what some filesystem would refuse, misread or fold
@@ -210,3 +213,14 @@ class AttentionSample:
             weights = {key.removeprefix("weights_"): f[key] for key in f.files if key.startswith("weights_")}
             return cls(str(f["split"]), f["src"].tolist(), f["tgt_in"].tolist(), f["tgt_out"].tolist(),
                        weights, f["alignment"])  # fmt: skip
+
+
+def write_jsonl(path: str | Path, rows: list[dict]) -> None:
+    """One JSON object a line (UTF-8, text as written)."""
+    lines = (json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    Path(path).write_text("".join(lines), encoding="utf-8")
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """What write_jsonl wrote; ValueError for a line that is not JSON."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -1,10 +1,12 @@
-"""The private Optuna, optuna-integration and Lightning attributes this project relies on, in one place.
+"""The private Optuna, optuna-integration, Lightning and pysword attributes this project relies on, in one
+place.
 
 Each has no public equivalent for what we need; tests/test_compat.py pins the behaviour each use assumes,
 so an upgrade that changes it fails there, by name, rather than somewhere inside a study."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -47,3 +49,13 @@ def restore_rng_states(states: dict[str, Any]) -> None:
     from lightning.fabric.utilities.seed import _set_rng_states
 
     _set_rng_states(states)
+
+
+def cache_sword_blocks(bible: Any) -> None:
+    """Makes a pysword Bible decompress each block once. A zText module stores its text in compressed
+    blocks (a whole book each in Debian's Bibles), and pysword decompresses the verse's block for every
+    verse it returns, so reading a Bible verse by verse takes minutes instead of a fraction of a second.
+    Its zText reader gets a block through `_decompressed_text(testament, block)`; other module kinds have
+    none and are left as they are."""
+    if hasattr(bible, "_decompressed_text"):
+        bible._decompressed_text = functools.lru_cache(maxsize=4)(bible._decompressed_text)

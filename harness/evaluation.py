@@ -1,8 +1,8 @@
 """One evaluation pass: after training, `trainer.test` decodes each test split once, and every test metric
 comes from that pass. Seq2SeqModule.test_step runs one teacher-forced forward (loss, perplexity, attention
 weights, layer outputs) and one decode (exact match, token accuracy) per batch; the Evaluation callback
-reads each batch's record and adds what the module does not log: the per-length table, BLEU / chrF, AER,
-rank collapse and the probes' attention samples."""
+reads each batch's record and adds what the module does not log: the per-length table, BLEU / chrF and
+each test sentence's translation, AER, rank collapse and the probes' attention samples."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import lightning as L
 import torch
 
 from ablate.harness.artifacts import AttentionSample
-from ablate.harness.metrics import alignment_error_rate, length_table, text_metrics
+from ablate.harness.metrics import alignment_error_rate, length_table, translation_scores, translations
 from ablate.harness.probes import Probe
 from ablate.harness.tasks import Example, TaskData
 from ablate.models.diagnostics import rank_collapse
@@ -33,6 +33,7 @@ class SplitPass:
             [] if all(ex.alignment is not None for ex in examples) else None
         )
         self.collapse: dict[str, float] = {}  # rank collapse summed over sequences, per side
+        self.translations: list[dict[str, Any]] = []  # text tasks: per example, set by `metrics`
 
     def add(self, record: dict[str, Any], batch: dict[str, torch.Tensor]) -> None:
         """One batch's record from Seq2SeqModule.test_step: pred, scores, weights, states."""
@@ -64,9 +65,10 @@ class SplitPass:
     def metrics(self, data: TaskData) -> dict[str, float]:
         """BLEU / chrF (text tasks), AER (gold alignments and cross-attention), rank collapse (Transformers)."""
         rows = [(pred, None) for pred in self.predictions]
+        self.translations = translations(self.split, rows, data)
         self.signatures = {}
         metrics = {}
-        for name, score in text_metrics(self.split, rows, data).items():
+        for name, score in translation_scores(self.split, self.translations).items():
             metrics[name] = score.value
             self.signatures[name.rsplit("/", 1)[-1]] = score.signature  # the same on every split
         if self.cross is not None:
@@ -103,6 +105,11 @@ class Evaluation(L.Callback):
     def signatures(self) -> dict[str, str]:
         """sacreBLEU's signature of each text metric ("bleu", "chrf"), for text tasks."""
         return {name: sig for p in self.passes.values() for name, sig in p.signatures.items()}
+
+    def translations(self) -> list[dict[str, Any]]:
+        """Rows of {split, src_len, hyp, ref} per test sentence of a text task, in each split's order:
+        what BLEU by sentence length and paired tests between variants are computed from."""
+        return [{"split": split, **row} for split, p in self.passes.items() for row in p.translations]
 
     def per_length(self) -> list[dict[str, Any]]:
         """Rows of {split, length, n, seq_acc, tok_acc, tokens}: accuracy by target length (without EOS)."""

@@ -1,6 +1,7 @@
 """Scores of decoded outputs: exact match, token accuracy, accuracy by target length, BLEU / chrF
-(sacreBLEU, with its signatures) for text tasks, and the alignment error rate of attention against gold
-alignments; and which of them, by name, a configuration's trials report (`produced_metrics`).
+(sacreBLEU, with its signatures) and BLEU by source length for text tasks, and the alignment error rate
+of attention against gold alignments; and which of them, by name, a configuration's trials report
+(`produced_metrics`).
 
 Prediction rows are (prediction ids, target ids), EOS and padding kept. Exact match and token accuracy
 are models.sequences' `score`, the one definition the module's metrics use too: token accuracy counts the
@@ -18,7 +19,7 @@ import numpy as np
 import sacrebleu
 
 from ablate.harness.config import ExperimentConfig
-from ablate.harness.tasks import ALIGNED_TASKS, GENERATED_TASKS, TEXT_TASKS
+from ablate.harness.tasks import ALIGNED_TASKS, CORPUS_TASKS, GENERATED_TASKS, TEXT_TASKS
 from ablate.harness.tasks.base import TaskData
 from ablate.models.sequences import SequenceScore, score, summarise
 
@@ -71,9 +72,14 @@ def _corpus_score(
     return TextScore(value, str(metric.get_signature()))  # known once scored: it counts the references
 
 
+def bleu_metric() -> sacrebleu.BLEU:
+    """The BLEU every score here uses (sacreBLEU's defaults, BLEU_TOKENIZE), for tests on its statistics."""
+    return sacrebleu.BLEU(tokenize=BLEU_TOKENIZE)
+
+
 def bleu(hypotheses: list[str], references: list[str]) -> TextScore:
     """Corpus BLEU of detokenized hypotheses against one detokenized reference each."""
-    return _corpus_score(sacrebleu.BLEU(tokenize=BLEU_TOKENIZE), hypotheses, references)
+    return _corpus_score(bleu_metric(), hypotheses, references)
 
 
 def chrf(hypotheses: list[str], references: list[str]) -> TextScore:
@@ -81,18 +87,75 @@ def chrf(hypotheses: list[str], references: list[str]) -> TextScore:
     return _corpus_score(sacrebleu.CHRF(), hypotheses, references)
 
 
-def text_metrics(split: str, rows: Sequence[Row], data: TaskData) -> dict[str, TextScore]:
-    """{split}/bleu and {split}/chrf for a text task ({} otherwise), on text the task's tokenizer
+# BLEU by sentence length: source lengths (tokens) a bucket, and the fewest sentences a bucket keeps (corpus
+# BLEU of two sentences says next to nothing); a sparser bucket joins its neighbour.
+BLEU_BUCKET = 10
+BLEU_BUCKET_SENTENCES = 20
+
+
+def length_buckets(
+    lengths: Sequence[int], width: int = BLEU_BUCKET, min_sentences: int = 1
+) -> list[tuple[int, int]]:
+    """(first, last) length of each bucket, shortest first: `width` lengths a bucket, empty ones left out,
+    then, while some bucket holds fewer than `min_sentences` of `lengths`, the sparsest joins its sparser
+    neighbour (an end bucket its only one), so the sparse tails of a length distribution pool into wider
+    buckets."""
+    counts: dict[int, int] = defaultdict(int)
+    for length in lengths:
+        counts[length // width] += 1
+    buckets = [[b * width, (b + 1) * width - 1, n] for b, n in sorted(counts.items())]
+    while len(buckets) > 1 and min(n for *_, n in buckets) < min_sentences:
+        i = min(range(len(buckets)), key=lambda k: buckets[k][2])
+        neighbours = [k for k in (i - 1, i + 1) if 0 <= k < len(buckets)]
+        j = min(neighbours, key=lambda k: buckets[k][2])
+        lo, hi = sorted((i, j))
+        buckets[lo : hi + 1] = [[buckets[lo][0], buckets[hi][1], buckets[lo][2] + buckets[hi][2]]]
+    return [(first, last) for first, last, _ in buckets]
+
+
+def bleu_by_length(
+    hypotheses: list[str], references: list[str], lengths: Sequence[int], buckets: Sequence[tuple[int, int]]
+) -> list[dict[str, Any]]:
+    """Rows of {length_min, length_max, n, bleu} per bucket (first, last) of `lengths` (the source's, as
+    Bahdanau et al. 2015 Fig. 2 plots BLEU) that holds sentences: corpus BLEU of the bucket's sentences,
+    scored as `bleu` scores them."""
+    rows = []
+    for first, last in buckets:
+        members = [i for i, length in enumerate(lengths) if first <= length <= last]
+        if members:
+            score = bleu([hypotheses[i] for i in members], [references[i] for i in members]).value
+            rows.append({"length_min": first, "length_max": last, "n": len(members), "bleu": score})
+    return rows
+
+
+def translations(split: str, rows: Sequence[Row], data: TaskData) -> list[dict[str, Any]]:
+    """Per example of data.splits[split], for a text task ([] otherwise): {src_len (source tokens), hyp,
+    ref}, the detokenized prediction and reference that BLEU / chrF score: text the task's tokenizer
     detokenized (words joined by spaces, characters joined, BPE decoded). Rows must be in the order of
     data.splits[split], as the DataModule's evaluation loaders give them; references come from the
     examples, so target words outside the vocabulary are scored as written, not as <unk>."""
     examples = data.splits[split]
     if not data.is_text or not rows:
-        return {}
+        return []
     if len(rows) != len(examples):
         raise ValueError(f"{split}: {len(rows)} prediction rows for {len(examples)} examples")
-    hypotheses = [data.target_text(data.tgt_vocab.decode(pred)) for pred, _ in rows]
-    references = [data.target_text(ex.tgt) for ex in examples]
+    return [
+        {"src_len": len(ex.src), "hyp": data.target_text(data.tgt_vocab.decode(pred)),
+         "ref": data.target_text(ex.tgt)}
+        for (pred, _), ex in zip(rows, examples)
+    ]  # fmt: skip
+
+
+def text_metrics(split: str, rows: Sequence[Row], data: TaskData) -> dict[str, TextScore]:
+    """{split}/bleu and {split}/chrf of the split's `translations` for a text task ({} otherwise)."""
+    return translation_scores(split, translations(split, rows, data))
+
+
+def translation_scores(split: str, pairs: list[dict[str, Any]]) -> dict[str, TextScore]:
+    """{split}/bleu and {split}/chrf of `translations` rows ({} for none)."""
+    if not pairs:
+        return {}
+    hypotheses, references = [t["hyp"] for t in pairs], [t["ref"] for t in pairs]
     return {f"{split}/bleu": bleu(hypotheses, references), f"{split}/chrf": chrf(hypotheses, references)}
 
 
@@ -144,7 +207,7 @@ def produced_metrics(cfg: ExperimentConfig) -> set[str]:
     encoder only where one is built)."""
     task, model = cfg.task, cfg.model
     long_split = (task.name in GENERATED_TASKS and task.long_max_len > task.max_len) or (
-        task.name == "parallel" and task.max_tokens is not None
+        task.name in CORPUS_TASKS and task.max_tokens is not None
     )
     test_splits = ["test", "test_long"] if long_split else ["test"]
     transformer = model.arch == "transformer"

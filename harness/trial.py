@@ -4,8 +4,8 @@ Training keeps the checkpoint with the best val/loss (and writes the last one), 
 train.checkpoint_every steps the full state a retried trial resumes from (harness.checkpoints); the test
 splits are decoded once with the best checkpoint, loaded with weights_only=True, and every test metric
 comes from that pass (harness/evaluation.py). With `out_dir` the trial leaves its
-config, metrics (metrics, history, per-length accuracy, cost), checkpoints, attention samples and data
-there, as harness.artifacts names them."""
+config, metrics (metrics, history, per-length accuracy, cost), checkpoints, attention samples, the test
+sentences' translations (text tasks) and data there, as harness.artifacts names them."""
 
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ class TrialResult:
     # Accuracy by target length (tokens without EOS): rows of {split, length, n, seq_acc, tok_acc, tokens}.
     per_length: list[dict[str, Any]] = field(default_factory=list)
     attention: list[AttentionSample] = field(default_factory=list)
+    # Text tasks: rows of {split, src_len, hyp, ref} per test sentence (harness.metrics.translations).
+    translations: list[dict[str, Any]] = field(default_factory=list)
     tokens_per_sec: float = 0.0  # training throughput, target + source tokens without padding
     peak_mem_mb: float = 0.0  # peak CUDA memory allocated, or the process's peak RSS while training on CPU
     steps: int = 0
@@ -76,8 +78,8 @@ class TrialResult:
                 "split_sizes": self.split_sizes}  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
-        """Everything but the attention arrays (those are .npz files)."""
-        return {k: v for k, v in asdict(self).items() if k != "attention"}
+        """Everything but the attention arrays (those are .npz files) and the translations (a JSONL file)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("attention", "translations")}
 
 
 def resolve_precision(precision: str) -> str:
@@ -227,6 +229,7 @@ def run_trial(
         history=history.rows,
         per_length=evaluation.per_length(),
         attention=evaluation.attention(),
+        translations=evaluation.translations(),
         tokens_per_sec=cost.tokens_per_sec,
         peak_mem_mb=cost.peak_mem_mb,
         steps=trainer.global_step,
@@ -246,6 +249,8 @@ def write_artifacts(out: Path, cfg: ExperimentConfig, result: TrialResult, logge
     out.mkdir(parents=True, exist_ok=True)
     (out / artifacts.CONFIG).write_text(json.dumps(cfg.model_dump(), indent=2))
     (out / artifacts.METRICS).write_text(json.dumps(result.to_json(), indent=2))
+    if result.translations:
+        artifacts.write_jsonl(out / artifacts.TRANSLATIONS, result.translations)
     attention_dir = out / artifacts.ATTENTION
     attention_dir.mkdir(exist_ok=True)
     for i, sample in enumerate(result.attention):

@@ -1,5 +1,6 @@
 """What a report reads: the tidy trial table from the Optuna storage, per-trial artifacts (metric history,
-accuracy by length, attention samples) where they exist, tune studies, and provenance.
+accuracy by length, attention samples, text tasks' translations) where they exist, tune studies, and
+provenance.
 
 The table comes from the storage (cost figures a trial did not store there are filled from its
 metrics.json). Artifacts are optional: a trial without them still counts in every statistic, it only draws
@@ -31,6 +32,7 @@ class TrialArtifacts:
     per_length: list[dict[str, Any]] = field(default_factory=list)  # rows of {split, length, n, seq_acc}
     attention: list[AttentionSample] = field(default_factory=list)
     cost: dict[str, float] = field(default_factory=dict)  # tokens_per_sec, peak_mem_mb, steps
+    translations: list[dict[str, Any]] = field(default_factory=list)  # rows of {split, src_len, hyp, ref}
 
 
 @dataclass
@@ -43,6 +45,8 @@ class StudyData:
     tune: dict[str, list[optuna.trial.FrozenTrial]]  # variant -> its tune trials
     recorded: dict[str, list[str]]  # see recorded_provenance
     configs: dict[int, dict[str, Any]]  # trial number -> its flat config
+    # Text tasks, long: trial, variant, seed, split, src_len, hyp, ref; a trial's rows in its splits' order.
+    translations: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def eval_trials(spec: StudySpec, storage) -> list[optuna.trial.FrozenTrial]:
@@ -55,8 +59,9 @@ def read_artifacts(
 ) -> TrialArtifacts:
     """A trial's artifacts from the study's Optuna artifact store (the trial's 'artifacts' user attr maps
     each file's path to its artifact id), else from its own folder (harness.artifacts.trial_dir); whatever
-    is missing stays empty. Read: the metrics file (holds history and per_length) and the attention
-    samples; checkpoints are left alone. `store`: the artifact store (None: none exists)."""
+    is missing stays empty. Read: the metrics file (holds history and per_length), the attention
+    samples and the translations; checkpoints are left alone. `store`: the artifact store (None: none
+    exists)."""
     files: dict[str, Path] = {}
     folder = artifacts.trial_dir(artifacts.study_dir(spec.slug, runs_root), EVAL, t.number)
     if folder.is_dir():
@@ -78,7 +83,7 @@ def read_artifacts(
 
 
 def _wanted(name: str) -> bool:
-    return name == artifacts.METRICS or name.endswith(".npz")
+    return name in (artifacts.METRICS, artifacts.TRANSLATIONS) or name.endswith(".npz")
 
 
 def _parse_artifacts(files: dict[str, Path]) -> TrialArtifacts:
@@ -88,6 +93,11 @@ def _parse_artifacts(files: dict[str, Path]) -> TrialArtifacts:
         out.history = result.get("history") or []
         out.per_length = result.get("per_length") or []
         out.cost = {k: result[k] for k in COST_COLUMNS if isinstance(result.get(k), (int, float))}
+    if artifacts.TRANSLATIONS in files:
+        try:
+            out.translations = artifacts.read_jsonl(files[artifacts.TRANSLATIONS])
+        except (OSError, ValueError):
+            pass  # unreadable: the trial draws no BLEU by length
     for name in sorted(n for n in files if n.endswith(".npz")):
         try:
             out.attention.append(AttentionSample.load(files[name]))
@@ -116,7 +126,7 @@ def collect(
     trials = eval_trials(spec, storage)
     store = open_artifact_store(spec, runs_root, artifact_location)
     df = trials_frame(spec, trials)
-    history, per_length, attention = [], [], {}
+    history, per_length, translations, attention = [], [], [], {}
     for t in trials:
         if t.state != optuna.trial.TrialState.COMPLETE:
             continue
@@ -125,6 +135,7 @@ def collect(
         key = {"trial": t.number, "variant": variant, "seed": seed}
         history += [{**key, **row} for row in art.history]
         per_length += [{**key, **row} for row in art.per_length]
+        translations += [{**key, **row} for row in art.translations]
         if art.attention:
             attention[t.number] = art.attention
         row = df.index[df["trial"] == t.number]
@@ -135,6 +146,7 @@ def collect(
         spec=spec, trials=df, history=pd.DataFrame(history), per_length=pd.DataFrame(per_length),
         attention=attention, tune=tune_trials(spec, storage), recorded=recorded_provenance(trials),
         configs={t.number: t.user_attrs["config"] for t in trials if "config" in t.user_attrs},
+        translations=pd.DataFrame(translations),
     )  # fmt: skip
 
 

@@ -24,11 +24,15 @@ from ablate.analysis.stats import (  # noqa: E402
 )
 from ablate.harness.artifacts import AttentionSample  # noqa: E402
 from ablate.harness.attention_maps import cross_attention, draw, probe_aer  # noqa: E402
+from ablate.harness.metrics import BLEU_BUCKET, BLEU_BUCKET_SENTENCES, length_buckets  # noqa: E402
+from ablate.harness.metrics import bleu_by_length as bucket_bleu  # noqa: E402
 
 # Variant names are user text: never parse them as mathtext.
 plt.rcParams["text.parse_math"] = False
 sns.set_theme(style="whitegrid", context="paper")
 RANGE_PAD = 0.04  # share of a bounded range left free above and below it
+# BLEU by length: how far (in tokens) the outermost variants' points sit from their bucket's centre.
+DODGE = 1.0
 # An unbounded axis ends at this multiple of the largest seed's distance from its bound.
 UNBOUNDED_HEADROOM = 1.5
 
@@ -162,6 +166,59 @@ def accuracy_by_length(
     ax.legend(fontsize=8)
     ax.set_xlabel("target length (tokens)")
     ax.set_ylabel("exact match")
+    fig.tight_layout()
+    return fig
+
+
+def length_bleu(translations: pd.DataFrame) -> pd.DataFrame | None:
+    """Corpus BLEU per trial and bucket of source lengths, every test split's sentences pooled
+    (harness.metrics.bleu_by_length): columns trial, variant, seed, length_min, length_max, length (the
+    bucket's centre), n, bleu; None without translations. Every trial has the same buckets, of BLEU_BUCKET
+    lengths with at least BLEU_BUCKET_SENTENCES sentences a trial on average (harness.metrics.length_buckets
+    on all trials' sentences)."""
+    if translations.empty:
+        return None
+    groups = translations.groupby(["trial", "variant", "seed"], sort=False)
+    least = BLEU_BUCKET_SENTENCES * len(groups)
+    buckets = length_buckets(translations["src_len"].tolist(), BLEU_BUCKET, least)
+    rows = [
+        {"trial": trial, "variant": variant, "seed": seed, **row}
+        for (trial, variant, seed), own in groups
+        for row in bucket_bleu(list(own["hyp"]), list(own["ref"]), list(own["src_len"]), buckets)
+    ]
+    table = pd.DataFrame(rows)
+    return table.assign(length=(table["length_min"] + table["length_max"]) / 2)
+
+
+def bleu_by_length(
+    translations: pd.DataFrame, order: list[str], max_tokens: int | None
+) -> plt.Figure | None:
+    """Corpus BLEU against source sentence length per variant (length_bleu), the figure of Bahdanau et al.
+    (2015) Fig. 2, with the sources longer than any training pair (task.max_tokens) shaded. BLEU stays in
+    [0, 100], but the axis ends a little above the highest interval: models trained for minutes score a
+    few points, which a full-range axis would flatten. Each variant's points sit a little apart from the
+    others' (within DODGE tokens of the bucket's centre), so that no seed hides behind another variant's."""
+    table = length_bleu(translations)
+    if table is None:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    hue_order = [v for v in order if v in set(table["variant"])]
+    spread = np.linspace(-DODGE, DODGE, len(hue_order)) if len(hue_order) > 1 else [0.0]
+    offsets = dict(zip(hue_order, spread))
+    dodged = table.assign(length=table["length"] + table["variant"].map(offsets))
+    _mean_curves(ax, dodged, "length", "bleu", hue_order, "n")
+    curves = mean_table(dodged.sort_values("length"), ["variant", "length"], "bleu", "n")
+    top = np.nanmax([1.0, table["bleu"].max(), curves["ci_high"].max()])
+    ax.set_ylim(0, min(100.0, 1.15 * top))
+    buckets = table.drop_duplicates("length").sort_values("length")
+    labels = [f"{low}-{high}" for low, high in zip(buckets["length_min"], buckets["length_max"])]
+    ax.set_xticks(buckets["length"], labels)
+    if max_tokens is not None and buckets["length_max"].max() > max_tokens:
+        ax.axvspan(max_tokens + 0.5, buckets["length_max"].max() + 0.5, color="#999999", alpha=0.15, lw=0)
+        ax.text(max_tokens + 1, ax.get_ylim()[1] * 0.95, "longer than training", fontsize=8, color="#555555")
+    ax.legend(fontsize=8)
+    ax.set_xlabel("source sentence length (tokens)")
+    ax.set_ylabel("BLEU")
     fig.tight_layout()
     return fig
 

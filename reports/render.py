@@ -23,10 +23,12 @@ from jinja2 import Environment, PackageLoader
 
 from ablate.analysis import claims, stats
 from ablate.harness import artifacts, attention_maps, tracking
+from ablate.harness.metrics import BLEU_BUCKET, BLEU_BUCKET_SENTENCES
 from ablate.harness.provenance import environment
 from ablate.harness.study.queue import study_progress
 from ablate.harness.study.spec import StudySpec, short_name, tune_metric, validation_metric
-from ablate.reports import dashboard, headline, plots
+from ablate.harness.tasks import CORPUS_TASKS
+from ablate.reports import dashboard, headline, paired, plots
 from ablate.reports.collect import StudyData, collect
 
 ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
@@ -118,8 +120,12 @@ def importance_frame(data: StudyData) -> pd.DataFrame:
 
 
 def train_max_len(data: StudyData) -> int | None:
-    """The longest training length of any trial: beyond it, accuracy by length is extrapolation."""
-    max_lens = [c["task.max_len"] for c in data.configs.values() if c.get("task.max_len") is not None]
+    """The longest training length of any trial: beyond it, accuracy and BLEU by length are extrapolation.
+    A corpus task's is task.max_tokens (longer test pairs form test_long), any other's task.max_len."""
+    def limit(config: dict[str, Any]) -> int | None:
+        return config.get("task.max_tokens" if config.get("task.name") in CORPUS_TASKS else "task.max_len")
+
+    max_lens = [limit(c) for c in data.configs.values() if limit(c) is not None]
     return max(max_lens) if max_lens else None
 
 
@@ -155,6 +161,13 @@ def figures(
         plots.accuracy_by_length(data.per_length, order, train_max_len(data)),
         "Exact match against target length (test splits), mean over seeds with 95% CI, one point per seed; "
         "shaded: lengths longer than any training example.",
+    )
+    made["bleu_by_length"] = (
+        plots.bleu_by_length(data.translations, order, train_max_len(data)),
+        f"Corpus BLEU against source sentence length (buckets of {BLEU_BUCKET} tokens, a sparser tail pooled "
+        f"until a bucket holds {BLEU_BUCKET_SENTENCES} sentences a trial; test splits pooled; Bahdanau et al. "
+        "2015, Fig. 2), mean over seeds with 95% CI, one point per seed; shaded: sources longer than any "
+        "training pair. The axis ends above the highest interval, not at 100.",
     )
     made["attention"] = (
         plots.attention_maps(attention_samples(data, summary)),
@@ -298,6 +311,7 @@ def build_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     data = collect(spec, storage, runs_root, artifact_location)
     summary = variant_summary(data)
+    variants = list(spec.variant_overrides())
     importances = importance_frame(data)
     figs = figures(data, summary, importances)
     verdicts = claims.evaluate_all(spec, data.trials)
@@ -319,6 +333,10 @@ def build_report(
         "repro": reproducibility(data, summary),
         "figures": {k: (base64.b64encode(png).decode(), caption) for k, (png, caption) in figs.items()},
         "validation_metric": validation_metric(spec.metric).name,
+        "paired": paired.paired_tests(data.translations, variants, spec.baseline_variant()),
+        "paired_resamples": paired.RESAMPLES,
+        "bleu_bucket": BLEU_BUCKET,
+        "bleu_bucket_sentences": BLEU_BUCKET_SENTENCES,
     }
     for name, (png, _) in figs.items():
         _atomic_write(out_dir / f"{name}.png", png)

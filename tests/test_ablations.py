@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sword_fixture import debian_bibles_missing
 
 from ablate.analysis.stats import metric_range
 from ablate.harness.study.spec import bundled_studies_dir
@@ -21,7 +22,8 @@ TINY = {
 def test_the_suites_are_all_there():
     names = {p.stem for p in STUDIES}
     assert {"quickstart", "bottleneck", "rnn-scores", "transformer-scaling", "transformer-heads", "positional",
-            "norm-residual", "scan", "rank-collapse", "causal-mask", "causal-positions"} <= names  # fmt: skip
+            "norm-residual", "scan", "rank-collapse", "causal-mask", "causal-positions",
+            "bible"} <= names  # fmt: skip
 
 
 @pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
@@ -30,6 +32,8 @@ def test_study_runs_one_tiny_trial(path, single_thread):
     assert spec.description.strip(), f"{path.name} says what it tests"  # its claims: test_bundled_claims.py
     name, overrides = next(iter(spec.variant_overrides().items()))
     cfg = spec.config_for(overrides, spec.seed_pool[0], TINY)
+    if cfg.task.name == "bible" and debian_bibles_missing():
+        pytest.skip(f"{path.name} {debian_bibles_missing()}")
     result = run_trial(cfg)
     bounds = metric_range(spec.metric.name)
     assert bounds.low <= result.metrics[spec.metric.name] <= bounds.high

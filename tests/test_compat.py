@@ -70,3 +70,26 @@ def test_rng_states_round_trip_every_generator_a_resumed_trial_draws_from():
     compat.restore_rng_states(states)
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1]) and first[2] == again[2]
+
+
+def test_sword_blocks_are_decompressed_once_and_read_the_same(tmp_path):
+    """pysword's zText reader gets each verse's block through `_decompressed_text(testament, block)`;
+    cached, a book's verses cost one decompression and read as they did."""
+    import pytest
+
+    pytest.importorskip("pysword")
+    from pysword.modules import SwordModules
+    from sword_fixture import write_module
+
+    verses = {("Genesis", 1, v): f"verse {v}" for v in range(1, 4)} | {("Exodus", 2, 1): "another book"}
+    write_module(tmp_path, "tiny", "en", verses)
+    modules = SwordModules(str(tmp_path))
+    modules.parse_modules()
+    plain, cached = (modules.get_bible_from_module("tiny") for _ in range(2))
+    compat.cache_sword_blocks(cached)
+    reads = {book: list(plain.get_iter(books=[book], chapters=[c], clean=False)) for book, c in
+             (("Genesis", 1), ("Exodus", 2))}  # fmt: skip
+    assert reads["Genesis"][:4] == ["verse 1", "verse 2", "verse 3", ""]
+    assert {book: list(cached.get_iter(books=[book], chapters=[c], clean=False)) for book, c in
+            (("Genesis", 1), ("Exodus", 2))} == reads  # fmt: skip
+    assert cached._decompressed_text.cache_info().misses == 2  # one block a book

@@ -13,12 +13,15 @@ from ablate.harness.metrics import (
     accuracy_by_length,
     alignment_error_rate,
     bleu,
+    bleu_by_length,
     chrf,
     exact_match,
+    length_buckets,
     length_table,
     produced_metrics,
     text_metrics,
     token_accuracy,
+    translations,
 )
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.base import Example, TaskData, Vocab
@@ -165,6 +168,46 @@ def test_text_metrics_score_detokenized_output_against_the_written_references():
     assert text_metrics("test", rows, build_task(TaskConfig(name="copy", n_train=5), 0)) == {}
     with pytest.raises(ValueError, match="1 prediction rows for 2 examples"):
         text_metrics("test", rows[:1], data)
+
+
+def test_bleu_by_length_is_sacrebleus_corpus_bleu_of_each_bucket():
+    hypotheses = ["the cat sat on the mat", "a dog ran in the park today", "it rains", "we sat on a mat",
+                  "the old man and the sea went out", "birds sing in the morning light"]  # fmt: skip
+    references = ["the cat sat on a mat", "a dog ran in the park", "it is raining", "we sat on the mat",
+                  "the old man and the sea went out", "birds sing in the early morning light"]  # fmt: skip
+    lengths = [6, 12, 2, 5, 14, 9]  # source lengths: buckets 0-4 (one), 5-9 (three), 10-14 (two)
+    rows = bleu_by_length(hypotheses, references, lengths, [(0, 4), (5, 9), (10, 14), (15, 19)])
+    by_hand = {0: [2], 5: [0, 3, 5], 10: [1, 4]}
+    assert [(r["length_min"], r["length_max"], r["n"]) for r in rows] == [(0, 4, 1), (5, 9, 3), (10, 14, 2)]
+    for row in rows:
+        members = by_hand[row["length_min"]]
+        expected = sacrebleu.corpus_bleu([hypotheses[i] for i in members], [[references[i] for i in members]],
+                                         tokenize="13a").score  # fmt: skip
+        assert row["bleu"] == pytest.approx(expected)
+    assert 0 < rows[1]["bleu"] < 100 and rows[0]["bleu"] == 0.0  # "it rains" shares no 4-gram, nor bigram
+    # Corpus BLEU is no average of its buckets', so the rows do not give the whole test set's BLEU back.
+    assert bleu(hypotheses, references).value != pytest.approx(np.mean([r["bleu"] for r in rows]))
+
+
+def test_length_buckets_pool_sparse_tails_into_wider_buckets():
+    lengths = [3] * 2 + [12] * 30 + [25] * 40 + [31] * 5 + [47] * 6 + [95]
+    assert length_buckets(lengths) == [(0, 9), (10, 19), (20, 29), (30, 39), (40, 49), (90, 99)]
+    # Fewer than 10 a bucket: 0-9 joins 10-19; 90-99 (1) joins 40-49 (6), which is still short of 10 and
+    # joins 30-39 (5): the sparsest always joins its sparser neighbour.
+    assert length_buckets(lengths, min_sentences=10) == [(0, 19), (20, 29), (30, 99)]
+    assert length_buckets(lengths, width=50, min_sentences=10) == [(0, 99)]
+    assert length_buckets([7, 8], min_sentences=10) == [(0, 9)]  # one bucket stays, however small
+
+
+def test_translations_keep_source_lengths_beside_the_scored_texts():
+    tokenizer = build_tokenizer("word", REFERENCES + HYPOTHESES, bpe_vocab_size=40)
+    data, rows = text_task(tokenizer, REFERENCES, HYPOTHESES)
+    data.splits["test"] = [Example(("x",) * (i + 3), ex.tgt) for i, ex in enumerate(data.splits["test"])]
+    assert translations("test", rows, data) == [
+        {"src_len": 3, "hyp": "The cat sat on a mat .", "ref": "The cat sat on the mat ."},
+        {"src_len": 4, "hyp": "Don ' t stop !", "ref": "Don ' t stop now !"},
+    ]
+    assert translations("test", rows, build_task(TaskConfig(name="copy", n_train=5), 0)) == []
 
 
 def test_alignment_error_rate_of_attention_argmax():

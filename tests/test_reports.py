@@ -32,6 +32,7 @@ from ablate.reports.render import (
     importance_evaluator,
     importance_frame,
     log_summary_run,
+    train_max_len,
     variant_summary,
 )
 
@@ -304,17 +305,22 @@ def test_summary_run_goes_to_the_study_group(synthetic, tmp_path):
     assert any(n.startswith("variants") and n.endswith(".table.json") for n in logged)
 
 
+def run_tiny_study(tmp_path: Path, tree: dict) -> tuple[StudySpec, object, Path]:
+    """The study `tree` describes, run to the end by one worker in this process: (spec, storage, runs)."""
+    runs = tmp_path / "runs"
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    spec = prepare_study(StudySpec.model_validate(tree), storage)
+    run_worker(spec, storage, runs, "disabled")
+    return spec, storage, runs
+
+
 def test_report_of_a_tiny_real_study(tmp_path):
-    spec = StudySpec.model_validate({
+    spec, storage, runs = run_tiny_study(tmp_path, {
         "name": "tiny-real", "seeds": [0],
         "base": {"task": {**TINY_TASK, "test_max_len": 7}, "model": TINY_MODEL, "train": {**TINY_TRAIN, "max_steps": 2}},
         "variants": {"bahdanau": {"preset": "lstm-bahdanau"}, "transformer": {"preset": "transformer"}},
         "metric": {"name": "test/tok_acc"},
     })  # fmt: skip
-    runs = tmp_path / "runs"
-    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
-    spec = prepare_study(spec, storage)
-    run_worker(spec, storage, runs, "disabled")
     # The trial folders go: the report reads the artifact store.
     for folder in (study_dir(spec.slug, runs) / "trials" / "eval").iterdir():
         for path in sorted(folder.rglob("*"), reverse=True):
@@ -330,6 +336,65 @@ def test_report_of_a_tiny_real_study(tmp_path):
     results = md[md.index("## Results by variant") : md.index("## Claims")]
     rows = [line for line in results.splitlines() if line.startswith(("| bahdanau |", "| transformer |"))]
     assert len(rows) == 2 and all(float(row.split("|")[-2]) <= 1 for row in rows)  # a probe AER for both
+
+
+def test_report_of_a_tiny_text_study_draws_bleu_by_length_and_pairs_seeds(tmp_path):
+    spec, storage, runs = run_tiny_study(tmp_path, {
+        "name": "tiny-text", "seeds": [0, 1], "baseline": "bahdanau",
+        "base": {"task": {**TINY_TASK, "name": "synth_mt", "min_len": 5, "max_len": 6, "test_max_len": 8},
+                 "model": TINY_MODEL, "train": {**TINY_TRAIN, "max_steps": 2}},
+        "variants": {"bahdanau": {"preset": "lstm-bahdanau"}, "none": {"preset": "lstm"}},
+        "metric": {"name": "test/bleu"},
+    })  # fmt: skip
+    out = build_report(spec, storage, runs)
+    assert (out / "bleu_by_length.png").is_file()
+    md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
+    table = md[md.index("## BLEU, paired over test sentences") : md.index("## Figures")]
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| none |")]
+    assert [[cell.strip() for cell in row[1:3]] for row in rows] == [["test", "0, 1"], ["test_long", "0, 1"]]
+    assert all(len(row[-1].split(",")) == 2 for row in rows)  # a p-value per seed pair
+    assert "paired bootstrap resampling (Koehn 2004) with 1000 resamples" in md
+    assert 'id="paired-table"' in html and "Bahdanau et al. (2015, Fig. 2)" in html
+
+
+def test_bleu_by_length_draws_every_seed_inside_0_100():
+    from matplotlib.collections import PathCollection, PolyCollection
+
+    references = ["the cat sat on the mat today", "a dog ran in the park all day", "it is raining on us now"]
+    references *= 27  # 81 sentences a trial: 20 of each length 5, 15, 25, 35, and one of length 95
+    rng = np.random.default_rng(0)
+    rows = []
+    for trial, (variant, seed) in enumerate((v, s) for v in ("a", "b") for s in (0, 1, 2)):
+        for i, ref in enumerate(references):
+            words = ref.split()
+            kept = words if rng.random() < (0.9 if variant == "a" else 0.3) else words[: len(words) // 2]
+            length = 95 if i == 80 else 5 + 10 * (i % 4)
+            rows.append({"trial": trial, "variant": variant, "seed": seed, "split": "test" if length < 20 else
+                         "test_long", "src_len": length, "hyp": " ".join(kept), "ref": ref})  # fmt: skip
+    translations = pd.DataFrame(rows)
+    table = plots.length_bleu(translations)
+    # The lone sentence of length 95 joins the 30-39 bucket: no bucket rests on fewer than 20 sentences.
+    assert sorted(table["length_min"].unique()) == [0, 10, 20, 30] and table["n"].sum() == 6 * 81
+    ax = plots.bleu_by_length(translations, ["a", "b"], max_tokens=15).axes[0]
+    bands = [c.get_paths()[0].vertices[:, 1] for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 2 and all(((b >= 0) & (b <= 100)).all() for b in bands)  # one a variant
+    assert len(ax.patches) == 1 and ax.patches[0].get_x() == 15.5  # shaded: sources beyond max_tokens
+    points = sum(len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection))
+    assert points == len(table)  # every seed's BLEU in every bucket
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] <= 100
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0-9", "10-19", "20-29", "30-99"]
+    assert plots.bleu_by_length(pd.DataFrame(), ["a"], None) is None
+    plots.plt.close("all")
+
+
+def test_the_shaded_lengths_start_past_max_len_or_a_corpus_max_tokens():
+    def study(*configs):
+        return SimpleNamespace(configs=dict(enumerate(configs)))
+
+    assert train_max_len(study({"task.name": "reverse", "task.max_len": 5}, {"task.max_len": 8})) == 8
+    # A corpus task trains on pairs of up to task.max_tokens; its task.max_len is an unused default.
+    assert train_max_len(study({"task.name": "bible", "task.max_len": 10, "task.max_tokens": 24})) == 24
+    assert train_max_len(study({"task.name": "parallel", "task.max_len": 10, "task.max_tokens": None})) is None
 
 
 def test_figure_error_bars_are_the_table_cis():

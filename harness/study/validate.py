@@ -323,18 +323,21 @@ def judging_problems(where: str, claim: ClaimSpec, spec: StudySpec) -> list[Prob
 
 
 def data_problems(spec: StudySpec, configs: dict[str, ExperimentConfig], set_keys: set[str]) -> list[Problem]:
-    """Each local corpus, read once by the task's own reader: it exists, parses and fills every split.
-    Corpora named on the Hugging Face hub are fetched by the trial itself."""
+    """Each local corpus (and the bible task's SWORD modules), read once by the task's own reader: it
+    exists, parses and fills every split. Corpora named on the Hugging Face hub are fetched by the trial
+    itself."""
     from ablate.harness.tasks.corpora import looks_local  # the task registry: seconds of imports, when needed
 
     problems, read = [], {}
     for name, cfg in configs.items():
         task = cfg.task
-        if task.name != "parallel" or not task.path or not looks_local(task.path) or task in read:
+        local = task.name == "bible" or (task.name == "parallel" and task.path and looks_local(task.path))
+        if not local or task in read:
             continue
         read[task] = corpus_problem(task, cfg.seed)
         if read[task]:
-            problems.append((origin(spec, name, "task.path", set_keys), read[task]))
+            key = "task.path" if task.path else "task.name"
+            problems.append((origin(spec, name, key, set_keys), read[task]))
     return problems
 
 
@@ -350,7 +353,7 @@ def corpus_problem(task: TaskConfig, seed: int) -> str | None:
     empty = [split for split in ("train", "valid", "test") if not data.splits[split]]
     if empty:
         sizes = ", ".join(f"{split} {len(data.splits[split])}" for split in ("train", "valid", "test"))
-        return f"{task.path}: too few pairs for every split ({sizes})"
+        return f"{task.path or 'task ' + task.name}: too few pairs for every split ({sizes})"
     return None
 
 

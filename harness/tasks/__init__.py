@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from ablate.harness.errors import ConfigError
 from ablate.harness.tasks.base import SPLITS, Example, TaskData, Vocab
+from ablate.harness.tasks.bible import bible_task
 from ablate.harness.tasks.corpora import parallel_task
 from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.scan import scan_task
@@ -43,13 +44,21 @@ TASKS: dict[str, tuple[Callable[[TaskConfig, int], TaskData], str]] = {
         "sentence pairs; path (TSV | JSONL | Moses prefix | save_to_disk folder | hub name), src_lang/tgt_lang, "
         "hf_config, tokenizer (char | word | bpe), bpe_vocab_size, min_tokens, max_tokens, max_examples, n_valid/n_test",
     ),
+    "bible": (
+        bible_task,
+        "World English Bible -> Reina-Valera 1909 verses (apt-get install sword-text-web sword-text-sparv); "
+        "src_lang/tgt_lang (en | es | a SWORD module), path (SWORD library), tokenizer, bpe_vocab_size, "
+        "min_tokens, max_tokens, max_examples, n_valid/n_test",
+    ),
 }
 # What a task's data carries beyond token pairs, known before any is built (the metrics a study may name
 # depend on it): text scored with BLEU / chrF (TaskData.is_text), gold word alignments (Example.alignment).
-TEXT_TASKS = frozenset({"synth_mt", "parallel"})
+TEXT_TASKS = frozenset({"synth_mt", "parallel", "bible"})
 ALIGNED_TASKS = frozenset({"copy", "reverse", "sort", "recall", "synth_mt"})
 # Tasks whose lengths come from task.min_len / max_len / test_max_len (test_long beyond max_len).
 GENERATED_TASKS = frozenset({"copy", "reverse", "sort", "addition", "recall", "synth_mt"})
+# Corpus tasks: test pairs longer than task.max_tokens form test_long.
+CORPUS_TASKS = frozenset({"parallel", "bible"})
 
 
 def build_task(cfg: TaskConfig, seed: int) -> TaskData:
@@ -61,5 +70,6 @@ def build_task(cfg: TaskConfig, seed: int) -> TaskData:
 
 
 __all__ = [
-    "ALIGNED_TASKS", "GENERATED_TASKS", "SPLITS", "TASKS", "TEXT_TASKS", "Example", "TaskData", "Vocab", "build_task",
+    "ALIGNED_TASKS", "CORPUS_TASKS", "GENERATED_TASKS", "SPLITS", "TASKS", "TEXT_TASKS",
+    "Example", "TaskData", "Vocab", "build_task",
 ]  # fmt: skip

@@ -232,7 +232,13 @@ def parallel_task(cfg: TaskConfig, seed: int) -> TaskData:
     fmt, corpus = read_corpus(cfg)
     if not any(corpus.values()):
         raise ConfigError(f"{cfg.path}: empty corpus (no source/target pairs)")
-    corpus = hold_out(corpus, cfg, seed)
+    return corpus_task("parallel", hold_out(corpus, cfg, seed), cfg, seed, {"format": fmt, "path": cfg.path})
+
+
+def corpus_task(name: str, corpus: Corpus, cfg: TaskConfig, seed: int, meta: dict) -> TaskData:
+    """A text task from raw pairs in train / valid / test: tokenizers learned on train, the length filter
+    (longer test pairs become test_long), then task.max_examples' seeded cap on train. Every corpus task
+    (parallel, bible) builds its data here."""
     src_tokenizer, tgt_tokenizer = (
         build_tokenizer(cfg.tokenizer, [pair[side] for pair in corpus["train"]], cfg.bpe_vocab_size)
         for side in (0, 1)
@@ -244,7 +250,8 @@ def parallel_task(cfg: TaskConfig, seed: int) -> TaskData:
     splits = length_filter(tokenized, cfg)
     splits["train"] = cap(splits["train"], cfg.max_examples, seed)
     return TaskData(
-        "parallel", splits, Vocab.from_examples(splits["train"], "src"), Vocab.from_examples(splits["train"], "tgt"),
-        train_max_len=longest_target(splits["train"]), meta={"format": fmt, "path": cfg.path}, is_text=True,
+        name, splits,
+        Vocab.from_examples(splits["train"], "src"), Vocab.from_examples(splits["train"], "tgt"),
+        train_max_len=longest_target(splits["train"]), meta=meta, is_text=True,
         src_tokenizer=src_tokenizer, tgt_tokenizer=tgt_tokenizer,
     )  # fmt: skip
