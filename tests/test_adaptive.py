@@ -346,7 +346,8 @@ def test_a_worker_that_died_holding_the_look_is_taken_over(storage_url):
 # The check on real training ---------------------------------------------------------------------------------
 
 # Reversing 5 symbols: within 200 steps the Transformer gets every test sequence right, and without positions
-# only the rare palindrome-like ones, so the first claim is decided at 2 seeds even at 98.3% CIs.
+# about 40% of the tokens, so the first claim is decided at the second look (3 seeds) at 98.3% CIs. (Tested
+# at step 200, the only validation: two seeds without positions vary too much to decide at the first.)
 CHECK_BASE = {
     "task": {"name": "reverse", "min_len": 5, "max_len": 5, "test_max_len": 5, "vocab_size": 8, "n_train": 1000,
              "n_valid": 32, "n_test": 64},
@@ -355,7 +356,7 @@ CHECK_BASE = {
 }  # fmt: skip
 
 
-@pytest.mark.slow  # ten real trials and a report: about a minute on a quiet 2-core machine
+@pytest.mark.slow  # eleven real trials and a report: about a minute on a quiet 2-core machine
 def test_seeds_go_where_a_claim_is_open(tmp_path):
     study = tmp_path / "adaptive.yaml"
     study.write_text(yaml.safe_dump({
@@ -367,16 +368,16 @@ def test_seeds_go_where_a_claim_is_open(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     spec = adaptive_spec()
     storage = open_storage(f"sqlite:///{runs / 'adaptive' / 'study.db'}", create_dir=False)
-    assert seeds_per_variant(spec, storage) == {"pos": 4, "nopos": 2, "pre": 4}
+    assert seeds_per_variant(spec, storage) == {"pos": 4, "nopos": 3, "pre": 4}
     points = grid_points(spec, storage)
-    assert len(points) == len(set(points)) == 10
+    assert len(points) == len(set(points)) == 11
     md = (runs / "adaptive" / "report" / "report.md").read_text()
     positions = next(line for line in md.splitlines() if line.startswith("| Without positions"))
     norm = next(line for line in md.splitlines() if line.startswith("| Pre-LN"))
-    assert "**reproduced**" in positions and "look 1 of 3 (2 seeds, 98.3% CIs)" in positions
+    assert "**reproduced**" in positions and "look 2 of 3 (3 seeds, 98.3% CIs)" in positions
     assert "**inconclusive**" in norm and "budget spent (4 seeds, 98.3% CIs)" in norm
     runs_line = next(line for line in md.splitlines() if line.startswith("- Runs:"))
-    assert all(f"{v} {n}" in runs_line for v, n in (("pos", 4), ("nopos", 2), ("pre", 4)))
+    assert all(f"{v} {n}" in runs_line for v, n in (("pos", 4), ("nopos", 3), ("pre", 4)))
     status = ablate("status", "adaptive", "--out", str(runs))
     assert status.returncode == 0 and "finished" in status.stdout
     assert "looks at 2 3 4 seeds per variant" in status.stdout and "budget spent" in status.stdout
