@@ -110,13 +110,6 @@ WandbOption = Annotated[
 ]
 
 
-def wandb_mode(requested: str | None):
-    """The W&B mode to run with; the flag and WANDB_MODE were checked by validate.run_problems."""
-    from ablate.harness import tracking
-
-    return tracking.resolve_mode(requested)  # type: ignore[arg-type]
-
-
 @app.command()
 def sweep(
     study: Annotated[str, typer.Argument(help="Study file (or the name of a bundled one).")],
@@ -193,6 +186,7 @@ def worker(
     worker that finishes the study's last trial writes its report.
 
     SIGTERM, SIGUSR1 or Ctrl-C: the running trial checkpoints and waits again; the same command resumes it."""
+    from ablate.harness import tracking
     from ablate.harness.artifacts import default_storage_url
     from ablate.harness.study.queue import prepare_study
     from ablate.harness.study.storage import open_storage
@@ -212,7 +206,7 @@ def worker(
     if not is_study_file(study):
         spec, store = _stored_study("worker", study, storage, out)
     try:
-        mode = wandb_mode(wandb)
+        mode = tracking.resolve_mode(wandb)  # type: ignore[arg-type]
         store = open_storage(store.url, create_dir=False, heartbeat=spec.heartbeat)  # the study's periods
     except ConfigError as e:
         raise fail(str(e)) from None
