@@ -103,10 +103,11 @@ class ModelConfig(BaseModel):
                 ignored["d_ff"] = "acts only with feed-forward sublayers; model.ffn is false"
             if not positional_kind(self.pos_encoding).based:
                 ignored["pos_base"] = f"acts only on sinusoidal or rotary positions, not {self.pos_encoding}"
-        # QKNorm's scale starts from the longest sequence the model is built for (models/transformer_scores.py).
-        cosine = self.arch == "transformer" and self.score == "cosine"
-        if self.position_limits == (None, None) and not cosine:
-            ignored["max_positions"] = "bounds only learned positions and location attention, starts cosine's scale"
+        score_reads = self.arch == "transformer" and TRANSFORMER_SCORES[self.score].reads_max_positions
+        if self.position_limits == (None, None) and not score_reads:
+            ignored["max_positions"] = (
+                "bounds only learned positions and location attention; no score reads it"
+            )
         return ignored
 
     def effective(self) -> ModelConfig:

@@ -30,6 +30,7 @@ class ScoreKind:
     # The words of `model.scale` it reads (a number always means something), and what the key means for it.
     scale_words: tuple[str, ...]
     scale_means: str
+    reads_max_positions: bool = False  # model.max_positions sets something of it (so it is not ignored)
 
 
 def qknorm_start(cfg: ModelConfig) -> float:
@@ -55,6 +56,7 @@ TRANSFORMER_SCORES: dict[str, ScoreKind] = {
         scale_words=("sqrt",),
         scale_means="the learned factor g's starting value: a number, or sqrt (the default) for "
         "Henry et al.'s log2(L² − L) with L = model.max_positions",
+        reads_max_positions=True,
     ),
 }
 

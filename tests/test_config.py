@@ -253,3 +253,10 @@ def test_a_key_the_model_ignores_changes_nothing_it_computes(model):
         assert other_weights.keys() == weights.keys(), key
         assert all(torch.equal(other_weights[name], w) for name, w in weights.items()), key
         assert torch.equal(other_outputs, outputs), key
+
+
+def test_max_positions_is_ignored_unless_something_reads_it():
+    assert "max_positions" in ModelConfig(arch="transformer").ignored_keys()
+    assert "max_positions" not in ModelConfig(arch="transformer", pos_encoding="learned").ignored_keys()
+    # QKNorm's learned factor starts from it (log2(L² − L), L = max_positions).
+    assert "max_positions" not in ModelConfig(arch="transformer", score="cosine").ignored_keys()
