@@ -155,6 +155,24 @@ class ClaimResult:
     seeds: int = 0  # seeds per variant at this look
 
     @property
+    def expected(self) -> str:
+        """The outcome the claim expects, on Δ's own scale: 'below -0.3', or 'below -0.693' for a ratio
+        margin of 1 on a loss (Δ is then log(compare / to))."""
+        m = threshold(self.claim, self.metric)
+        return {"lower": f"below {-m:.3g}", "higher": f"above {m:.3g}", "similar": f"within ±{m:.3g}"}[
+            self.claim.expect
+        ]
+
+    @property
+    def margin_text(self) -> str:
+        """The margin as the study file gives it, with the log it is judged at for a ratio: '0.3', or
+        'ratio 2 (log 0.693)' for a margin of 1 on a loss."""
+        m = abs(self.claim.margin)
+        if not on_ratio_scale(self.metric):
+            return f"{m:g}"
+        return f"ratio {1 + m:g} (log {math.log1p(m):.3g})"
+
+    @property
     def decision(self) -> str:
         """When the verdict was reached, for the report: 'look 1 of 3 (2 seeds, 98.3% CIs)', or why not."""
         at = f"{self.seeds} seeds, {self.level:.1%} CIs".replace(".0%", "%")
@@ -401,10 +419,9 @@ def _unattainable(result: ClaimResult) -> None:
 
 
 def _reason(r: ClaimResult) -> str:
-    m, expect = threshold(r.claim, r.metric), r.claim.expect
     scale = "log(compare / to)" if on_ratio_scale(r.metric) else "compare - to"
     ci = f"CI of {scale} [{r.ci_low:.3g}, {r.ci_high:.3g}]"
-    bound = {"lower": f"below {-m:.3g}", "higher": f"above {m:.3g}", "similar": f"within ±{m:.3g}"}[expect]
+    bound = r.expected
     if r.verdict == REPRODUCED:
         return f"{ci} lies {bound}"
     if r.verdict == CONTRADICTED:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis import stats
-from ablate.analysis.claims import ClaimResult
+from ablate.analysis.claims import ClaimResult, on_ratio_scale
 from ablate.reports.collect import StudyData
 
 
@@ -76,13 +76,6 @@ def winner(data: StudyData, summary: pd.DataFrame) -> str:
     )
 
 
-def _expectation(claim) -> str:
-    m = claim.margin
-    return {"lower": f"expected below -{m}", "higher": f"expected above {m}"}.get(
-        claim.expect, f"expected within ±{m}"
-    )
-
-
 def _statement(text: str) -> str:
     """A claim's statement without its explanation: the text up to its first '. ', ': ' or '; '."""
     cut = min((i for i in (text.find(s) for s in (". ", ": ", "; ")) if i > 0), default=len(text))
@@ -92,11 +85,13 @@ def _statement(text: str) -> str:
 def claim_line(result: ClaimResult) -> dict[str, str]:
     """One claim in a line, in three parts: its statement, its verdict, and Δ with its CI (at the claim's
     level: above 95% where adaptive looks share the error) against its margin."""
+    log = on_ratio_scale(result.metric)
     return {
         "statement": _statement(result.claim.text),
         "verdict": result.verdict,
-        "numbers": f"Δ = {_num(result.diff)}, {100 * result.level:.3g}% CI [{_num(result.ci_low)}, "
-        f"{_num(result.ci_high)}], {_expectation(result.claim)}.",
+        "numbers": f"{'log(compare / to)' if log else 'Δ'} = {_num(result.diff)}, {100 * result.level:.3g}% CI "
+        f"[{_num(result.ci_low)}, {_num(result.ci_high)}], expected {result.expected}"
+        + (f" (a ratio of {1 + abs(result.claim.margin):g})." if log else "."),
     }
 
 

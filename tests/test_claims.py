@@ -23,6 +23,7 @@ from ablate.analysis.claims import (
 from ablate.harness.errors import ConfigError
 from ablate.harness.study.spec import ClaimSpec, StudySpec, apply_profile, variant_settings
 from ablate.harness.study.validate import load_study
+from ablate.reports import headline
 from ablate.reports.render import build_report
 
 SHORT, LONG = "test/tok_acc", "test_long/tok_acc"
@@ -443,6 +444,12 @@ def test_a_loss_is_judged_as_a_ratio_with_a_relative_margin():
     assert (result.ci_low, result.ci_high) == pytest.approx((result.diff - half, result.diff + half))
     assert result.verdict == REPRODUCED and result.reason.startswith("CI of log(compare / to) [")
     assert f"below {-math.log(2):.3g}" in result.reason
+    # The report shows the margin on the scale of the Δ beside it, not the study file's 1 next to a log.
+    assert (result.expected, result.margin_text) == ("below -0.693", "ratio 2 (log 0.693)")
+    assert headline.claim_line(result)["numbers"] == (
+        f"log(compare / to) = {result.diff:.3f}, 95% CI [{result.ci_low:.3f}, {result.ci_high:.3f}], "
+        "expected below -0.693 (a ratio of 2)."
+    )
     # 41 times lower is more than the data show.
     far = named_spec({"metric": "val/loss", "expect": "lower", "margin": 40.0})
     assert claims.evaluate_all(far, leak)[0].verdict == CONTRADICTED
