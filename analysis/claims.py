@@ -159,16 +159,16 @@ class ClaimResult:
         """The outcome the claim expects, on Δ's own scale: 'below -0.3', or 'below -0.693' for a ratio
         margin of 1 on a loss (Δ is then log(compare / to))."""
         m = threshold(self.claim, self.metric)
-        return {"lower": f"below {-m:.3g}", "higher": f"above {m:.3g}", "similar": f"within ±{m:.3g}"}[
+        return {"lower": f"below {0 - m:.3g}", "higher": f"above {m:.3g}", "similar": f"within ±{m:.3g}"}[
             self.claim.expect
-        ]
+        ]  # 0 - m: a margin of 0 reads 'below 0', not 'below -0'
 
     @property
     def margin_text(self) -> str:
         """The margin as the study file gives it, with the log it is judged at for a ratio: '0.3', or
         'ratio 2 (log 0.693)' for a margin of 1 on a loss."""
         m = abs(self.claim.margin)
-        if not on_ratio_scale(self.metric):
+        if not on_ratio_scale(self.metric) or m == 0:
             return f"{m:g}"
         return f"ratio {1 + m:g} (log {math.log1p(m):.3g})"
 

@@ -91,7 +91,7 @@ def claim_line(result: ClaimResult) -> dict[str, str]:
         "verdict": result.verdict,
         "numbers": f"{'log(compare / to)' if log else 'Δ'} = {_num(result.diff)}, {100 * result.level:.3g}% CI "
         f"[{_num(result.ci_low)}, {_num(result.ci_high)}], expected {result.expected}"
-        + (f" (a ratio of {1 + abs(result.claim.margin):g})." if log else "."),
+        + (f" (a ratio of {1 + abs(result.claim.margin):g})." if log and result.claim.margin else "."),
     }
 
 

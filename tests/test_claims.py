@@ -450,6 +450,9 @@ def test_a_loss_is_judged_as_a_ratio_with_a_relative_margin():
         f"log(compare / to) = {result.diff:.3f}, 95% CI [{result.ci_low:.3f}, {result.ci_high:.3f}], "
         "expected below -0.693 (a ratio of 2)."
     )
+    any_drop = claims.evaluate_all(named_spec({"metric": "val/loss", "expect": "lower"}), leak)[0]
+    assert (any_drop.expected, any_drop.margin_text) == ("below 0", "0")
+    assert headline.claim_line(any_drop)["numbers"].endswith("expected below 0.")
     # 41 times lower is more than the data show.
     far = named_spec({"metric": "val/loss", "expect": "lower", "margin": 40.0})
     assert claims.evaluate_all(far, leak)[0].verdict == CONTRADICTED
