@@ -14,11 +14,14 @@ PACKAGES = ["torch", "lightning", "optuna", "wandb", "numpy", "pandas", "scipy",
 
 
 def hardware() -> str:
-    """'x86_64, 2 CPUs' or, with a GPU visible, its name as well."""
+    """'x86_64, 2 CPUs, 1 torch thread', with a visible GPU's name as well. The thread count belongs to it:
+    threads change the order of floating-point sums, so a seed repeats its numbers only at the same count."""
     desc = f"{platform.machine()}, {os.cpu_count()} CPUs"
     try:
         import torch
 
+        threads = torch.get_num_threads()
+        desc += f", {threads} torch thread{'s' if threads > 1 else ''}"
         if torch.cuda.is_available():
             desc += f", {torch.cuda.get_device_name(0)}"
     except ImportError:

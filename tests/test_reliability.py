@@ -32,7 +32,7 @@ from optuna.exceptions import StorageInternalError
 from optuna.trial import TrialState
 from test_workers import tiny_spec
 
-from ablate.harness import tracking
+from ablate.harness import provenance, tracking
 from ablate.harness import trial as harness_trial
 from ablate.harness import workers as harness_workers
 from ablate.harness.errors import ConfigError
@@ -452,6 +452,18 @@ def test_same_config_and_seed_give_identical_metrics_in_two_processes(tmp_path):
     first, second = ({k: v for k, v in s.items() if k not in timing} for s in summaries)
     assert first == second
     assert "test/loss" in first and first["steps"] == 6
+
+
+def test_each_trial_records_its_torch_threads_which_its_numbers_depend_on():
+    # One worker on two cores trains with two threads, two workers with one each: the sums' order differs,
+    # so a seed's numbers repeat only at the same count, and the report's Reproducibility line must say it.
+    before = torch.get_num_threads()
+    try:
+        for threads, said in ((1, "1 torch thread"), (2, "2 torch threads")):
+            torch.set_num_threads(threads)
+            assert provenance.hardware().split(", ")[2] == said
+    finally:
+        torch.set_num_threads(before)
 
 
 # Faults that scale brings -----------------------------------------------------------------------------------
