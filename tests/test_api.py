@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import REPO, TINY_TRAIN
 from optuna.trial import TrialState
-from test_reliability import STOP_STEPS, background, finish, resume_record, wait_for
+from test_reliability import background, finish, resume_record, wait_for
 from test_reliability import write_study as write_long_study
 from test_sweep import write_study
 
@@ -146,8 +146,7 @@ def test_train_returns_the_metrics_ablate_train_json_prints(tmp_path, tiny_tree)
 def test_interrupting_a_run_checkpoints_its_trials_and_the_same_call_resumes_them(tmp_path):
     """A notebook's stop button is SIGINT to the kernel alone: the run forwards it to its workers, whose
     trial checkpoints and waits again (never FAILED), and raises KeyboardInterrupt; the same call resumes."""
-    study = write_long_study(tmp_path / "crash.yaml", max_steps=STOP_STEPS, seeds=[0])
-    runs = tmp_path / "runs"
+    study, runs = write_long_study(tmp_path / "crash.yaml", max_steps=200, seeds=[0]), tmp_path / "runs"
     url = f"sqlite:///{runs / 'crash' / 'study.db'}"
     call = f"import ablate; ablate.load_study({str(study)!r}, out={str(runs)!r}).run(1, wandb='disabled')"
     proc = background([sys.executable, "-c", call])

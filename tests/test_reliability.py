@@ -68,12 +68,6 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
     return out
 
 
-# A trial a stop signal must land in: sent once the first periodic checkpoint (step 20) is seen, it needs the
-# trial to run on for longer than seeing that checkpoint and delivering the signal take. 200 steps (2 s on a
-# quiet machine) once finished first; 1,000 leave about ten seconds.
-STOP_STEPS = 1000
-
-
 def write_study(path: Path, max_steps: int = 60, **extra) -> Path:
     # Periodic checkpoints at steps 20 and 40; deterministic, so a resumed trial can match a whole one.
     train = {
@@ -180,7 +174,7 @@ def test_killed_worker_trial_is_retried_on_sqlite(tmp_path):
 def test_stop_signal_checkpoints_the_trial_and_the_same_command_resumes_it(tmp_path, command, signum):
     """A scheduler's SIGTERM (or Ctrl-C) mid-trial: the trial saves its state and waits again (never
     FAILED), the process says so in one line within 30 s, and the same command finishes from there."""
-    study, runs = write_study(tmp_path / "crash.yaml", max_steps=STOP_STEPS, seeds=[0]), tmp_path / "runs"
+    study, runs = write_study(tmp_path / "crash.yaml", max_steps=200, seeds=[0]), tmp_path / "runs"
     url = f"sqlite:///{runs / 'crash' / 'study.db'}"
     start = start_worker if command == "worker" else start_sweep
     proc = start(study, runs)
@@ -196,14 +190,14 @@ def test_stop_signal_checkpoints_the_trial_and_the_same_command_resumes_it(tmp_p
     (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
     assert trial.state == TrialState.WAITING
     stopped_at = trial.user_attrs["resume"]["step"]
-    assert 20 <= stopped_at < STOP_STEPS
+    assert 20 <= stopped_at < 200
 
     again = start(study, runs)
     finish(again)
     (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
     assert trial.state == TrialState.COMPLETE and trial.user_attrs["resumed_from_step"] == stopped_at
     metrics = json.loads((runs / "crash/trials/eval/0000/metrics.json").read_text())
-    assert metrics["steps"] == STOP_STEPS and metrics["resumed_from_step"] == stopped_at
+    assert metrics["steps"] == 200 and metrics["resumed_from_step"] == stopped_at
     # A finished trial's resume checkpoints are gone, locally and from the artifact store.
     assert not list(runs.rglob("resume.ckpt")) and not list((runs / "crash/artifacts").glob("resume-*"))
 
