@@ -51,9 +51,15 @@ def start_worker(study: Path, runs: Path, *extra: str) -> subprocess.Popen:
     return background([*command, *extra])
 
 
+def sigint_as_a_terminal_gives_it() -> None:
+    """A script's `cmd &` or nohup starts its children with SIGINT ignored, and Python then raises no
+    KeyboardInterrupt; Ctrl-C and a notebook's stop button meet a process whose SIGINT is the default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def background(command: list[str]) -> subprocess.Popen:
     log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads a process's output until it is done
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=sigint_as_a_terminal_gives_it,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     proc.log = log
     return proc
