@@ -210,7 +210,11 @@ def build_config(tree: dict[str, Any], overrides: dict[str, Any] | None = None) 
 
 def format_validation_error(e: ValidationError) -> str:
     """The first error as one line: 'model.heads: must divide d_model=128 (got heads=3)'."""
-    problems = validation_problems(e)
+    return one_line(validation_problems(e))
+
+
+def one_line(problems: list[tuple[str, str]]) -> str:
+    """The first (location, message) as 'loc: msg', with how many more there are."""
     loc, msg = problems[0]
     extra = f" ({len(problems) - 1} more)" if len(problems) > 1 else ""
     return f"{loc}: {msg}{extra}"
@@ -267,8 +271,7 @@ def load_config(
     ignored = ignored_settings(cfg, written)
     if ignored:
         problems = [(key, f"has no effect ({why})") for key, why in ignored]
-        more = f" ({len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ConfigError(f"{problems[0][0]}: {problems[0][1]}{more}", problems)
+        raise ConfigError(one_line(problems), problems)
     return cfg
 
 

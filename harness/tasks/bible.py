@@ -84,13 +84,18 @@ def lopsided(src: str, tgt: str) -> bool:
     return longer > MAX_RATIO * max(shorter, 1)
 
 
+def shared_chapters(src: dict[Reference, str], tgt: dict[Reference, str]) -> list[tuple[str, int]]:
+    """(book, chapter) of every reference both sides have, once each, in the source's order."""
+    return list(dict.fromkeys(ref[:2] for ref in src if ref in tgt))
+
+
 def aligned_pairs(
     src: dict[Reference, str], tgt: dict[Reference, str]
 ) -> tuple[list[tuple[Reference, str, str]], dict[str, int]]:
     """(reference, source, target) for the references both sides have, in the source's order, cleaned text
     in, with the pairs the rules of the module doc drop left out; and how many each rule dropped."""
     common = [ref for ref in src if ref in tgt]
-    chapters = list(dict.fromkeys(ref[:2] for ref in common))
+    chapters = shared_chapters(src, tgt)
     broken = {ref[:2] for ref in common if bool(src[ref]) != bool(tgt[ref])}
     after = {chapters[i + 1] for i, chapter in enumerate(chapters[:-1]) if chapter in broken}
     dropped = {"one_sided": 0, "versification": 0, "lopsided": 0}
@@ -130,7 +135,8 @@ def setup_problem(cfg: TaskConfig) -> str | None:
     """One line saying what to install (or which task.path to give) for the modules cfg names and for
     pysword, or None when both are there."""
     folder, names = library(cfg), module_names(cfg)
-    missing = [name for name in names if name not in installed(folder)]
+    have = installed(folder)
+    missing = [name for name in names if name not in have]
     if missing:
         packages = [package for module, package in BIBLES.values() if module in missing]
         install = (
@@ -187,8 +193,7 @@ def read_bible(folder: Path, src: str, tgt: str) -> tuple[Corpus, dict[str, int]
     (every trial of a worker reads the same)."""
     source, target = read_module(folder, src), read_module(folder, tgt)
     pairs, dropped = aligned_pairs(source, target)
-    chapters = list(dict.fromkeys(ref[:2] for ref in source if ref in target))
-    return split_by_chapter(pairs, chapters), dropped
+    return split_by_chapter(pairs, shared_chapters(source, target)), dropped
 
 
 def sample(pairs: list, size: int) -> list:
