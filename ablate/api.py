@@ -142,7 +142,7 @@ def train(
     it does not give; `sets` overrides dotted keys ({"train.max_steps": 200}). Returns the metrics
     `ablate train --json` prints: test/seq_acc, test/tok_acc, val/..., params, wall_time, ...
     W&B: `wandb` as on the command line (default: disabled). With `out`, leaves its artifacts there."""
-    from ablate.harness.config import ExperimentConfig, build_config, read_yaml
+    from ablate.harness.config import ExperimentConfig, config_from_tree, read_yaml
     from ablate.training import train_config
 
     config_file = config if isinstance(config, str | Path) else None
@@ -153,7 +153,7 @@ def train(
     else:
         tree = dict(config or {})
     overrides = {**({"preset": preset} if preset else {}), **(sets or {})}
-    cfg = build_config(tree, overrides)
+    cfg = config_from_tree(tree, overrides, by_hand=not isinstance(config, ExperimentConfig))
     result = train_config(
         cfg, config_file=config_file, preset=preset, overrides=sets or {}, out=Path(out) if out else None,
         wandb=wandb, progress=progress,

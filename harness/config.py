@@ -258,15 +258,21 @@ def load_config(
     path: str | Path | None = None, preset: str | None = None, sets: list[str] | None = None
 ) -> ExperimentConfig:
     """The `ablate train` entry: YAML file, then --preset, then --set overrides."""
-    tree = read_yaml(path) if path else {}
-    overrides: dict[str, Any] = {}
-    if preset:
-        overrides["preset"] = preset
+    overrides: dict[str, Any] = {"preset": preset} if preset else {}
     for item in sets or []:
         key, value = parse_override(item)
         overrides[key] = value
+    return config_from_tree(read_yaml(path) if path else {}, overrides)
+
+
+def config_from_tree(
+    tree: dict[str, Any], overrides: dict[str, Any], by_hand: bool = True
+) -> ExperimentConfig:
+    """build_config, refusing a model key set by hand that the model ignores (`ablate train` and the API's
+    `train`): in the overrides, and in the tree unless it is a built config's dump (by_hand False), which
+    holds every key."""
     cfg = build_config(tree, overrides)
-    model = tree.get("model") if isinstance(tree.get("model"), dict) else {}
+    model = tree.get("model") if by_hand and isinstance(tree.get("model"), dict) else {}
     written = {f"model.{key}" for key in model} | set(overrides)
     ignored = ignored_settings(cfg, written)
     if ignored:

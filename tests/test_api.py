@@ -18,6 +18,7 @@ from test_reliability import write_study as write_long_study
 from test_sweep import write_study
 
 import ablate
+from ablate.harness.config import ExperimentConfig
 from ablate.harness.study.queue import EVAL, load_phase_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study as load_spec
@@ -76,6 +77,11 @@ def test_bad_input_raises_config_error_naming_what_and_where_and_creates_nothing
         ablate.train({"preset": "lstm"}, sets={"model.nope": 1})
     with pytest.raises(ablate.ConfigError, match=r"^preset: "):
         ablate.train(preset="lstm-nope")
+    # A key the model ignores is refused as `ablate train` refuses it, in `sets` and in the tree.
+    with pytest.raises(ablate.ConfigError, match=r"^model\.d_ff: has no effect \(a Transformer setting"):
+        ablate.train({"preset": "lstm"}, sets={"model.d_ff": 64})
+    with pytest.raises(ablate.ConfigError, match=r"^model\.d_ff: has no effect .*\(1 more\)$"):
+        ablate.train({"preset": "lstm", "model": {"heads": 2, "d_ff": 64}})
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +143,14 @@ def test_train_returns_the_metrics_ablate_train_json_prints(tmp_path, tiny_tree)
     assert metrics["steps"] == TINY_TRAIN["max_steps"] and metrics["params"] > 0
     assert (tmp_path / "t" / "metrics.json").is_file()
     config = tmp_path / "lstm.yaml"
-    config.write_text(yaml.safe_dump({**tiny_tree, "preset": "lstm"}))
+    lstm_model = {k: v for k, v in tiny_tree["model"].items() if k not in ("heads", "d_ff")}
+    config.write_text(yaml.safe_dump({**tiny_tree, "model": lstm_model, "preset": "lstm"}))
     from_file = ablate.train(config, sets={"train.max_steps": 2}, progress=False)
     assert from_file["steps"] == 2 and from_file["params"] != metrics["params"]
+    # A built config holds every key; only what is set on top of it is checked.
+    built = ablate.train(ExperimentConfig.model_validate({**tiny_tree, "model": {**lstm_model, "arch": "lstm"}}),
+                         sets={"train.max_steps": 2}, progress=False)  # fmt: skip
+    assert built["steps"] == 2
 
 
 @pytest.mark.slow
