@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -24,9 +25,16 @@ from ablate.cli import app, error_line, main
 from ablate.harness.artifacts import MAX_FOLDER_BYTES, slugify
 from ablate.harness.config import ExperimentConfig, accepted_values, build_config, read_yaml
 from ablate.harness.errors import ConfigError, RunFailed
-from ablate.harness.study.spec import StudySpec
+from ablate.harness.study.spec import ClaimSpec, StudySpec
 from ablate.harness.study.storage import masked_url, open_storage
-from ablate.harness.study.validate import MAX_TRIALS, StudyError, load_study, run_problems, trial_count
+from ablate.harness.study.validate import (
+    MAX_TRIALS,
+    StudyError,
+    judging_problems,
+    load_study,
+    run_problems,
+    trial_count,
+)
 
 FLAT = ExperimentConfig().flat()
 FLOAT_KEYS = [k for k, v in FLAT.items() if isinstance(v, float)] + ["train.max_time"]
@@ -369,6 +377,17 @@ def test_a_claim_whose_margin_its_metric_cannot_meet_is_refused(tmp_path, claim,
     else:
         (line,) = problems_of(path)
         assert line.startswith(f"{path}: {problem}"), line
+
+
+def test_an_interaction_of_two_metrics_reaches_the_sum_of_their_ranges():
+    # Exact match's difference reaches 1 and BLEU's 100, so the interaction's reaches 101.
+    spec = SimpleNamespace(metric=SimpleNamespace(name="test/seq_acc"))
+    claim = {"text": "t", "compare": {}, "to": {}, "expect": "lower", "versus": {"metric": "test/bleu"}}
+    assert judging_problems("claims[0]", ClaimSpec.model_validate({**claim, "margin": 5.0}), spec) == []
+    assert judging_problems("claims[0]", ClaimSpec.model_validate({**claim, "margin": 101.0}), spec) == [
+        ("claims[0].margin", "101 cannot be met: test/seq_acc lies in [0, 1] and test/bleu lies in [0, 100], "
+         "so Δ lies within ±101")
+    ]  # fmt: skip
 
 
 def corpus_study(folder: Path, corpus: str) -> Path:

@@ -312,13 +312,18 @@ def judging_problems(where: str, claim: ClaimSpec, spec: StudySpec) -> list[Prob
         problems.append(
             (f"{where}.versus.metric", f"judges {scales}; an interaction needs one scale for both")
         )
-    rng = metric_range(metrics[0])
-    # Δ on a metric in [low, high] lies within ±(high - low); an interaction's within twice that.
-    reach = (rng.high - rng.low) * len(metrics)
+    # Δ on a metric in [low, high] lies within ±(high - low); an interaction's within the sum of its two
+    # metrics' reaches (analysis.claims bounds its CI the same way).
+    reach = sum(metric_range(m).difference().high for m in metrics)
     if not on_ratio_scale(metrics[0]) and abs(claim.margin) >= reach:
         outcome = "can never fail" if claim.expect == "similar" else "cannot be met"
-        problems.append((f"{where}.margin", f"{claim.margin:g} {outcome}: {metrics[0]} lies in "
-                         f"[{rng.low:g}, {rng.high:g}], so Δ lies within ±{reach:g}"))  # fmt: skip
+        first_of = {}  # each distinct range, named by the first metric that has it
+        for m in metrics:
+            first_of.setdefault((metric_range(m).low, metric_range(m).high), m)
+        ranges = " and ".join(f"{m} lies in [{low:g}, {high:g}]" for (low, high), m in first_of.items())
+        problems.append(
+            (f"{where}.margin", f"{claim.margin:g} {outcome}: {ranges}, so Δ lies within ±{reach:g}")
+        )
     return problems
 
 
