@@ -170,7 +170,7 @@ class ClaimResult:
         m = abs(self.claim.margin)
         if not on_ratio_scale(self.metric) or m == 0:
             return f"{m:g}"
-        return f"ratio {1 + m:g} (log {math.log1p(m):.3g})"
+        return f"ratio {1 + m:g} (log {threshold(self.claim, self.metric):.3g})"
 
     @property
     def decision(self) -> str:
