@@ -389,9 +389,13 @@ def bench(
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="CPU threads for torch in this process.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON line.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print each figure as a JSON line when it is measured, then the whole run."),
+    ] = False,
 ) -> None:
-    """Throughput of the fast paths against their references (bench/__init__.py says what each figure is)."""
+    """Throughput of the fast paths against their references (bench/__init__.py says what each figure is).
+    Each figure is printed as soon as it is measured, so a run stopped early keeps what finished."""
     from ablate.bench import run as benchmarks
 
     try:
@@ -402,7 +406,12 @@ def bench(
         import torch
 
         torch.set_num_threads(threads)
-    result = benchmarks.run_bench(resolved, quick, progress=lambda what: console.print(f"measuring {what}"))
+    def done(figure: dict) -> None:
+        print(json.dumps({"figure": figure}) if as_json else benchmarks.figure_line(figure), flush=True)
+
+    result = benchmarks.run_bench(
+        resolved, quick, progress=lambda what: console.print(f"measuring {what}"), done=done
+    )
     if as_json:
         print(json.dumps(result))
     else:

@@ -16,7 +16,7 @@ def bench_decoding(sizes: Sizes, device: torch.device, beam_size: int = 4) -> li
     models rarely end early, so the lengths are fixed for both searches)."""
     torch.manual_seed(0)
     families = {"transformer": transformer_config(sizes),
-                "lstm-bahdanau": lstm_configs(sizes)["lstm-bahdanau"]}  # fmt: skip
+                "lstm-bahdanau": lstm_configs(sizes.recurrent())["lstm-bahdanau"]}  # fmt: skip
     src = random_batch(sizes, device)["src"]
     runs = {}
     for family, cfg in families.items():
@@ -28,7 +28,7 @@ def bench_decoding(sizes: Sizes, device: torch.device, beam_size: int = 4) -> li
             m, src, BOS_ID, EOS_ID, PAD_ID, beam_size, max_len=sizes.length
         )
     with torch.inference_mode(), autocast(device):
-        seconds = interleaved(runs, device, sizes.repeats, sizes.warmup)
+        seconds = interleaved(runs, device, sizes.repeats, sizes.warmup, sizes.budget_s)
     rate = {name: src.size(0) / s for name, s in seconds.items()}
     common = {"batch": src.size(0), "max_len": sizes.length, "beam_size": beam_size}
     return [

@@ -61,8 +61,14 @@ def guarded(key: str, what: str, measure: Callable[[], Figure | list[Figure]]) -
     return result if isinstance(result, list) else [result]
 
 
-def run_bench(device: torch.device, quick: bool = False, progress: Callable[[str], None] = lambda _: None):
-    """Every figure, in order; returns {'machine': ..., 'quick': ..., 'figures': {key: figure dict}}."""
+def run_bench(
+    device: torch.device,
+    quick: bool = False,
+    progress: Callable[[str], None] = lambda _: None,
+    done: Callable[[dict[str, Any]], None] = lambda _: None,
+):
+    """Every figure, in order; returns {'machine': ..., 'quick': ..., 'figures': {key: figure dict}}.
+    `done` gets each figure's dict as soon as it is measured, so a run killed later keeps what finished."""
     sizes = bench_sizes(device, quick)
     info = machine(device)
     steps = [
@@ -81,6 +87,7 @@ def run_bench(device: torch.device, quick: bool = False, progress: Callable[[str
         for figure in guarded(key, what, measure):
             figure.detail["bench_seconds"] = round(time.perf_counter() - start, 2)
             figures.append(figure)
+            done(asdict(figure))
     info["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
     return {"machine": info, "quick": quick, "figures": {f.key: asdict(f) for f in figures}}
 
@@ -105,6 +112,13 @@ def format_value(figure: dict[str, Any]) -> str:
     if unit == "fraction":
         return f"{value:.1%}"
     return f"{value:.2f}{unit}" if unit == "x" else f"{value:,.1f} {unit}"
+
+
+def figure_line(figure: dict[str, Any]) -> str:
+    """One figure as it completes: 'a_transformer_step: 1.16x (target >= 1, pass)'."""
+    judged = ", ".join(part for part in (f"target {figure['target']}" if figure["target"] else "",
+                                          figure["status"], figure["reason"]) if part)  # fmt: skip
+    return f"{figure['key']}: {format_value(figure)} ({judged})"
 
 
 def print_table(result: dict[str, Any]) -> None:

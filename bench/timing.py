@@ -42,14 +42,20 @@ def synchronize(device: torch.device) -> None:
 
 
 def interleaved(
-    runs: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 1
+    runs: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 1,
+    budget_s: float | None = None,
 ) -> dict[str, float]:
-    """Median seconds of each run; every repeat calls each run once, in turn (ABAB...)."""
+    """Median seconds of each run; every repeat calls each run once, in turn (ABAB...). With `budget_s`,
+    no repeat starts once that many seconds have passed since the first (at least one always runs), so a
+    device slower than the sizes assume still gives its figure in bounded time."""
     for _ in range(warmup):
         for run in runs.values():
             run()
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
+    start = time.perf_counter()
+    for done in range(repeats):
+        if done and budget_s is not None and time.perf_counter() - start > budget_s:
+            break
         for name, run in runs.items():
             synchronize(device)
             start = time.perf_counter()

@@ -72,7 +72,7 @@ def bench_transformer(sizes: Sizes, device: torch.device) -> Figure:
     seconds = interleaved(
         {"ours": training_steps(ours, batch, sizes.steps, device),
          "torch": training_steps(reference, batch, sizes.steps, device)},
-        device, sizes.repeats, sizes.warmup,
+        device, sizes.repeats, sizes.warmup, sizes.budget_s,
     )  # fmt: skip
     tokens = real_tokens(batch) * sizes.steps
     rate = {name: tokens / s for name, s in seconds.items()}
@@ -170,6 +170,7 @@ def bench_lstm(sizes: Sizes, device: torch.device) -> Figure:
     """On a length bucket (train.batch_tokens: one source length per batch), and the Luong pair again on a
     padded batch: there the bidirectional encoder gets packed variable-length input, which CPUs run through
     a per-timestep kernel that both paths share."""
+    sizes = sizes.recurrent()
     torch.manual_seed(0)
     models = {
         name: build_model(cfg, sizes.vocab, sizes.vocab, PAD_ID) for name, cfg in lstm_configs(sizes).items()
@@ -181,7 +182,7 @@ def bench_lstm(sizes: Sizes, device: torch.device) -> Figure:
     runs = {name: training_steps(model, bucket, sizes.steps, device) for name, model in models.items()}
     for name in ("luong-parallel", "luong-step-loop"):
         runs[f"{name}-padded"] = training_steps(models[name], padded, sizes.steps, device)
-    seconds = interleaved(runs, device, sizes.repeats, sizes.warmup)
+    seconds = interleaved(runs, device, sizes.repeats, sizes.warmup, sizes.budget_s)
     tokens = {
         name: real_tokens(padded if name.endswith("-padded") else bucket) * sizes.steps for name in runs
     }
@@ -251,7 +252,7 @@ def bench_mfu(device: torch.device, quick: bool) -> Figure:
     batch = random_batch(sizes, device, padded=False)  # every position real, so the FLOP count is exact
     torch.cuda.reset_peak_memory_stats(device)
     seconds = interleaved({"ours": training_steps(model, batch, sizes.steps, device)}, device, sizes.repeats,
-                          sizes.warmup)["ours"]  # fmt: skip
+                          sizes.warmup, sizes.budget_s)["ours"]  # fmt: skip
     flops = transformer_train_flops(cfg, sizes.batch, sizes.length, sizes.length, sizes.vocab) * sizes.steps
     achieved = flops / seconds
     name = torch.cuda.get_device_name(device)

@@ -3,7 +3,7 @@ training steps on one batch, and the model configs compared."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -28,6 +28,12 @@ class Sizes:
     steps: int  # training steps per timed repeat
     repeats: int
     warmup: int = 1
+    budget_s: float = 60.0  # no new repeat after this long (timing.interleaved): each figure ends in bounded time
+
+    def recurrent(self) -> Sizes:
+        """The LSTM family's sizes: at most 2 layers of length 64, whose step loop runs a kernel per layer
+        and position (6 layers at length 128 did not finish in minutes on an H100)."""
+        return replace(self, layers=min(self.layers, 2), length=min(self.length, 64))
 
 
 def bench_sizes(device: torch.device, quick: bool) -> Sizes:

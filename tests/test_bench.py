@@ -30,7 +30,12 @@ CPU = torch.device("cpu")
 def test_quick_bench_yields_every_figure_as_json():
     proc = ablate("bench", "--quick", "--json", "--device", "cpu", "--threads", "1")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    *figure_lines, last = proc.stdout.strip().splitlines()
+    result = json.loads(last)
+    # Each figure came out on its own line as it was measured, in order, before the whole run's line.
+    streamed = [json.loads(line)["figure"] for line in figure_lines]
+    assert [f["key"] for f in streamed] == list(FIGURE_KEYS)
+    assert streamed == list(result["figures"].values())
     assert result["quick"] is True
     assert result["machine"]["device"] == "cpu" and len(result["machine"]["load_avg_1_5_15"]) == 3
     assert set(result["figures"]) == set(FIGURE_KEYS)
@@ -127,3 +132,9 @@ def test_runs_interleave_after_warmup():
     )
     assert calls == ["a", "b"] * 4
     assert set(seconds) == {"a", "b"} and all(s >= 0 for s in seconds.values())
+
+
+def test_a_spent_budget_starts_no_new_repeat():
+    calls: list[str] = []
+    interleaved({"a": lambda: calls.append("a")}, CPU, repeats=5, warmup=1, budget_s=0.0)
+    assert calls == ["a", "a"]  # the warm-up, then the one repeat that always runs
