@@ -28,7 +28,7 @@ def test_the_suites_are_all_there():
 
 @pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
 def test_study_runs_one_tiny_trial(path, single_thread):
-    spec = load_study(path)
+    spec = load_study(path, read_data=False)  # the trial reads the data, where the machine has it
     assert spec.description.strip(), f"{path.name} says what it tests"  # its claims: test_bundled_claims.py
     name, overrides = next(iter(spec.variant_overrides().items()))
     cfg = spec.config_for(overrides, spec.seed_pool[0], TINY)

@@ -1,13 +1,17 @@
 """bible: cleaning and pairing verses on strings, the task on a tiny SWORD library written here, and on
-Debian's two Bibles where they are installed."""
+Debian's two Bibles where they are installed; without them, what needs them skips and says so."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
-from conftest import ablate
-from sword_fixture import DEBIAN_MODULES, debian_bibles_missing, write_module
+from conftest import REPO, ablate
+from sword_fixture import DEBIAN_MODULES, NEEDS_DEBIAN, debian_bibles_missing, write_module
 
 from ablate.harness.errors import ConfigError
 from ablate.harness.study.validate import load_study
@@ -174,6 +178,45 @@ def test_a_study_is_refused_before_it_runs_when_the_modules_are_missing(tmp_path
     with pytest.raises(ConfigError) as error:
         load_study(study)
     assert str(error.value) == f"{study}: base.task.path: {setup_problem(bible(tmp_path))}"
+    assert load_study(study, read_data=False).name == "s"  # the file alone needs no Bible
+
+
+def test_the_library_is_task_path_else_sword_path_else_debians(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWORD_PATH", str(tmp_path / "sword"))
+    assert library_of(TaskConfig(name="bible")) == tmp_path / "sword"
+    assert library_of(bible(tmp_path / "given")) == tmp_path / "given"
+    monkeypatch.delenv("SWORD_PATH")
+    assert library_of(TaskConfig(name="bible")) == Path("/usr/share/sword")
+
+
+def test_without_debians_bibles_the_bible_checks_pass_or_skip_saying_what_to_install(tmp_path):
+    """A fresh machine, with only what the README installs: the bible study file's checks pass, and what
+    reads Debian's Bibles skips with the apt-get line. An empty SWORD_PATH hides any Bibles this machine
+    has, in a pytest of its own (the skip conditions are read as the test files load)."""
+    (tmp_path / "empty").mkdir()
+    report = tmp_path / "report.xml"
+    bible_tests = ["tests/test_bundled_claims.py", "tests/test_ablations.py::test_study_runs_one_tiny_trial[bible]",
+                   "tests/test_bible.py", "-k", "not without_debians_bibles"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *bible_tests],
+        cwd=REPO, env={**os.environ, "SWORD_PATH": str(tmp_path / "empty")}, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    outcomes = {f"{case.get('classname')}::{case.get('name')}": outcome(case)
+                for case in ET.parse(report).getroot().iter("testcase")}  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    not_passed = {name: why for name, why in outcomes.items() if why != "passed"}
+    assert not_passed and all(why.startswith("skipped: ") and NEEDS_DEBIAN in why
+                              for why in not_passed.values()), not_passed  # fmt: skip
+    assert not any(name.startswith("tests.test_bundled_claims") for name in not_passed)  # they need no data
+
+
+def outcome(case: ET.Element) -> str:
+    """'passed', or what a junit XML test case says instead: the skip's reason, the failure or error."""
+    for child in case:
+        if child.tag in ("skipped", "failure", "error"):
+            return f"{child.tag}: {child.get('message')}"
+    return "passed"
 
 
 @pytest.mark.skipif(debian_bibles_missing() is not None, reason=str(debian_bibles_missing()))

@@ -2,10 +2,13 @@
 
 Each check adds (YAML location, what is wrong) to one list: every variant's config, the references the study
 makes (its metric, each claim's metric and compare / to, the baseline, tuned keys) against what the variants
-build and report, every local corpus of a `parallel` task, the seeds, the grid's size, and what the command
-line adds (storage URL, --out, --devices, --workers against the machine, W&B mode). A failing study raises
-one StudyError listing them all. No Optuna, no storage, no folder: nothing here writes. `load_study` reads a
-study file and checks it here.
+build and report, the seeds, the grid's size, and what the command line adds (storage URL, --out, --devices,
+--workers against the machine, W&B mode). A failing study raises one StudyError listing them all. No Optuna,
+no storage, no folder: nothing here writes. `load_study` reads a study file and checks it here.
+
+What this machine must hold to run a study, each local corpus of a `parallel` task and the bible task's SWORD
+modules, is read too, as a run needs it before anything is created; `read_data=False` leaves it out, for
+checks of the study file alone (its structure, its claims), which then hold where its corpus is not installed.
 """
 
 from __future__ import annotations
@@ -80,9 +83,10 @@ def trial_count(spec: StudySpec) -> int:
 
 
 def study_problems(
-    spec: StudySpec, set_keys: Iterable[str] = (), max_trials: int | None = None
+    spec: StudySpec, set_keys: Iterable[str] = (), max_trials: int | None = None, read_data: bool = True
 ) -> list[Problem]:
-    """Every problem of a parsed study; `set_keys` are the fixed keys that came from --set."""
+    """Every problem of a parsed study; `set_keys` are the fixed keys that came from --set; `read_data`: its
+    local corpora are read too (data_problems)."""
     problems = key_problems(spec)
     count = trial_count(spec)
     if max_trials is not None and count > max_trials:
@@ -100,7 +104,8 @@ def study_problems(
     problems += ignored_key_problems(spec, configs, set(set_keys))
     problems += variant_duplicates(spec, configs)
     problems += reference_problems(spec, configs)
-    problems += data_problems(spec, configs, set(set_keys))
+    if read_data:
+        problems += data_problems(spec, configs, set(set_keys))
     if spec.tune:
         problems += tune_problems(spec, spec.tune)
     return problems
@@ -434,15 +439,31 @@ def run_problems(
 
 
 def folder_problems(option: str, folder: Path) -> list[Problem]:
-    """A folder this run will create files under: it is a folder (or can be made) and writable."""
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    """A folder this run will create files under: it is a folder (or can be made) and writable. A path the
+    system will not even look at (a symbolic link loop, a name too long) is a problem with its reason."""
+    try:
+        existing = nearest_existing(folder)
+    except OSError as e:
+        return [(option, f"{e.filename or folder}: {os_reason(e)}")]
     if not existing.is_dir():
         return [(option, f"{existing}: not a folder")]
     if not os.access(existing, os.W_OK | os.X_OK):
         return [(option, f"{existing}: permission denied (not writable)")]
     return []
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path`, or its nearest ancestor that exists (symbolic links followed). A missing path, one under a
+    file or one in a folder this process cannot search goes on to its parent, which says why; any other
+    OSError (ELOOP, ENAMETOOLONG, EIO, ...) is raised."""
+    while True:
+        try:
+            path.stat()
+            return path
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            if path == path.parent:
+                raise
+            path = path.parent
 
 
 def device_problems(devices: str) -> list[Problem]:
@@ -504,11 +525,13 @@ def os_reason(e: OSError) -> str:
 
 def load_study(
     path: str | Path, profile: str | None = None, sets: dict[str, Any] | None = None,
-    max_trials: int | None = None, also: list[tuple[str, str]] = (),
+    max_trials: int | None = None, also: list[tuple[str, str]] = (), *, read_data: bool = True,
 ) -> StudySpec:  # fmt: skip
     """Reads a study file (with one of its profiles, and --set keys added to `fixed`) and checks all of it
     (below), together with the command line's own problems `also`; StudyError (a
-    ConfigError) lists every problem. `max_trials` refuses a bigger grid before any variant is built."""
+    ConfigError) lists every problem. `max_trials` refuses a bigger grid before any variant is built.
+    `read_data=False` leaves out what only running the study needs, its data on this machine (each local
+    corpus, the bible task's SWORD modules): checks of the file itself, its claims and its structure."""
     path = resolve_study_path(path)
     tree = apply_profile(read_yaml(path), profile, str(path))
     tree.pop("launcher", None)  # where its workers run (harness/launchers), not what the study is
@@ -520,5 +543,5 @@ def load_study(
         failed = {str(err["loc"][0]) for err in e.errors() if err["loc"]}
         parts = part_problems(tree, failed, sets or {}, max_trials)
         raise_problems(str(path), validation_problems(e) + parts, also)
-    raise_problems(str(path), study_problems(spec, sets or {}, max_trials), also)
+    raise_problems(str(path), study_problems(spec, sets or {}, max_trials, read_data), also)
     return spec

@@ -47,7 +47,8 @@ TASKS: dict[str, tuple[Callable[[TaskConfig, int], TaskData], str]] = {
     "bible": (
         bible_task,
         "World English Bible -> Reina-Valera 1909 verses (apt-get install sword-text-web sword-text-sparv); "
-        "src_lang/tgt_lang (en | es | a SWORD module), path (SWORD library), tokenizer, bpe_vocab_size, "
+        "src_lang/tgt_lang (en | es | a SWORD module), path (SWORD library; default $SWORD_PATH, else "
+        "/usr/share/sword), tokenizer, bpe_vocab_size, "
         "min_tokens, max_tokens, max_examples, n_valid/n_test",
     ),
 }

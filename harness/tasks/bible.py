@@ -4,7 +4,7 @@ and the Spanish Reina-Valera 1909), read with pysword (the [bible] extra).
 
 task.src_lang / task.tgt_lang: `en` (WEB) and `es` (RV1909), English -> Spanish by default, or the name of
 any SWORD Bible module installed beside them; task.path: the SWORD library, the folder holding mods.d/
-(default: Debian's /usr/share/sword).
+(default: $SWORD_PATH, which SWORD's own programs read too, else Debian's /usr/share/sword).
 
 What a pair is, fixed here so every run reads the same corpus (`clean_verse`, `aligned_pairs`):
 - verses pair by reference (book, chapter, verse), references both modules have;
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import html
+import os
 import re
 from pathlib import Path
 
@@ -118,7 +119,7 @@ def module_names(cfg: TaskConfig) -> tuple[str, str]:
 
 
 def library(cfg: TaskConfig) -> Path:
-    return Path(cfg.path or DEBIAN_LIBRARY).expanduser()
+    return Path(cfg.path or os.environ.get("SWORD_PATH") or DEBIAN_LIBRARY).expanduser()
 
 
 def installed(folder: Path) -> set[str]:
