@@ -25,9 +25,11 @@ def ablate_exe() -> str:
     return str(beside) if beside.exists() else shutil.which("ablate") or "ablate"
 
 
-def ablate(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Runs the installed console script as a user would."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def ablate(
+    *args: str, cwd: Path | None = None, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Runs the installed console script as a user would; `env` adds to (or overrides) the environment."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [ablate_exe(), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
     )

@@ -16,7 +16,7 @@ from ablate.harness.callbacks import peak_rss_mb
 from ablate.harness.config import load_config
 from ablate.harness.probes import heatmap
 from ablate.harness.tasks import build_task
-from ablate.harness.trial import build_module, resolve_precision, run_trial
+from ablate.harness.trial import BF16_MIN_D_MODEL, build_module, resolve_precision, run_trial
 from ablate.models.module import Seq2SeqModule, lr_lambda, token_cross_entropy
 from ablate.models.optim import OptimConfig
 from ablate.models.sequences import EOS_ID
@@ -121,12 +121,24 @@ class RecordingWandb(WandbLogger):
         self.tables[key] = (columns, data)
 
 
+# The reference trial, in float32 on every device (`precision: auto` may be bf16-mixed on CUDA): its checkpoints
+# are reloaded and run on the CPU, and other tests compare bf16 runs and reruns against it.
+REFERENCE = ("train.deterministic=true", "train.precision=32-true")
+
+
 @pytest.fixture(scope="module")
 def logged_trial(tmp_path_factory):
     out = tmp_path_factory.mktemp("trial")
     logger = RecordingWandb()
-    result = run_trial(tiny("train.deterministic=true"), out_dir=out, loggers=[logger])
+    result = run_trial(tiny(*REFERENCE), out_dir=out, loggers=[logger])
     return result, out, logger
+
+
+def reload(out: Path, name: str) -> Seq2SeqModule:
+    """A checkpoint of the reference trial on the CPU, wherever it was trained."""
+    return Seq2SeqModule.load_from_checkpoint(
+        out / "checkpoints" / f"{name}.ckpt", map_location="cpu", weights_only=True
+    )
 
 
 def test_trial_results_and_artifacts(logged_trial):
@@ -169,32 +181,33 @@ def test_trial_results_and_artifacts(logged_trial):
 def test_checkpoint_round_trip_restores_identical_outputs(logged_trial):
     result, out, _ = logged_trial
     for name in ("best", "last"):
-        module = Seq2SeqModule.load_from_checkpoint(out / "checkpoints" / f"{name}.ckpt", weights_only=True)
+        module = reload(out, name)
         assert module.num_parameters() == result.params
         assert module.optim == OptimConfig.of(tiny().train)
     # The test metrics and probes come from the best checkpoint, so reloading it reproduces the probes.
-    module = Seq2SeqModule.load_from_checkpoint(out / "checkpoints" / "best.ckpt", weights_only=True)
+    module = reload(out, "best")
     from ablate.harness.probes import capture, select_probes
 
     cfg = tiny()
     again = capture(module, select_probes(build_task(cfg.task, cfg.seed)))
     for before, after in zip(result.attention, again, strict=True):
         for kind in before.weights:
-            # The trial's samples are cut from padded test batches, these run alone: equal to rounding.
+            # The trial's samples are cut from padded test batches on its device, these run alone on the
+            # CPU: equal to rounding.
             np.testing.assert_allclose(before.weights[kind], after.weights[kind], atol=1e-6)
     src = torch.tensor([[4, 5, 6, 2], [7, 2, 0, 0]])
-    reloaded = Seq2SeqModule.load_from_checkpoint(out / "checkpoints" / "best.ckpt", weights_only=True)
+    reloaded = reload(out, "best")
     assert torch.equal(module.generate(src), reloaded.generate(src))
     assert torch.equal(module.generate(src, beam_size=3), reloaded.generate(src, beam_size=3))
 
 
 def test_same_seed_deterministic_runs_give_identical_metrics(logged_trial):
     result, _, _ = logged_trial
-    again = run_trial(tiny("train.deterministic=true"))  # no out_dir, no logger: must not matter
+    again = run_trial(tiny(*REFERENCE))  # no out_dir, no logger: must not matter
     assert again.metrics == result.metrics
     assert again.history == result.history
     assert again.per_length == result.per_length
-    other_seed = run_trial(tiny("train.deterministic=true", "seed=1"))
+    other_seed = run_trial(tiny(*REFERENCE, "seed=1"))
     assert other_seed.metrics != result.metrics
 
 
@@ -306,9 +319,9 @@ def test_budgets_and_early_stopping():
 
 def test_precision_auto_is_fp32_on_cpu():
     if torch.cuda.is_available():
-        pytest.skip("CUDA is available: auto means bf16-mixed there (see the CUDA test)")
-    assert resolve_precision("auto") == "32-true"
-    assert resolve_precision("bf16-mixed") == "bf16-mixed"
+        pytest.skip("CUDA is available: auto depends on the width there (see the CUDA test)")
+    assert resolve_precision("auto", 1024) == "32-true"
+    assert resolve_precision("bf16-mixed", 64) == "bf16-mixed"
 
 
 def test_bf16_mixed_trains_and_beam_searches_on_cpu(logged_trial):
@@ -366,8 +379,10 @@ def test_cpu_peak_memory_is_each_trials_own():
 def test_bf16_mixed_on_cuda():
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this CUDA device has no bf16 support")
-    assert resolve_precision("auto") == "bf16-mixed"
-    result = run_trial(tiny("train.beam_size=2"))
+    # Small models train faster in fp32 on a GPU too; wide ones in bf16.
+    assert resolve_precision("auto", BF16_MIN_D_MODEL - 1) == "32-true"
+    assert resolve_precision("auto", BF16_MIN_D_MODEL) == "bf16-mixed"
+    result = run_trial(tiny("train.beam_size=2", "train.precision=bf16-mixed"))
     assert all(math.isfinite(v) for v in result.metrics.values())
     assert result.peak_mem_mb > 0
 
