@@ -112,7 +112,7 @@ def sweep(
     mode = tracking.resolve_mode(options.wandb)  # type: ignore[arg-type]
     url = options.storage or default_storage_url(spec.slug, options.out)
     if launch is not None:
-        raise_problems("", [], launch.problems(url))
+        raise_problems("", [], launch.problems(url, options.out))
     store = open_storage(url, heartbeat=spec.heartbeat)
     stored = prepare_study(spec, store)
     if stored != spec:

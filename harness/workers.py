@@ -116,8 +116,8 @@ class Worker:
         """Runs trials until nothing is queued or running and no claim wants more seeds (study.looks); waits
         while eval trials wait for tuning elsewhere, and while other workers' trials run: one whose worker
         died is queued again once its heartbeat is stale, and somebody must be left to run it.
-        `finished_last` says whether this worker's last trial left nothing pending: then it finished the
-        study. Stops early after a stop signal or a full disk."""
+        `finished_last` says whether this worker recorded its last trial and that left nothing pending: then
+        it finished the study. Stops early after a stop signal or a full disk."""
         while self.stopped is None:
             if signals.received():
                 self.stopped = f"{signals.received().name}: no trial was running; stopped"
@@ -126,8 +126,8 @@ class Worker:
             try:
                 claim = self.claim()
                 if claim is not None:
-                    self.run_claimed(claim)
-                    self.finished_last = not self.anything_pending()
+                    recorded = self.run_claimed(claim)
+                    self.finished_last = recorded and not self.anything_pending()
                 elif self.anything_pending():
                     time.sleep(POLL_S)
                 elif not queue_next_look(self.spec, self.storage):
@@ -194,7 +194,28 @@ class Worker:
                 )
         return None
 
-    def run_claimed(self, claim: Claim) -> None:
+    def run_claimed(self, claim: Claim) -> bool:
+        """Runs the claimed trial and records its outcome; False when another worker finished it meanwhile.
+        Then this worker was paused past the heartbeat's grace (SIGSTOP, a frozen machine), the next worker
+        to look failed the trial and queued a copy under a new number, with a folder of its own, and every
+        write of this worker's result was refused: one line says so, and the result is left to the copy."""
+        try:
+            self.run_and_record(claim)
+        except Exception:
+            if not self.retried_elsewhere(claim.trial):
+                raise
+            print(f"{claim.phase} trial {claim.trial.number} was retried elsewhere while this worker was "
+                  "paused (its heartbeat went stale); its result here is discarded", flush=True)  # fmt: skip
+            free_device_memory()
+            return False
+        return True
+
+    def retried_elsewhere(self, trial: optuna.Trial) -> bool:
+        """Whether the trial this worker runs is finished in the storage: nothing but the heartbeat's retry
+        finishes it while it runs here (this worker finishes it last, in run_and_record)."""
+        return self.storage.get_trial(compat.trial_id(trial)).state.is_finished()
+
+    def run_and_record(self, claim: Claim) -> None:
         trial, study = claim.trial, claim.study
         start = time.monotonic()
 
@@ -310,12 +331,14 @@ class Worker:
                 )  # fmt: skip
         except BaseException as failure:
             # A pruned trial is final, so its resume state is waste; a failed one keeps what it wrote, for a
-            # post-mortem or a retry. Either way its own error stays the reason.
+            # post-mortem or a retry. A trial retried elsewhere keeps nothing of this copy: its retry resumes
+            # from the stored checkpoints, which must stay. Either way its own error stays the reason.
             try:
-                if isinstance(failure, optuna.TrialPruned) and not cfg.train.keep_checkpoints:
-                    (out_dir / CHECKPOINTS / RESUME_CHECKPOINT).unlink(missing_ok=True)
-                    stored.discard(resumed, trial.user_attrs.get(RESUME_ATTR))
-                self.store_artifacts(trial, out_dir)
+                if not self.retried_elsewhere(trial):
+                    if isinstance(failure, optuna.TrialPruned) and not cfg.train.keep_checkpoints:
+                        (out_dir / CHECKPOINTS / RESUME_CHECKPOINT).unlink(missing_ok=True)
+                        stored.discard(resumed, trial.user_attrs.get(RESUME_ATTR))
+                    self.store_artifacts(trial, out_dir)
             except Exception as e:
                 failure.add_note(f"Its artifacts could not be stored either: {type(e).__name__}: {e}")
             raise
@@ -413,9 +436,12 @@ def worker_args(
     report: bool = False,
 ) -> list[str]:  # fmt: skip
     """The arguments of an `ablate worker` that a sweep or a launcher starts (never the storage URL: that
-    goes in ABLATE_STORAGE); `report`: the worker that finishes the study writes its report."""
-    return ["worker", study_name, "--out", str(runs_root), "--wandb", wandb_mode, "--threads", str(threads),
-            *([] if report else ["--no-report"]), *(["--artifacts", artifacts] if artifacts else [])]  # fmt: skip
+    goes in ABLATE_STORAGE); `report`: the worker that finishes the study writes its report. The options
+    come first, each with its value after '=', then `--` and the study's name: a name or a folder that reads
+    as an option (`--help`, `-runs`) stays a value."""
+    return ["worker", f"--out={runs_root}", f"--wandb={wandb_mode}", f"--threads={threads}",
+            *([] if report else ["--no-report"]), *([f"--artifacts={artifacts}"] if artifacts else []),
+            "--", study_name]  # fmt: skip
 
 
 def forward_signal(procs: list[subprocess.Popen], signum: signal.Signals) -> None:

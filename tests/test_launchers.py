@@ -15,13 +15,14 @@ from pathlib import Path
 import lightning as L
 import pytest
 import yaml
-from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
 from optuna.trial import TrialState
 from test_postgres import URL_VARIABLE, postgres_url  # noqa: F401 (a fixture)
 from test_reliability import resume_record, wait_for
 
 from ablate.harness import trial as harness_trial
 from ablate.harness.config import build_config
+from ablate.harness.errors import RunFailed
 from ablate.harness.launchers import plan, slurm
 from ablate.harness.study.queue import EVAL, grid_point, load_phase_study
 from ablate.harness.study.storage import open_storage
@@ -55,38 +56,61 @@ def trials(study: Path, url: str):
 
 @pytest.fixture
 def fake_sbatch(tmp_path, monkeypatch) -> Path:
-    """An `sbatch` first on PATH that records its arguments, its ABLATE_STORAGE and the script it was given,
-    and answers as `sbatch --parsable` does."""
+    """An `sbatch` first on PATH that answers `--test-only` as sbatch does, and records a submission: its
+    arguments (NUL-separated: an argument holding a newline stays one), its ABLATE_STORAGE and the script it
+    was given, answering as `sbatch --parsable` does. FAKE_SBATCH_HANGS=test-only or =submit: that call
+    never answers."""
     bin_dir, record = tmp_path / "bin", tmp_path / "sbatch-record"
     bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(
-        f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}.args\nprintf "%s" "$ABLATE_STORAGE" > {record}.storage\n'
-        f'for last; do :; done\ncp "$last" {record}.script\necho "4242;testcluster"\n'
-    )
+    (bin_dir / "sbatch").write_text(f"""#!/bin/sh
+case " $* " in
+  *" --test-only "*) [ "$FAKE_SBATCH_HANGS" = test-only ] && exec sleep 600
+                     printf '%s\\0' "$@" > {record}.test-args
+                     echo "sbatch: Job 4241 to start at 2030-01-01T00:00:00 using 1 processors" >&2; exit 0 ;;
+esac
+[ "$FAKE_SBATCH_HANGS" = submit ] && exec sleep 600
+printf '%s\\0' "$@" > {record}.args
+printf '%s' "$ABLATE_STORAGE" > {record}.storage
+for last; do :; done
+cp -- "$last" {record}.script
+echo "4242;testcluster"
+""")
     (bin_dir / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("FAKE_SBATCH_HANGS", raising=False)
     return record
+
+
+def recorded_args(record: Path, call: str = "args") -> list[str]:
+    """The arguments the fake sbatch (or srun) recorded, as the file system's names decode them."""
+    return [os.fsdecode(arg) for arg in Path(f"{record}.{call}").read_bytes().split(b"\0")[:-1]]
 
 
 def test_batch_script_asks_for_what_the_options_say():
     options = slurm.Options(tasks=3, workers=4, gpus=2, cpus=5, partition="gpu", time="4:00:00",
                             sbatch=["--mem=16G", "--account=lab"])  # fmt: skip
-    script = slurm.batch_script("grid", "grid", ["python", "-m", "ablate.cli", "worker", "grid"], options,
-                                Path("/shared/runs/grid/slurm"), Path("/shared"))  # fmt: skip
-    lines = script.splitlines()
+    command = slurm.sbatch_command(Path("/shared/runs/grid/slurm/job.sh"), "grid", options,
+                                   Path("/shared/runs/grid/slurm"), Path("/shared"))  # fmt: skip
     for option in ("--array=0-2", "--ntasks=4", "--cpus-per-task=5", "--gres=gpu:2", "--partition=gpu",
                    "--time=4:00:00", "--signal=USR1@90", "--requeue", "--chdir=/shared", "--mem=16G",
-                   "--account=lab", "--output=/shared/runs/grid/slurm/%A_%a.log"):  # fmt: skip
-        assert f"#SBATCH {option}" in lines, script
+                   "--account=lab", "--output=/shared/runs/grid/slurm/%A_%a.log", "--job-name=ablate-grid",
+                   "--export=ALL"):  # fmt: skip
+        assert option in command
+    assert command[0] == "sbatch" and command[-1] == "/shared/runs/grid/slurm/job.sh"
+
+    script = slurm.batch_script("grid", ["python", "-m", "ablate.cli", "worker", "--", "grid"], options)
+    lines = script.splitlines()
+    assert not any(line.startswith("#SBATCH") for line in lines)  # every option is on sbatch's command line
     # Four workers on two GPUs: each sees one, by its rank on the node.
     (run,) = [line for line in lines if line.startswith("srun ")]
     assert "CUDA_VISIBLE_DEVICES=${gpus[SLURM_LOCALID / 2]}" in run
-    assert run.endswith("python -m ablate.cli worker grid")
+    assert run.endswith("python -m ablate.cli worker -- grid")
     assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in script
 
-    cpu = slurm.batch_script("grid", "grid", ["w"], slurm.Options(), Path("/l"), Path("/w")).splitlines()
-    assert "#SBATCH --array=0-0" in cpu and not any("--gres" in line or "--time" in line for line in cpu)
-    assert any(line.startswith("export CUDA_VISIBLE_DEVICES= ") for line in cpu)  # CPU workers see no GPU
+    cpu = slurm.sbatch_command(Path("/l/job.sh"), "grid", slurm.Options(), Path("/l"), Path("/w"))
+    assert "--array=0-0" in cpu and not any(o.startswith(("--gres", "--time")) for o in cpu)
+    cpu_script = slurm.batch_script("grid", ["w"], slurm.Options()).splitlines()
+    assert any(line.startswith("export CUDA_VISIBLE_DEVICES= ") for line in cpu_script)  # no GPU to see
     # bash accepts it as it is written
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
 
@@ -96,17 +120,17 @@ def test_submission_passes_the_storage_in_the_jobs_environment_only(tmp_path, fa
     spec = load_study(write_study(tmp_path / "cluster.yaml"))
     slurm.start(spec, url, tmp_path / "runs", "offline", None, slurm.Options(tasks=4, cpus=2))
     printed = capsys.readouterr().out
-    args = Path(f"{fake_sbatch}.args").read_text().splitlines()
+    args = recorded_args(fake_sbatch)
     script = Path(f"{fake_sbatch}.script").read_text()
     assert args[:2] == ["--parsable", "--export=ALL"]
     assert Path(f"{fake_sbatch}.storage").read_text() == url  # the job's environment carries it
     assert SECRET not in script and SECRET not in " ".join(args) and SECRET not in printed
     assert "ABLATE_STORAGE" not in script.replace("ABLATE_STORAGE in the job's environment", "")
     assert script == (tmp_path / "runs" / "cluster" / "slurm" / "job.sh").read_text()
-    assert f"--out {tmp_path / 'runs'}" in script and "--threads 2" in script and "--no-report" not in script
+    assert f"--out={tmp_path / 'runs'}" in script and "--threads=2" in script and "--no-report" not in script
     assert "SLURM job 4242: 4 array task(s)" in printed and "postgresql://ablate:***@db.example" in printed
     assert f"logs: {tmp_path / 'runs' / 'cluster' / 'slurm'}/4242_<task>.log" in printed
-    assert f"ablate status cluster --out {tmp_path / 'runs'} (with --storage" in printed
+    assert f"ablate status --out {tmp_path / 'runs'} -- cluster (with --storage" in printed
 
 
 def test_slurm_refuses_a_sqlite_file_unless_told_every_task_runs_on_one_node(tmp_path, fake_sbatch):
@@ -138,7 +162,7 @@ def test_launcher_settings_come_from_the_study_file_then_the_command_line(tmp_pa
     assert plan(None, study, []) == (None, [])
 
     _, problems = plan("slurm", study, ["tasks=0", "bogus=1", "nokey"])
-    assert ("--launch tasks", "Input should be greater than 0 (got '0')") in problems
+    assert ("--launch tasks", "Input should be greater than or equal to 1 (got '0')") in problems
     assert ("--launch bogus", f"unknown setting (known: {', '.join(slurm.Options.model_fields)})") in problems
     assert ("--launch", "'nokey': expected key=value, e.g. tasks=4") in problems
     assert plan(None, study, ["tasks=2"]) == (None, [("--launch", "give --launcher too")])
@@ -152,10 +176,161 @@ def test_launcher_settings_come_from_the_study_file_then_the_command_line(tmp_pa
     assert problems == [(f"{unquoted}: launcher.slurm.time", quote)]
 
 
+@pytest.mark.parametrize(
+    ("launcher", "setting", "said"),
+    [
+        ("slurm", "tasks=4000001", "Input should be less than or equal to 4000000 (got '4000001')"),
+        ("slurm", "warning=0", "Input should be greater than or equal to 1 (got '0')"),
+        ("slurm", "warning=65536", "Input should be less than or equal to 65535 (got '65536')"),
+        ("slurm", "timeout=inf", "Input should be a finite number"),
+        ("slurm", "timeout=0", "Input should be greater than 0 (got '0')"),
+        ("ray", "cpus=inf", "Input should be a finite number"),
+        ("ray", "cpus=nan", "Input should be a finite number"),
+        ("ray", "gpus=-0.5", "Input should be greater than or equal to 0 (got '-0.5')"),
+        ("ray", "timeout=1e9", "Input should be less than or equal to 600 (got '1e9')"),
+    ],
+)
+def test_every_number_a_launcher_takes_is_checked_against_its_range(tmp_path, launcher, setting, said):
+    """cpus=inf reached math.ceil (OverflowError) and sbatch took any --signal time it was given."""
+    study = str(write_study(tmp_path / "cluster.yaml"))
+    key = setting.split("=")[0]
+    assert plan(launcher, study, [setting]) == (None, [(f"--launch {key}", said)])
+
+
 def test_a_launcher_block_does_not_change_the_stored_study(tmp_path):
     """Where the workers run is not part of the study: changing it keeps the stored study the same one."""
     plain = load_study(write_study(tmp_path / "a.yaml"))
     assert load_study(write_study(tmp_path / "b.yaml", launcher={"slurm": {"tasks": 9}})) == plain
+
+
+# A scheduler or cluster that does not answer ----------------------------------------------------------
+
+
+def test_an_sbatch_that_never_answers_is_one_line_before_anything_is_made(tmp_path, fake_sbatch, monkeypatch):
+    """The controller is asked up front (`sbatch --test-only`, which submits nothing) within `timeout`
+    seconds: a hung sbatch was a 54-line TimeoutExpired after 120 s, with the study already made."""
+    monkeypatch.setenv("FAKE_SBATCH_HANGS", "test-only")
+    study, runs = write_study(tmp_path / "cluster.yaml"), tmp_path / "runs"
+    refused = ablate("sweep", str(study), "--out", str(runs), "--launcher", "slurm", "--wandb", "disabled",
+                     "--launch", "single_node=true", "--launch", "timeout=1")  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: --launcher: slurm: sbatch did not answer within 1 s: is the SLURM controller up (sinfo)? "
+        "--launch timeout=SECONDS waits longer"
+    ]
+    assert not runs.exists()
+
+
+def test_an_sbatch_that_stops_answering_at_submission_is_one_line(tmp_path, fake_sbatch, monkeypatch):
+    monkeypatch.setenv("FAKE_SBATCH_HANGS", "submit")
+    spec = load_study(write_study(tmp_path / "cluster.yaml"))
+    options = slurm.Options(timeout=0.5)
+    assert slurm.problems(options, "postgresql://db/x", tmp_path / "runs") == []  # it answered the check
+    with pytest.raises(RunFailed) as failed:
+        slurm.start(spec, "postgresql://db/x", tmp_path / "runs", "disabled", None, options)
+    assert str(failed.value) == (
+        "sbatch did not answer within 0.5 s: is the SLURM controller up (sinfo)? --launch timeout=SECONDS "
+        "waits longer; squeue says whether the job was queued, and the same command submits it again if not"
+    )
+
+
+def test_sbatch_refusing_the_jobs_resources_is_said_before_anything_is_made(tmp_path, fake_sbatch):
+    """What the controller says of a partition, a time or an `sbatch` item, asked with --test-only."""
+    (fake_sbatch.parent / "bin" / "sbatch").write_text(
+        '#!/bin/sh\necho "sbatch: error: invalid partition specified: nope" >&2\nexit 1\n'
+    )
+    found = slurm.problems(slurm.Options(partition="nope"), "postgresql://db/x", tmp_path / "runs")
+    said = "slurm: sbatch --test-only refuses the job: invalid partition specified: nope"
+    assert found == [("--launcher", said)]
+
+
+@pytest.fixture
+def ray_launcher():
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    from ablate.harness.launchers import ray as ray_launcher
+
+    return ray_launcher
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A port on this machine where nothing listens."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_ray_address_with_nothing_there_is_one_line_within_its_timeout(
+    ray_launcher, closed_port, monkeypatch
+):  # fmt: skip
+    """A plain connection is tried first: ray.init retried there for minutes, printing C++ warnings. A
+    refused connection is said at once; an address that never answers (TEST-NET-1) after `timeout`."""
+    import time
+
+    import ray
+
+    url, out = "postgresql://db/x", Path("runs")
+    for address in (f"127.0.0.1:{closed_port}", f"ray://127.0.0.1:{closed_port}"):
+        said = ray_launcher.problems(ray_launcher.Options(address=address, timeout=2), url, out)
+        reason = f"nothing answers at 127.0.0.1:{closed_port} within 2 s (Connection refused)"
+        assert said == [("--launch address", f"{address}: {reason}")]
+    silent, started = ray_launcher.Options(address="192.0.2.1:6379", timeout=1), time.monotonic()
+    ((where, what),) = ray_launcher.problems(silent, url, out)
+    assert time.monotonic() - started < 3
+    assert where == "--launch address" and what.startswith("192.0.2.1:6379: nothing answers at 192.0.2.1:")
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{closed_port}")  # none given: Ray's own variable, named
+    ((where, what),) = ray_launcher.problems(ray_launcher.Options(), url, out)
+    assert where == "RAY_ADDRESS" and what.startswith(f"127.0.0.1:{closed_port}: nothing answers")
+    assert not ray.is_initialized()
+
+
+def started_with(variable: str) -> list[str]:
+    """The command lines of this machine's processes whose environment holds `variable` (NAME=value), which
+    every process started from one with it inherits: Ray's agents rename themselves (ray::DashboardAgent),
+    so a command line does not tell whose they are."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and variable.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+    return found
+
+
+@pytest.mark.slow  # a local Ray cluster starts in about half a minute, its worker in another
+def test_a_sigtermed_ray_sweep_leaves_no_process_behind(tmp_path, ray_launcher):
+    """A sweep stopped by a signal ends with os._exit, which skips Ray's atexit: two agents of the local
+    cluster that its ray.init started outlived it. The last worker to exit now disconnects."""
+    import shutil
+    import tempfile
+
+    # A short temp folder of its own (Ray's socket paths must fit 107 bytes), which marks what it starts.
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    marked = f"RAY_TMPDIR={temp_dir}"
+    train = {**TINY_TRAIN, "max_steps": 2000, "val_every": 50, "checkpoint_every": 50}
+    base = {"preset": "transformer", "task": TINY_TASK, "model": TINY_MODEL, "train": train}
+    study, runs = write_study(tmp_path / "cluster.yaml", factors={}, seeds=[0], base=base), tmp_path / "runs"
+    url = f"sqlite:///{runs / 'cluster' / 'study.db'}"
+    log = tmp_path / "sweep.log"
+    with log.open("w") as output:
+        command = [ablate_exe(), "sweep", str(study), "--out", str(runs), "--wandb", "disabled"]
+        sweep = subprocess.Popen([*command, "--launcher", "ray"], stdout=output, stderr=subprocess.STDOUT,
+                                 env={**os.environ, "RAY_TMPDIR": temp_dir})  # fmt: skip
+    try:
+        wait_for(lambda: resume_record(url, study, 0), 300, "the trial's first checkpoint", poll=0.5)
+        running = started_with(marked)
+        assert [c for c in running if "raylet" in c] and [c for c in running if "ray::" in c], running
+        sweep.send_signal(signal.SIGTERM)
+        sweep.wait(timeout=60)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 128 + signal.SIGTERM, log.read_text()[-3000:]
+    wait_for(lambda: not started_with(marked), 15, "every process the sweep started to end")
+    assert trials(study, url)[0].state == TrialState.WAITING  # checkpointed, to resume
+    shutil.rmtree(temp_dir)
 
 
 # Lightning inside a SLURM job ----------------------------------------------------------------------------
@@ -175,10 +350,10 @@ def test_a_trial_in_a_slurm_job_trains_in_lightnings_plain_environment(monkeypat
            "SLURM_JOB_NAME": "ablate-grid", "SLURM_NODELIST": "node1"}  # fmt: skip
     for key, value in job.items():
         monkeypatch.setenv(key, value)
-    spy = SignalSpy()
+    spy, before = SignalSpy(), signal.getsignal(signal.SIGUSR1)  # the harness's, once a worker ran here
     result = harness_trial.run_trial(build_config(tiny_tree), callbacks=[spy])
     assert result.steps == TINY_TRAIN["max_steps"] and 0 <= result.metrics["test/tok_acc"] <= 1
-    assert spy.sigusr1 == signal.SIG_DFL  # Lightning's requeue handler would be here
+    assert spy.sigusr1 == before  # Lightning's requeue handler would be here
 
 
 # A SLURM cluster --------------------------------------------------------------------------------------
@@ -242,6 +417,32 @@ def test_a_4_task_array_runs_every_grid_point_once_and_writes_the_report(
     assert sorted(t.user_attrs["grid_point"] for t in done) == sorted(points)
     assert (runs / "cluster" / "report" / "report.html").is_file(), logs[-3000:]
     assert len(list((runs / "cluster" / "slurm").glob(f"{job}_*.log"))) == 4  # one log per array task
+
+
+@pytest.mark.slow  # about a minute on 2 busy cores
+def test_a_job_from_hostile_folders_runs_with_nothing_in_their_names_run(
+    tmp_path, slurm_cluster, cluster_storage
+):  # fmt: skip
+    """--out and the working folder named with a line break, quotes, command substitution, a blank, '%' and
+    '#' (which an #SBATCH line ends at): the job runs there, its log lands under its %A_%a name in that
+    folder, the trial completes, and no `touch PWNED` in a name ran."""
+    url, extra = cluster_storage
+    hostile = "a b\n'c\"$(touch PWNED)`touch PWNED`%A#d;é"
+    runs, workdir = tmp_path / f"runs {hostile}", tmp_path / f"work {hostile}"
+    workdir.mkdir()
+    study = write_study(tmp_path / "cluster.yaml", factors={}, seeds=[0])
+    done = ablate("sweep", str(study), "--out", str(runs), "--storage", url, "--wandb", "disabled",
+                  "--launcher", "slurm", *extra, cwd=workdir)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = done.stdout.split("SLURM job ")[1].split(":")[0]
+    try:
+        wait_for(lambda: queue_empty(job), 240, f"SLURM job {job} to finish", poll=1)
+    finally:
+        cancel(job)
+    log = runs / "cluster" / "slurm" / f"{job}_0.log"
+    assert log.is_file(), sorted(p.name for p in (runs / "cluster" / "slurm").iterdir())
+    assert [t.state for t in trials(study, url)] == [TrialState.COMPLETE], log.read_text()[-3000:]
+    assert not list(tmp_path.rglob("PWNED")), "a folder's name ran as a command"
 
 
 @pytest.mark.slow  # about a minute each

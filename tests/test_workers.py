@@ -1,16 +1,19 @@
 """Workers with real (tiny) training: a diverging variant fails with its reason while the others complete,
-artifacts come back from the store, tuning prunes through Lightning; spawned workers keep the storage
-password off their command lines."""
+artifacts come back from the store, tuning prunes through Lightning, a worker paused past its heartbeat
+leaves its trial to the retry; spawned workers keep the storage password off their command lines."""
 
 from __future__ import annotations
 
 import json
+import time
 
+import optuna
 import pytest
+import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 from optuna.trial import TrialState
 
-from ablate.harness import workers
+from ablate.harness import compat, workers
 from ablate.harness.artifacts import artifact_store, download_trial_files
 from ablate.harness.study.queue import EVAL, load_phase_study, prepare_study
 from ablate.harness.study.spec import StudySpec
@@ -18,14 +21,18 @@ from ablate.harness.study.storage import open_storage
 from ablate.harness.workers import run_worker
 
 
-def tiny_spec(**extra) -> StudySpec:
-    return StudySpec.model_validate({
+def tiny_study(**extra) -> dict:
+    return {
         "name": "tiny",
         "base": {"preset": "transformer", "task": TINY_TASK, "model": TINY_MODEL, "train": TINY_TRAIN},
         "seeds": [0],
         "metric": {"name": "test/tok_acc"},
         **extra,
-    })  # fmt: skip
+    }
+
+
+def tiny_spec(**extra) -> StudySpec:
+    return StudySpec.model_validate(tiny_study(**extra))
 
 
 def test_diverging_variant_fails_with_its_reason_and_the_rest_completes(tmp_path):
@@ -74,8 +81,6 @@ def test_tuning_prunes_by_step_and_eval_runs_the_best(tmp_path):
     prepare_study(spec, storage)
     run_worker(spec, storage, tmp_path / "runs", "disabled")
 
-    import optuna
-
     tuned = optuna.load_study(study_name="tiny:tune:base", storage=storage)
     # The pruning callback reported at training steps 2, 4, ...
     assert all(set(t.intermediate_values) <= set(range(2, 13, 2)) for t in tuned.trials)
@@ -101,7 +106,7 @@ def test_spawned_workers_get_the_storage_url_from_the_environment_not_their_comm
     assert len(started) == 2
     for command, env in started:
         assert "s3cret" not in " ".join(command) and "--storage" not in command
-        assert env["ABLATE_STORAGE"] == url and command[command.index("worker") + 1] == "grid"
+        assert env["ABLATE_STORAGE"] == url and command[-2:] == ["--", "grid"]
     assert started[0][1]["CUDA_VISIBLE_DEVICES"] == "0"
 
 
@@ -115,3 +120,81 @@ def test_storage_comes_from_ablate_storage_when_no_option_names_it(tmp_path, mon
     assert result.exit_code == 2
     # The port-9 server cannot be reached: the message names the environment's URL, password masked.
     assert "ablate:***@127.0.0.1:9/studies: cannot open" in result.output and "s3cret" not in result.output
+
+
+@pytest.mark.parametrize("paused", ["while training", "after training"])
+def test_a_worker_paused_past_its_heartbeat_leaves_its_trial_to_the_retry_and_goes_on(
+    tmp_path, monkeypatch, paused
+):  # fmt: skip
+    """A worker stopped (SIGSTOP) past its heartbeat's grace and resumed finds its trial failed by another
+    worker and queued again under a new number: one line, no traceback, nothing of its copy recorded, and
+    it goes on to claim the retry, whose result is the one kept. The pause is made as the other worker sees
+    it, without timing: the trial failed and its copy queued as fail_stale_trials does, while the trial
+    trains or once its training is done."""
+    from typer.testing import CliRunner
+
+    from ablate.cli import app
+    from ablate.harness import trial as harness_trial
+
+    study, runs = tmp_path / "tiny.yaml", tmp_path / "runs"
+    study.write_text(yaml.safe_dump(tiny_study()))
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    storage = open_storage(url)
+    phase = load_phase_study(prepare_study(tiny_spec(), storage), storage, EVAL)
+    real_run_trial, paused_trials = harness_trial.run_trial, []
+
+    def fail_as_stale() -> None:
+        (running,) = phase.get_trials(states=(TrialState.RUNNING,))
+        storage.set_trial_state_values(compat.trial_id(running), TrialState.FAIL)
+        storage.get_heartbeat_stale_trial_callback()(phase, storage.get_trial(compat.trial_id(running)))
+        paused_trials.append(running.number)
+
+    def run_trial_paused_once(*args, **kwargs):
+        if paused_trials:
+            return real_run_trial(*args, **kwargs)
+        if paused == "while training":
+            fail_as_stale()
+            return real_run_trial(*args, **kwargs)
+        result = real_run_trial(*args, **kwargs)
+        fail_as_stale()
+        return result
+
+    monkeypatch.setattr(harness_trial, "run_trial", run_trial_paused_once)
+    done = CliRunner().invoke(app, ["worker", str(study), "--out", str(runs), "--storage", url,
+                                    "--wandb", "disabled", "--no-report"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert "Traceback" not in done.output
+    said = [line for line in done.output.splitlines() if "retried elsewhere" in line]
+    assert said == ["eval trial 0 was retried elsewhere while this worker was paused (its heartbeat went "
+                    "stale); its result here is discarded"]  # fmt: skip
+
+    first, retry = phase.get_trials()
+    assert paused_trials == [0] and first.state == TrialState.FAIL
+    assert not {"metrics", "artifacts"} & set(first.user_attrs)  # nothing of the paused copy was recorded
+    assert retry.state == TrialState.COMPLETE and retry.system_attrs["retry_history"] == [0]
+    assert retry.value == retry.user_attrs["metrics"]["test/tok_acc"]
+    restored = download_trial_files(retry, artifact_store("tiny", runs), tmp_path / "restored")
+    kept = runs / "tiny" / "trials" / "eval" / "0001" / "metrics.json"
+    assert (restored / "metrics.json").read_bytes() == kept.read_bytes()
+
+
+def test_a_heartbeat_that_cannot_be_recorded_says_so_in_one_line_and_beats_on(capsys):
+    """The database blinked: each missed beat is one line on stderr, never a thread's traceback, and the
+    thread keeps beating until the trial ends."""
+
+    class BlinkingStorage:
+        beats = 0
+
+        def record_heartbeat(self, trial_id: int) -> None:
+            self.beats += 1
+            raise optuna.exceptions.StorageInternalError("database is locked")
+
+        def get_heartbeat_interval(self) -> float:
+            return 0.01
+
+    storage = BlinkingStorage()
+    with workers.heartbeat(storage, 7):
+        while storage.beats < 3:
+            time.sleep(0.01)
+    err = capsys.readouterr().err
+    assert set(err.splitlines()) == {"heartbeat of trial 7 not recorded (StorageInternalError); retrying"}

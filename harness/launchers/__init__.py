@@ -6,8 +6,9 @@ launcher only decides where workers start.
 A launcher is a module here, listed in LAUNCHERS, with
   Options   a pydantic model: the keys of the study file's `launcher: {NAME: {...}}` block, which
             `--launch key=value` overrides
-  problems(options, url) -> list of (where, what): why it cannot run the study on that storage, found
-            before anything is created
+  problems(options, url, out) -> list of (where, what): why it cannot run the study on that storage with
+            its outputs under `out`, found before anything is created, within a bounded wait for the
+            scheduler or cluster to answer
   start(spec, url, out, wandb_mode, artifacts, options) -> the workers as Popen-like handles (poll,
             send_signal, wait, kill, returncode) that the sweep watches as it watches local ones, or None
             when a scheduler took the work (the sweep then returns; the last worker writes the report)
@@ -40,8 +41,8 @@ class Launch:
     def module(self):
         return importlib.import_module(LAUNCHERS[self.name])
 
-    def problems(self, url: str) -> list[Problem]:
-        return self.module.problems(self.options, url)
+    def problems(self, url: str, out: Path) -> list[Problem]:
+        return self.module.problems(self.options, url, out)
 
     def start(self, spec, url: str, out: Path, wandb_mode: str, artifacts: str | None):
         return self.module.start(spec, url, out, wandb_mode, artifacts, self.options)

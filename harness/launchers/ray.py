@@ -3,7 +3,8 @@
 Each actor reserves `cpus` CPUs and a `gpus` share of a GPU (0.5: two workers per GPU) and runs one
 `ablate worker` process, which Ray pins to the actor's GPU (CUDA_VISIBLE_DEVICES); the sweep watches them as
 it watches local processes, forwards a stop signal to them (each checkpoints its trial and queues it
-again) and writes the report once all have exited. The queue stays Optuna's: Ray only places the workers.
+again) and writes the report once all have exited; the last to exit disconnects from Ray, stopping the local
+cluster that the sweep started, if it did. The queue stays Optuna's: Ray only places the workers.
 The storage URL goes to each actor as an argument and to its worker in the environment, never on a command
 line.
 """
@@ -13,9 +14,11 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
@@ -23,36 +26,91 @@ from ablate.harness.errors import ConfigError
 from ablate.harness.extras import require
 from ablate.harness.launchers import Problem, sqlite_file
 
+CLIENT_PORT = 10001  # Ray Client's, when a ray:// address names none
+# Whether problems() connected this process to Ray, so that the sweep's end disconnects it: ray.shutdown()
+# also stops the local cluster that ray.init started. Ray's atexit would too, but a sweep stopped by a
+# signal ends with os._exit (ablate/cli.py), and the cluster's processes would outlive it.
+_connected_here = False
+
 
 class Options(BaseModel):
     """The study file's `launcher: {ray: {...}}` keys, and `--launch key=value`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     address: str | None = (
         None  # ray.init's: "auto", "ray://head:10001"; none: RAY_ADDRESS, else a new local one
     )
     workers: PositiveInt = 1  # worker processes, in all
     cpus: PositiveFloat = 1.0  # CPUs each (num_cpus); its torch threads are this, rounded up
     gpus: float = Field(0.0, ge=0, le=1)  # each worker's share of a GPU (num_gpus): 1/K puts K on a GPU
+    timeout: float = Field(5.0, gt=0, le=600)  # seconds the cluster's address has to accept a connection
 
 
-def problems(options: Options, url: str) -> list[Problem]:
-    """Connects to the cluster (or starts a local one): an address with no cluster is bad input, and a
-    SQLite file is shared only when the cluster is this one machine."""
+def problems(options: Options, url: str, out: Path) -> list[Problem]:
+    """Connects to the cluster (or starts a local one) once its address answers: an address with no
+    cluster is bad input, and a SQLite file is shared only when the cluster is this one machine. Ray's
+    workers take `out` as it is."""
+    global _connected_here
     try:
         ray = require("ray", extra="ray", feature="--launcher ray")
     except ConfigError as e:
         return [("--launcher", str(e))]
     if not ray.is_initialized():
+        address = cluster_address(options.address)
+        where = "--launch address" if address == options.address else "RAY_ADDRESS"
+        silent = unreachable(address, options.timeout) if address else None
+        if silent:
+            return [(where, f"{address}: {silent}")]
         try:
             ray.init(address=options.address, include_dashboard=False, configure_logging=False)
         except (ConnectionError, ValueError, RuntimeError) as e:
-            return [("--launch address", f"{options.address or 'RAY_ADDRESS'}: no Ray cluster there ({e})")]
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            return [(where, f"{address or 'a new local cluster'}: no Ray cluster there ({reason})")]
+        _connected_here = True
     nodes = [node for node in ray.nodes() if node["Alive"]]
     if sqlite_file(url) is not None and len(nodes) > 1:
+        disconnect()
         return [("--storage", f"{sqlite_file(url)} is a SQLite file, which workers on the cluster's other "
                               f"{len(nodes) - 1} node(s) cannot share: give a PostgreSQL URL")]  # fmt: skip
     return []
+
+
+def cluster_address(address: str | None) -> str | None:
+    """The address ray.init connects to: RAY_ADDRESS stands in for none and "auto", as in ray.init."""
+    environment = os.environ.get("RAY_ADDRESS")
+    return environment if environment and address in (None, "auto") else address
+
+
+def unreachable(address: str, timeout: float) -> str | None:
+    """Why nothing accepts a connection at a `host:port` or `ray://host[:port]` address within `timeout`
+    seconds, or None: ray.init would retry there for minutes, printing its C++ warnings. "auto", "local",
+    other schemes and malformed addresses are ray.init's to resolve or refuse, at once."""
+    client = address.startswith("ray://")
+    if address in ("auto", "local") or ("://" in address and not client):
+        return None
+    try:
+        parts = urlsplit(address if client else f"//{address}")
+        host, port = parts.hostname, parts.port or (CLIENT_PORT if client else None)
+    except ValueError:  # a port that is no number, or out of range
+        return None
+    if not host or port is None:
+        return None
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        reason = e.strerror or str(e) or type(e).__name__
+        return f"nothing answers at {host}:{port} within {timeout:g} s ({reason})"
+    return None
+
+
+def disconnect() -> None:
+    """Ends what problems() connected, the local cluster that ray.init started with it."""
+    global _connected_here
+    if _connected_here:
+        import ray
+
+        ray.shutdown()
+        _connected_here = False
 
 
 class WorkerProcess:
@@ -77,10 +135,12 @@ class WorkerProcess:
 
 
 class RayWorker:
-    """One actor's worker as the sweep watches a local Popen: poll, send_signal, wait, kill, returncode."""
+    """One actor's worker as the sweep watches a local Popen: poll, send_signal, wait, kill, returncode.
+    The last of the sweep's workers (`group`) to end disconnects from Ray, whether they finished the study
+    or a stop signal ended them: no process of Ray's outlives the sweep."""
 
-    def __init__(self, actor, result) -> None:
-        self.actor, self.result = actor, result
+    def __init__(self, actor, result, group: list[RayWorker]) -> None:
+        self.actor, self.result, self.group = actor, result, group
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -91,6 +151,8 @@ class RayWorker:
                 self.returncode = ray.get(self.result)
             except ray.exceptions.RayError:  # the actor or its node died: its trial comes back by heartbeat
                 self.returncode = 1
+            if all(worker.returncode is not None for worker in self.group):
+                disconnect()
         return self.returncode
 
     def send_signal(self, signum: signal.Signals) -> None:
@@ -99,7 +161,7 @@ class RayWorker:
     def wait(self, timeout: float | None = None) -> int:
         import ray
 
-        if not ray.wait([self.result], timeout=timeout)[0]:
+        if self.returncode is None and not ray.wait([self.result], timeout=timeout)[0]:
             raise subprocess.TimeoutExpired("ray worker", timeout)
         return self.poll()
 
@@ -119,10 +181,10 @@ def start(
     args = worker_args(spec.name, Path(out).resolve(), wandb_mode, math.ceil(options.cpus), artifacts)
     env = {"ABLATE_STORAGE": url, **({} if options.gpus else {"CUDA_VISIBLE_DEVICES": ""})}
     actor = ray.remote(WorkerProcess).options(num_cpus=options.cpus, num_gpus=options.gpus, max_concurrency=2)
-    workers = []
+    workers: list[RayWorker] = []
     for _ in range(options.workers):
         handle = actor.remote()
-        workers.append(RayWorker(handle, handle.run.remote(args, env)))
+        workers.append(RayWorker(handle, handle.run.remote(args, env), workers))
     print(f"Ray: {options.workers} worker(s), {options.cpus:g} CPU(s) and {options.gpus:g} GPU each, on "
           f"{len([n for n in ray.nodes() if n['Alive']])} node(s)", flush=True)  # fmt: skip
     return workers
