@@ -13,12 +13,12 @@ The 95% CI is stats.diff_ci's: every variant's seeds are independent runs, each 
 respects the metric's range, and MOVER adds them up, so the CI of a difference of accuracies stays
 within [-1, 1].
 
-Scale. Losses and perplexities (RATIO_METRICS) are judged on the log scale: every seed's value enters as
-its log, so d = log(compare / to) of the sides' geometric means, its CI is the t-interval of logs (as
-stats gives losses theirs), and a margin m is a ratio: the smallest effect that counts is one side 1 + m
-times the other, d beyond ±log(1 + m). A loss of 0.002 against 0.056 is then the factor 28 it is, not
-0.054 of a nat that no margin fixed in nats could foresee. Every other metric is judged on its own scale,
-d = compare - to, with a margin in its units.
+Scale. Losses and perplexities (scale "ratio" in harness.metric_registry) are judged on the log scale:
+every seed's value enters as its log, so d = log(compare / to) of the sides' geometric means, its CI is the
+t-interval of logs (as stats gives losses theirs), and a margin m is a ratio: the smallest effect that
+counts is one side 1 + m times the other, d beyond ±log(1 + m). A loss of 0.002 against 0.056 is then the
+factor 28 it is, not 0.054 of a nat that no margin fixed in nats could foresee. Every other metric is judged
+on its own scale, d = compare - to, with a margin in its units.
 
 Verdict, with d = compare - to, CI [lo, hi] and margin m >= 0 (the smallest effect that counts):
   expect lower:   reproduced if hi < -m; contradicted if lo > -m; inconclusive otherwise.
@@ -27,11 +27,11 @@ Verdict, with d = compare - to, CI [lo, hi] and margin m >= 0 (the smallest effe
                   inconclusive otherwise.
 So a claim is reproduced only when the whole CI clears the margin in the claimed direction, and
 contradicted when the whole CI lies on the other side of it (the data rule out an effect that large).
-A side with fewer than two seeds has no CI, so its claim is inconclusive; on exact match (`seq_acc`) a
-side needs three (MIN_SEEDS_EXACT): a model either learns a task's rule or does not, so exact match splits
-between seeds (0.24 in one, 0.98 in the next), and two seeds that happen to agree give a spread, and an
-interval, that says nothing of that split. Pending instead of inconclusive while trials of the claim are still
-queued or running.
+A side with fewer than two seeds has no CI, so its claim is inconclusive; on exact match (`seq_acc`,
+exact_match in the registry) a side needs three (MIN_SEEDS_EXACT): a model either learns a task's rule or
+does not, so exact match splits between seeds (0.24 in one, 0.98 in the next), and two seeds that happen to
+agree give a spread, and an interval, that says nothing of that split. Pending instead of inconclusive while
+trials of the claim are still queued or running.
 
 Looks. With adaptive seeds (`seeds: {min, max, step}`) a claim is judged at up to K looks, after min,
 min + step, ..., max seeds per variant; the first look whose verdict is not inconclusive (reproduced,
@@ -54,7 +54,7 @@ cell's variants at that seed). Where all four cells hold the same two or more se
 formed per seed and its CI is the Student t CI of their mean (stats.mean_ci): paired by seed, as the
 seeds share their data. Otherwise the cells are independent groups and the CI is Welch's
 (stats.diff_ci of the pairs (compare, to) and (to', compare'), doubled). Either CI is cut to the range a
-difference of differences can take: ±2 (high - low) for a metric in [low, high] (stats.metric_range). The
+difference of differences can take: ±2 (high - low) for a metric in [low, high] (judged_range). The
 verdict rule is the one above.
 
 Uninformative. Some outcomes say nothing about the claim, whatever the CI:
@@ -62,10 +62,11 @@ Uninformative. Some outcomes say nothing about the claim, whatever the CI:
     the margin of `low` (no compare side could lie m below it), or a `higher` one within m of `high`,
     unless the CI lies wholly on the other side of 0 (then the claim is contradicted, margin or not);
   ceiling / floor: a `similar` claim whose two sides both have means within the margin of the metric's
-    upper (lower) bound (stats.metric_range): they are similar because neither can move;
+    upper (lower) bound (judged_range): they are similar because neither can move;
   cannot learn: with `chance` given, a side whose 95% CI of the mean lies wholly on the chance side of it
-    (upper bound below chance for metrics where higher is better, lower bound above it for loss,
-    perplexity and AER): a comparison against a model that learned nothing of the task."""
+    (upper bound below chance for metrics where higher is better, lower bound above it for those the
+    registry minimizes: loss, perplexity and AER): a comparison against a model that learned nothing of
+    the task."""
 
 from __future__ import annotations
 
@@ -75,16 +76,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ablate.analysis.stats import (
-    LEVEL,
-    UNBOUNDED,
-    diff_ci,
-    examples,
-    mean_ci,
-    metric_range,
-    seed_values,
-    t_quantile,
-)
+from ablate.analysis.stats import LEVEL, diff_ci, examples, mean_ci, seed_values, t_quantile
+from ablate.harness.metric_registry import UNBOUNDED, MetricRange, metric_info
 from ablate.harness.study.spec import ClaimSpec, StudySpec, Value, variant_settings
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
@@ -94,20 +87,28 @@ CEILING, FLOOR, UNLEARNT = "uninformative (ceiling)", "uninformative (floor)", "
 UNATTAINABLE = "uninformative (margin unattainable)"
 MIN_SEEDS = 2
 MIN_SEEDS_EXACT = 3  # exact match: see the module docstring
-EXACT_MATCH = ("seq_acc",)
-RATIO_METRICS = ("loss", "ppl")  # judged on the log scale, margins as ratios (module docstring)
 MAX_PROJECTED_SEEDS = 1000  # seeds_to_decide looks no further
 FINISHED = ("COMPLETE", "FAIL", "PRUNED")  # trial states that will not change
-LOWER_IS_BETTER = ("loss", "ppl", "aer")  # metric names (after the split) where a better model scores less
 
 
 def on_ratio_scale(metric: str) -> bool:
-    return metric.rsplit("/", 1)[-1] in RATIO_METRICS
+    """Whether claims judge `metric` as log(compare / to), its margins as ratios (module docstring)."""
+    return metric_info(metric).scale == "ratio"
+
+
+def judged_range(metric: str) -> MetricRange:
+    """The range of the values claims judge `metric` on: its own, or none for the logs of a ratio metric."""
+    return UNBOUNDED if on_ratio_scale(metric) else metric_info(metric).range
+
+
+def effect_name(metric: str) -> str:
+    """What Δ is on `metric`'s scale, in the report's words."""
+    return "log(compare / to)" if on_ratio_scale(metric) else "compare - to"
 
 
 def min_seeds(metric: str) -> int:
     """The seeds a side needs for a verdict on `metric` (module docstring)."""
-    return MIN_SEEDS_EXACT if metric.rsplit("/", 1)[-1] in EXACT_MATCH else MIN_SEEDS
+    return MIN_SEEDS_EXACT if metric_info(metric).exact_match else MIN_SEEDS
 
 
 def threshold(claim: ClaimSpec, metric: str) -> float:
@@ -116,12 +117,10 @@ def threshold(claim: ClaimSpec, metric: str) -> float:
     return math.log1p(m) if on_ratio_scale(metric) else m
 
 
-def on_scale(values: dict[str, pd.Series], metric: str) -> dict[str, pd.Series]:
-    """Each variant's values on the scale its claims judge them: logs for a ratio metric (a value of 0 or
-    less has no log: NaN, and the claim stays inconclusive)."""
-    if not on_ratio_scale(metric):
-        return values
-    return {v: np.log(s.where(s > 0)) for v, s in values.items()}
+def on_scale(values: pd.Series, metric: str) -> pd.Series:
+    """Values of `metric` on the scale claims judge them: logs for a ratio metric (a value of 0 or less has
+    no log: NaN, and the claim stays inconclusive)."""
+    return np.log(values.where(values > 0)) if on_ratio_scale(metric) else values
 
 
 @dataclass
@@ -265,8 +264,8 @@ def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float =
         result.reason = f"no variant matches {side}: {getattr(claim, side)}"
         return result
     raw = seed_values(df, metric)
-    values = {v: x.to_numpy() for v, x in on_scale(raw, metric).items()}
-    ratio, empty = on_ratio_scale(metric), np.array([])
+    values = {v: on_scale(x, metric).to_numpy() for v, x in raw.items()}
+    empty = np.array([])
     pairs = _pairs(overrides, compare, to, claim)
     result.paired = pairs is not None and len(pairs) > 1
     if pairs is not None:
@@ -276,11 +275,12 @@ def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float =
     pooled_c, pooled_t = (np.concatenate([g[i] for g in groups]) for i in (0, 1))
     result.n_compare, result.n_to = len(pooled_c), len(pooled_t)
     # On the log scale the means shown are geometric, so that Δ is the log of their ratio.
-    unscale = np.exp if ratio else float
+    unscale = np.exp if on_ratio_scale(metric) else float
     result.mean_compare = unscale(pooled_c.mean()) if len(pooled_c) else np.nan
     result.mean_to = unscale(pooled_t.mean()) if len(pooled_t) else np.nan
-    rng, n_examples = (UNBOUNDED, None) if ratio else (metric_range(metric), examples(df, metric))
-    result.diff, result.ci_low, result.ci_high = diff_ci(groups, rng, n_examples, level)
+    result.diff, result.ci_low, result.ci_high = diff_ci(
+        groups, judged_range(metric), examples(df, metric), level
+    )
     fewest, needed = min(min(len(a), len(b)) for a, b in groups), min_seeds(metric)
     if fewest < needed:
         result.reason = f"a variant has {fewest} completed seed(s) of {metric}; a verdict needs {needed}"
@@ -320,7 +320,7 @@ def evaluate_interaction(
     """Δ = (compare - to) - (compare' - to'), see the module docstring."""
     cells, raw = _cells(spec, claim, df)
     metric, versus_metric = cells[0][2], cells[2][2]
-    c1, t1, c2, t2 = (on_scale({"cell": s}, m)["cell"] for s, (_, _, m) in zip(raw, cells))
+    c1, t1, c2, t2 = (on_scale(s, m) for s, (_, _, m) in zip(raw, cells))
     result = ClaimResult(
         claim, metric, INCONCLUSIVE, "", cells[0][1], cells[1][1], versus_metric=versus_metric, level=level
     )
@@ -341,9 +341,7 @@ def evaluate_interaction(
         estimate, lo, hi = diff_ci(cell_pairs, level=level)
         result.diff, lo, hi = 2 * estimate, 2 * lo, 2 * hi
     # (a - b) - (c - d): a difference in the first metric's difference range less one in the second's.
-    first, second = (
-        UNBOUNDED if on_ratio_scale(m) else metric_range(m).difference() for m in (metric, versus_metric)
-    )
+    first, second = (judged_range(m).difference() for m in (metric, versus_metric))
     result.ci_low, result.ci_high = max(lo, first.low - second.high), min(hi, first.high - second.low)
     fewest, needed = min(len(s) for s in (c1, t1, c2, t2)), max(min_seeds(metric), min_seeds(versus_metric))
     if fewest < needed:
@@ -370,7 +368,7 @@ def unfinished(df: pd.DataFrame, variants: list[str]) -> bool:
 def cannot_learn(values: np.ndarray, metric: str, chance: float) -> bool:
     """Whether the 95% CI of the mean lies wholly on the chance side of `chance` (see the module doc)."""
     lo, hi = mean_ci(values)
-    if metric.rsplit("/", 1)[-1] in LOWER_IS_BETTER:
+    if metric_info(metric).direction == "minimize":
         return bool(lo > chance)
     return bool(hi < chance)
 
@@ -390,9 +388,10 @@ def _uninformative(result: ClaimResult, sides: list[tuple[str, list[str], np.nda
 
 
 def _at_bound(result: ClaimResult) -> None:
-    """Marks a `similar` claim whose two sides both sit within the margin of the metric's bound."""
-    rng, m = metric_range(result.metric), abs(result.claim.margin)
-    if result.claim.expect != "similar" or on_ratio_scale(result.metric):  # a ratio has no bound to sit at
+    """Marks a `similar` claim whose two sides both sit within the margin of the metric's bound (a ratio
+    metric's logs have none)."""
+    rng, m = judged_range(result.metric), abs(result.claim.margin)
+    if result.claim.expect != "similar":
         return
     means = (result.mean_compare, result.mean_to)
     if all(x >= rng.high - m for x in means):
@@ -406,9 +405,10 @@ def _at_bound(result: ClaimResult) -> None:
 
 def _unattainable(result: ClaimResult) -> None:
     """Marks a `lower` (`higher`) claim on a bounded metric whose `to` side's mean lies within the margin
-    of the metric's lower (upper) bound: no compare side could clear the margin."""
-    rng, m, expect = metric_range(result.metric), abs(result.claim.margin), result.claim.expect
-    if on_ratio_scale(result.metric) or expect == "similar" or m == 0:
+    of the metric's lower (upper) bound: no compare side could clear the margin (a ratio metric's logs have
+    no bound)."""
+    rng, m, expect = judged_range(result.metric), abs(result.claim.margin), result.claim.expect
+    if expect == "similar" or m == 0:
         return
     room = result.mean_to - rng.low if expect == "lower" else rng.high - result.mean_to
     # Data that rule out even a zero effect in the claimed direction contradict it, whatever the margin.
@@ -419,8 +419,7 @@ def _unattainable(result: ClaimResult) -> None:
 
 
 def _reason(r: ClaimResult) -> str:
-    scale = "log(compare / to)" if on_ratio_scale(r.metric) else "compare - to"
-    ci = f"CI of {scale} [{r.ci_low:.3g}, {r.ci_high:.3g}]"
+    ci = f"CI of {effect_name(r.metric)} [{r.ci_low:.3g}, {r.ci_high:.3g}]"
     bound = r.expected
     if r.verdict == REPRODUCED:
         return f"{ci} lies {bound}"

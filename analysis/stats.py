@@ -3,7 +3,8 @@ the baseline with their CIs, the p-value that inverts each CI (so p < 0.05 exact
 excludes 0), permutation p-values with their floor, Holm's correction and Hedges' g; ranks; and the
 Pareto front.
 
-Every interval respects its metric's range (METRIC_RANGES, the one list plots and claims read too):
+Every interval respects its metric's range (harness.metric_registry, the one list of metrics plots and
+claims read too):
 - bounded metrics (accuracies, AER and rank collapse in [0, 1]; BLEU and chrF in [0, 100]): the Wilson
   score interval with the between-seed variance kept (quasi-binomial). A seed's value is a proportion of
   the n test examples; the seeds' variance s^2, as a multiple of p(1 - p) and never below the binomial
@@ -26,14 +27,14 @@ trial is never counted twice."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from scipy import optimize
 from scipy import stats as sps
 
-from ablate.analysis.table import examples_column
+from ablate.analysis.table import examples_column, latest_trials
+from ablate.harness.metric_registry import UNBOUNDED, MetricRange, metric_range
 
 LEVEL = 0.95
 
@@ -42,8 +43,8 @@ def seed_values(df: pd.DataFrame, metric: str) -> dict[str, pd.Series]:
     """Variant -> its finite metric values indexed by seed, from completed trials."""
     if metric not in df:
         return {}
-    done = df[(df["state"] == "COMPLETE") & np.isfinite(pd.to_numeric(df[metric], errors="coerce"))]
-    done = done.sort_values("trial").drop_duplicates(["variant", "seed"], keep="last")
+    finite = np.isfinite(pd.to_numeric(df[metric], errors="coerce"))
+    done = latest_trials(df[(df["state"] == "COMPLETE") & finite])
     return {v: g.set_index("seed")[metric].astype(float) for v, g in done.groupby("variant", sort=False)}
 
 
@@ -52,41 +53,8 @@ def variant_values(df: pd.DataFrame, metric: str) -> dict[str, np.ndarray]:
     return {v: s.to_numpy() for v, s in seed_values(df, metric).items()}
 
 
-@dataclass(frozen=True)
-class MetricRange:
-    """The values a metric can take: [low, high], either end possibly infinite."""
-
-    low: float = -math.inf
-    high: float = math.inf
-
-    @property
-    def bounded(self) -> bool:
-        return math.isfinite(self.low) and math.isfinite(self.high)
-
-    def difference(self) -> MetricRange:
-        """The range of a difference of two such values (or of two averages of them): [low - high, high - low]."""
-        return MetricRange(self.low - self.high, self.high - self.low)
-
-
-UNBOUNDED = MetricRange()
-# The one list of metric ranges, by the name after the split ("test/seq_acc" -> "seq_acc"); a name ending in
-# "_" covers every metric it begins (rank_collapse_encoder, rank_collapse_decoder).
-METRIC_RANGES = {
-    "seq_acc": MetricRange(0.0, 1.0), "tok_acc": MetricRange(0.0, 1.0), "aer": MetricRange(0.0, 1.0),
-    "rank_collapse_": MetricRange(0.0, 1.0), "bleu": MetricRange(0.0, 100.0), "chrf": MetricRange(0.0, 100.0),
-    "loss": MetricRange(0.0), "ppl": MetricRange(1.0),
-}  # fmt: skip
 # A metric's split, as its name spells it, -> the split whose example count trials record (split_sizes).
 SPLIT_OF_PREFIX = {"val": "valid"}
-
-
-def metric_range(metric: str) -> MetricRange:
-    """The range of a metric named `split/name` (or a bare name); unknown metrics are unbounded."""
-    name = metric.rsplit("/", 1)[-1]
-    for key, value in METRIC_RANGES.items():
-        if name == key or (key.endswith("_") and name.startswith(key)):
-            return value
-    return UNBOUNDED
 
 
 def examples(df: pd.DataFrame, metric: str) -> int | None:
@@ -224,14 +192,18 @@ def diff_ci(
 
 
 def ci_p(
-    pairs: list[tuple[np.ndarray, np.ndarray]], rng: MetricRange = UNBOUNDED, n_examples: int | None = None
+    pairs: list[tuple[np.ndarray, np.ndarray]],
+    rng: MetricRange = UNBOUNDED,
+    n_examples: int | None = None,
+    interval: tuple[float, float, float] | None = None,
 ) -> float:
     """The two-sided p-value that inverts diff_ci: the smallest alpha at which the 1 - alpha CI of the
     difference excludes 0, found by a root search over the level (the intervals are nested in it). So p <
     0.05 exactly when the 95% CI excludes 0; where that CI is Welch's (unbounded metrics) this is Welch's
     t-test. 1 for a difference of 0; 0 when no level's interval reaches 0 (seeds without any spread and no
-    example count); NaN where diff_ci gives no interval."""
-    estimate, lo, _ = diff_ci(pairs, rng, n_examples)
+    example count); NaN where diff_ci gives no interval. `interval`: diff_ci's 95% interval of `pairs`
+    where the caller has it already (difference)."""
+    estimate, lo, _ = diff_ci(pairs, rng, n_examples) if interval is None else interval
     if not np.isfinite(lo):
         return np.nan
     if estimate == 0:
@@ -305,8 +277,10 @@ def hedges_g(a: np.ndarray, b: np.ndarray) -> float:
 
 def difference(a: np.ndarray, b: np.ndarray, rng: MetricRange, n_examples: int | None) -> dict[str, float]:
     """mean(a) - mean(b) with its 95% CI (diff_ci) and the p-value of that same interval (ci_p)."""
-    diff, lo, hi = diff_ci([(a, b)], rng, n_examples)
-    return {"diff": diff, "diff_ci_low": lo, "diff_ci_high": hi, "p": ci_p([(a, b)], rng, n_examples)}
+    pairs = [(a, b)]
+    interval = diff_ci(pairs, rng, n_examples)
+    diff, lo, hi = interval
+    return {"diff": diff, "diff_ci_low": lo, "diff_ci_high": hi, "p": ci_p(pairs, rng, n_examples, interval)}
 
 
 def summarize(

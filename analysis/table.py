@@ -52,3 +52,10 @@ def trials_frame(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> pd.
 def examples_column(split: str) -> str:
     """The trial table's column of how many examples a split held (the trial's 'split_sizes')."""
     return f"examples/{split}"
+
+
+def latest_trials(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of each grid point's (variant, seed) latest trial, in trial order (a trial's own rows in
+    theirs): a retried point counts once, with the run that replaced the others."""
+    rows = rows.sort_values("trial", kind="stable")
+    return rows[rows["trial"] == rows.groupby(["variant", "seed"], dropna=False)["trial"].transform("max")]

@@ -1,7 +1,7 @@
 """Scores of decoded outputs: exact match, token accuracy, accuracy by target length, BLEU / chrF
 (sacreBLEU, with its signatures) and BLEU by source length for text tasks, and the alignment error rate
 of attention against gold alignments; and which of them, by name, a configuration's trials report
-(`produced_metrics`).
+(`produced_metrics`, from harness.metric_registry).
 
 Prediction rows are (prediction ids, target ids), EOS and padding kept. Exact match and token accuracy
 are models.sequences' `score`, the one definition the module's metrics use too: token accuracy counts the
@@ -19,6 +19,7 @@ import numpy as np
 import sacrebleu
 
 from ablate.harness.config import ExperimentConfig
+from ablate.harness.metric_registry import METRICS
 from ablate.harness.tasks import ALIGNED_TASKS, CORPUS_TASKS, GENERATED_TASKS, TEXT_TASKS
 from ablate.harness.tasks.base import TaskData
 from ablate.models.sequences import SequenceScore, score, summarise
@@ -146,11 +147,6 @@ def translations(split: str, rows: Sequence[Row], data: TaskData) -> list[dict[s
     ]  # fmt: skip
 
 
-def text_metrics(split: str, rows: Sequence[Row], data: TaskData) -> dict[str, TextScore]:
-    """{split}/bleu and {split}/chrf of the split's `translations` for a text task ({} otherwise)."""
-    return translation_scores(split, translations(split, rows, data))
-
-
 def translation_scores(split: str, pairs: list[dict[str, Any]]) -> dict[str, TextScore]:
     """{split}/bleu and {split}/chrf of `translations` rows ({} for none)."""
     if not pairs:
@@ -196,15 +192,10 @@ def alignment_error_rate(
     return 1 - 2 * hits / (predicted + sure) if predicted + sure else math.nan
 
 
-# Every split's teacher-forced loss / perplexity and greedy (or beam) exact match and token accuracy.
-EVERY_SPLIT = ("loss", "ppl", "seq_acc", "tok_acc")
-
-
 def produced_metrics(cfg: ExperimentConfig) -> set[str]:
-    """The `split/name` metrics a trial of `cfg` reports (run_trial): EVERY_SPLIT on `val` and the test
-    splits (`test_long` only where the task makes one); on the test splits BLEU / chrF for text tasks, AER
-    where the task has gold alignments and the model cross-attends, rank collapse for Transformers (of the
-    encoder only where one is built)."""
+    """The `split/name` metrics a trial of `cfg` reports (run_trial): each of the registry's
+    (harness.metric_registry) whose `reported_for` holds for `cfg`, on the test splits (`test_long` only
+    where the task makes one), and on `val` too where the module logs it at every validation."""
     task, model = cfg.task, cfg.model
     long_split = (task.name in GENERATED_TASKS and task.long_max_len > task.max_len) or (
         task.name in CORPUS_TASKS and task.max_tokens is not None
@@ -212,11 +203,13 @@ def produced_metrics(cfg: ExperimentConfig) -> set[str]:
     test_splits = ["test", "test_long"] if long_split else ["test"]
     transformer = model.arch == "transformer"
     cross_attends = model.cross_attention if transformer else model.attention != "none"
-    names = list(EVERY_SPLIT)
-    if task.name in TEXT_TASKS:
-        names += ["bleu", "chrf"]
-    if task.name in ALIGNED_TASKS and cross_attends:
-        names.append("aer")
-    if transformer:
-        names += ["rank_collapse_decoder", *(["rank_collapse_encoder"] if model.cross_attention else [])]
-    return {f"val/{n}" for n in EVERY_SPLIT} | {f"{split}/{n}" for split in test_splits for n in names}
+    reports = {  # each of the registry's `reported_for`
+        "every trial": True,
+        "text tasks": task.name in TEXT_TASKS,
+        "aligned tasks": task.name in ALIGNED_TASKS and cross_attends,
+        "Transformers": transformer,
+        "encoders": transformer and model.cross_attention,  # a Transformer builds one only to cross-attend
+    }
+    reported = [m for m in METRICS.values() if reports[m.reported_for]]
+    validated = {f"val/{m.name}" for m in reported if m.every_split}
+    return validated | {f"{split}/{m.name}" for split in test_splits for m in reported}

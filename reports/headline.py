@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis import stats
-from ablate.analysis.claims import ClaimResult, on_ratio_scale
+from ablate.analysis.claims import ClaimResult, effect_name, on_ratio_scale
 from ablate.reports.collect import StudyData
+from ablate.reports.formats import P_FLOOR, number, pvalue
 
 
 def headline(data: StudyData, summary: pd.DataFrame, claims: list[ClaimResult]) -> dict[str, object]:
@@ -20,16 +21,13 @@ def headline(data: StudyData, summary: pd.DataFrame, claims: list[ClaimResult]) 
             "claims": [claim_line(c) for c in claims]}  # fmt: skip
 
 
-def _num(x: float) -> str:
-    return f"{x:.3f}" if np.isfinite(x) else "–"
-
-
 def _ci(lo: float, hi: float) -> str:
-    return f"95% CI [{_num(lo)}, {_num(hi)}]" if np.isfinite(lo) else "no CI (one seed)"
+    return f"95% CI [{number(lo)}, {number(hi)}]" if np.isfinite(lo) else "no CI (one seed)"
 
 
 def _p(p: float) -> str:
-    return "" if not np.isfinite(p) else ", p < 0.001" if p < 0.001 else f", p = {p:.3f}"
+    """The p-value after a CI in a sentence: ', p = 0.012', ', p < 0.001', or nothing without one."""
+    return "" if not np.isfinite(p) else f", p < {P_FLOOR}" if p < P_FLOOR else f", p = {pvalue(p)}"
 
 
 def compared(data: StudyData, summary: pd.DataFrame) -> str:
@@ -53,7 +51,7 @@ def winner(data: StudyData, summary: pd.DataFrame) -> str:
     if ranked.empty:
         return "No variant has a completed trial yet."
     best = ranked.iloc[0]
-    text = f"{best['variant']} scores {_num(best['mean'])} ({_ci(best['ci_low'], best['ci_high'])})"
+    text = f"{best['variant']} scores {number(best['mean'])} ({_ci(best['ci_low'], best['ci_high'])})"
     if len(ranked) < 2:
         return text + "."
     runner_up = ranked.iloc[1]
@@ -71,8 +69,8 @@ def winner(data: StudyData, summary: pd.DataFrame) -> str:
         else "; the CI includes 0: not distinguishable at these seeds"
     )
     return (
-        text + f", ahead of the runner-up {runner_up['variant']} ({_num(runner_up['mean'])}) by "
-        f"Δ = {_num(d['diff'])} ({_ci(d['diff_ci_low'], d['diff_ci_high'])}{_p(d['p'])}){sure}."
+        text + f", ahead of the runner-up {runner_up['variant']} ({number(runner_up['mean'])}) by "
+        f"Δ = {number(d['diff'])} ({_ci(d['diff_ci_low'], d['diff_ci_high'])}{_p(d['p'])}){sure}."
     )
 
 
@@ -84,14 +82,16 @@ def _statement(text: str) -> str:
 
 def claim_line(result: ClaimResult) -> dict[str, str]:
     """One claim in a line, in three parts: its statement, its verdict, and Δ with its CI (at the claim's
-    level: above 95% where adaptive looks share the error) against its margin."""
-    log = on_ratio_scale(result.metric)
+    level: above 95% where adaptive looks share the error) against its margin; Δ named as claims' reasons
+    name it where it is a log ratio."""
+    ratio = on_ratio_scale(result.metric)
+    as_ratio = f" (a ratio of {1 + abs(result.claim.margin):g})" if ratio and result.claim.margin else ""
     return {
         "statement": _statement(result.claim.text),
         "verdict": result.verdict,
-        "numbers": f"{'log(compare / to)' if log else 'Δ'} = {_num(result.diff)}, {100 * result.level:.3g}% CI "
-        f"[{_num(result.ci_low)}, {_num(result.ci_high)}], expected {result.expected}"
-        + (f" (a ratio of {1 + abs(result.claim.margin):g})." if log and result.claim.margin else "."),
+        "numbers": f"{effect_name(result.metric) if ratio else 'Δ'} = {number(result.diff)}, "
+        f"{100 * result.level:.3g}% CI [{number(result.ci_low)}, {number(result.ci_high)}], "
+        f"expected {result.expected}{as_ratio}.",
     }
 
 

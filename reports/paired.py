@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 from sacrebleu.significance import PairedTest
 
+from ablate.analysis.table import latest_trials
 from ablate.harness.metrics import bleu_metric
 
 RESAMPLES = 1000  # sacreBLEU's default for its paired bootstrap
@@ -33,10 +34,11 @@ def paired_bootstrap(baseline: list[str], system: list[str], references: list[st
     return {"bleu_baseline": base.score, "bleu": other.score, "p": p, "signature": str(signatures["BLEU"])}
 
 
-def _by_seed(translations: pd.DataFrame, variant: str, split: str) -> dict[Any, pd.DataFrame]:
-    rows = translations[(translations["variant"] == variant) & (translations["split"] == split)]
-    latest = rows.groupby("seed")["trial"].transform("max")  # a retried grid point counts once
-    return {seed: own for seed, own in rows[rows["trial"] == latest].groupby("seed")}
+def _by_seed(split_rows: pd.DataFrame, variant: str) -> dict[Any, pd.DataFrame]:
+    """The variant's translations of one split by seed, of each seed's latest trial (a retried grid point
+    counts once, as in every other table of the report)."""
+    latest = latest_trials(split_rows[split_rows["variant"] == variant])
+    return {seed: rows for seed, rows in latest.groupby("seed")}
 
 
 def _test(base: dict[Any, pd.DataFrame], own: dict[Any, pd.DataFrame], seeds: list) -> dict[str, Any]:
@@ -54,17 +56,19 @@ def paired_tests(translations: pd.DataFrame, order: list[str], baseline: str) ->
     signature}; none where the two share no seed with the same references."""
     if translations.empty:
         return []
+    splits = {split: rows for split, rows in translations.groupby("split", sort=False)}
+    bases = {split: _by_seed(rows, baseline) for split, rows in splits.items()}
     rows = []
     for variant in [v for v in order if v != baseline]:
-        for split in translations["split"].drop_duplicates():
-            base, own = _by_seed(translations, baseline, split), _by_seed(translations, variant, split)
+        for split, base in bases.items():
+            own = _by_seed(splits[split], variant)
             seeds = [
                 s for s in sorted(own) if s in base and base[s]["ref"].tolist() == own[s]["ref"].tolist()
             ]
             if not seeds:
                 continue
-            pooled = _test(base, own, seeds)
             per_seed = [_test(base, own, [seed]) for seed in seeds]
+            pooled = per_seed[0] if len(seeds) == 1 else _test(base, own, seeds)  # one seed: the same test
             rows.append({"variant": variant, "split": split, "seeds": seeds, "sentences": len(own[seeds[0]]),
                          **pooled, "diff": pooled["bleu"] - pooled["bleu_baseline"],
                          "p_seeds": [r["p"] for r in per_seed]})  # fmt: skip

@@ -14,16 +14,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from ablate.analysis.stats import (  # noqa: E402
-    MetricRange,
-    examples,
-    mean_ci,
-    mean_table,
-    metric_range,
-    pareto_front,
-)
+from ablate.analysis.stats import examples, mean_ci, mean_table, pareto_front  # noqa: E402
 from ablate.harness.artifacts import AttentionSample  # noqa: E402
 from ablate.harness.attention_maps import cross_attention, draw, probe_aer  # noqa: E402
+from ablate.harness.metric_registry import MetricRange, metric_range  # noqa: E402
 from ablate.harness.metrics import BLEU_BUCKET, BLEU_BUCKET_SENTENCES, length_buckets  # noqa: E402
 from ablate.harness.metrics import bleu_by_length as bucket_bleu  # noqa: E402
 
@@ -35,6 +29,9 @@ RANGE_PAD = 0.04  # share of a bounded range left free above and below it
 DODGE = 1.0
 # An unbounded axis ends at this multiple of the largest seed's distance from its bound.
 UNBOUNDED_HEADROOM = 1.5
+# A bounded axis fitted to its curves ends at this multiple of the highest seed or interval's distance from
+# its low end, and no lower than FIT_FLOOR of its range (1 BLEU point): a few points are not flattened.
+FIT_HEADROOM, FIT_FLOOR = 1.15, 0.01
 
 
 def _done(df: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -62,6 +59,13 @@ def _show_range(ax, rng: MetricRange, seeds: np.ndarray | None = None) -> None:
         finite = seeds[np.isfinite(seeds)] if seeds is not None else np.array([])
         top = rng.low + UNBOUNDED_HEADROOM * (finite.max() - rng.low) if finite.size else None
         ax.set_ylim(bottom=rng.low, top=top if top and top > rng.low else None)
+
+
+def _fit_range(ax, rng: MetricRange, drawn: np.ndarray) -> None:
+    """A bounded metric's axis from its low end to a little above the highest value `drawn` (seeds and
+    interval ends; FIT_HEADROOM), within its range."""
+    top = np.nanmax([rng.low + FIT_FLOOR * (rng.high - rng.low), *drawn])
+    ax.set_ylim(rng.low, min(rng.high, rng.low + FIT_HEADROOM * (top - rng.low)))
 
 
 def metric_by_variant(df: pd.DataFrame, metric: str, order: list[str]) -> plt.Figure | None:
@@ -101,14 +105,20 @@ def metric_by_factor(df: pd.DataFrame, metric: str, factor: str, others: list[st
     return grid.figure
 
 
-def _mean_curves(ax, rows: pd.DataFrame, x: str, y: str, hue_order: list[str], n_column: str) -> None:
+def _mean_curves(
+    ax, rows: pd.DataFrame, x: str, y: str, hue_order: list[str], n_column: str, fit: bool = False
+) -> None:
     """Per variant: the mean over seeds against x with its CI band (stats.mean_table, with the fewest
-    examples of `n_column` at that x; 0 where unknown), and each seed's value as a point. Bands are cut
-    at the axis; a mean of 0 (every seed at 0) is drawn as a point on the axis, above it."""
-    rng = metric_range(y)
-    _show_range(ax, rng, rows[y].to_numpy(float))
-    limits = ax.get_ylim() if np.isfinite(rng.low) else (-np.inf, np.inf)  # _show_range set no axis otherwise
+    examples of `n_column` at that x; 0 where unknown), and each seed's value as a point, on the axis
+    _show_range gives the metric (with `fit`, a bounded one's fitted to the seeds and bands: _fit_range).
+    Bands are cut at the axis; a mean of 0 (every seed at 0) is drawn as a point on the axis, above it."""
+    rng, seeds = metric_range(y), rows[y].to_numpy(float)
     curves = mean_table(rows.sort_values(x), ["variant", x], y, n_column)
+    if fit:
+        _fit_range(ax, rng, np.concatenate([seeds, curves["ci_high"]]))
+    else:
+        _show_range(ax, rng, seeds)
+    limits = ax.get_ylim() if np.isfinite(rng.low) else (-np.inf, np.inf)  # _show_range set no axis otherwise
     for variant, colour in zip(hue_order, sns.color_palette(n_colors=len(hue_order))):
         own, curve = rows[rows["variant"] == variant], curves[curves["variant"] == variant]
         ax.plot(curve[x], curve["mean"], marker="o", markersize=3.5, color=colour, label=variant, clip_on=False,
@@ -195,9 +205,10 @@ def bleu_by_length(
 ) -> plt.Figure | None:
     """Corpus BLEU against source sentence length per variant (length_bleu), the figure of Bahdanau et al.
     (2015) Fig. 2, with the sources longer than any training pair (task.max_tokens) shaded. BLEU stays in
-    [0, 100], but the axis ends a little above the highest interval: models trained for minutes score a
-    few points, which a full-range axis would flatten. Each variant's points sit a little apart from the
-    others' (within DODGE tokens of the bucket's centre), so that no seed hides behind another variant's."""
+    [0, 100], but the axis is fitted to the curves, ending a little above the highest interval: models
+    trained for minutes score a few points, which a full-range axis would flatten. Each variant's points
+    sit a little apart from the others' (within DODGE tokens of the bucket's centre), so that no seed hides
+    behind another variant's."""
     table = length_bleu(translations)
     if table is None:
         return None
@@ -206,10 +217,7 @@ def bleu_by_length(
     spread = np.linspace(-DODGE, DODGE, len(hue_order)) if len(hue_order) > 1 else [0.0]
     offsets = dict(zip(hue_order, spread))
     dodged = table.assign(length=table["length"] + table["variant"].map(offsets))
-    _mean_curves(ax, dodged, "length", "bleu", hue_order, "n")
-    curves = mean_table(dodged.sort_values("length"), ["variant", "length"], "bleu", "n")
-    top = np.nanmax([1.0, table["bleu"].max(), curves["ci_high"].max()])
-    ax.set_ylim(0, min(100.0, 1.15 * top))
+    _mean_curves(ax, dodged, "length", "bleu", hue_order, "n", fit=True)
     buckets = table.drop_duplicates("length").sort_values("length")
     labels = [f"{low}-{high}" for low, high in zip(buckets["length_min"], buckets["length_max"])]
     ax.set_xticks(buckets["length"], labels)

@@ -30,6 +30,7 @@ from ablate.harness.study.spec import StudySpec, short_name, tune_metric, valida
 from ablate.harness.tasks import CORPUS_TASKS
 from ablate.reports import dashboard, headline, paired, plots
 from ablate.reports.collect import StudyData, collect
+from ablate.reports.formats import number, pvalue
 
 ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
 
@@ -263,21 +264,6 @@ def seeds_run(spec: StudySpec, df: pd.DataFrame) -> str:
     return ", ".join(f"{v} {n}" for v, n in counts.items()) + " seeds"
 
 
-def _num(x, digits: int = 3) -> str:
-    """A number for a table cell; missing, NaN or non-numeric values show as a dash."""
-    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
-        return str(x)
-    try:
-        value = float(x)
-    except (TypeError, ValueError):
-        return "–"
-    return f"{value:.{digits}f}" if np.isfinite(value) else "–"
-
-
-def _pvalue(p) -> str:
-    return "–" if p is None or not np.isfinite(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
 _ENTITY = re.compile(r"&(?=#?\w+;)")
 
 
@@ -292,7 +278,7 @@ def _environment(html: bool) -> Environment:
     env = Environment(
         loader=PackageLoader("ablate.reports", "templates"), autoescape=html, trim_blocks=True, lstrip_blocks=True
     )
-    env.filters.update(num=_num, pvalue=_pvalue, md=_md_cell)
+    env.filters.update(num=number, pvalue=pvalue, md=_md_cell)
     return env
 
 

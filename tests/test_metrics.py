@@ -19,8 +19,8 @@ from ablate.harness.metrics import (
     length_buckets,
     length_table,
     produced_metrics,
-    text_metrics,
     token_accuracy,
+    translation_scores,
     translations,
 )
 from ablate.harness.tasks import build_task
@@ -138,12 +138,12 @@ HYPOTHESES = ["The cat sat on a mat.", "Don't stop!"]
         ("bpe", (HYPOTHESES, REFERENCES)),  # Metaspace BPE decodes to the text it was given
     ],
 )
-def test_text_metrics_score_the_text_the_task_tokenizer_detokenizes(kind, detokenized):
+def test_translations_score_the_text_the_task_tokenizer_detokenizes(kind, detokenized):
     tokenizer = build_tokenizer(kind, REFERENCES + HYPOTHESES, bpe_vocab_size=40)
     data, rows = text_task(tokenizer, REFERENCES, HYPOTHESES)
     hypotheses, references = detokenized
     version = sacrebleu.__version__
-    assert text_metrics("test", rows, data) == {
+    assert translation_scores("test", translations("test", rows, data)) == {
         "test/bleu": TextScore(sacrebleu.corpus_bleu(hypotheses, [references], tokenize="13a").score,
                                f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{version}"),
         "test/chrf": TextScore(sacrebleu.corpus_chrf(hypotheses, [references]).score,
@@ -151,7 +151,7 @@ def test_text_metrics_score_the_text_the_task_tokenizer_detokenizes(kind, detoke
     }  # fmt: skip
 
 
-def test_text_metrics_score_detokenized_output_against_the_written_references():
+def test_translations_score_detokenized_output_against_the_written_references():
     examples = [
         Example(("a",), ("le", "chat", "est", "sur", "le", "tapis")),
         Example(("b",), ("salut", "mon", "ami", "toi")),
@@ -160,14 +160,14 @@ def test_text_metrics_score_detokenized_output_against_the_written_references():
     data = TaskData("parallel", {"test": examples}, vocab, vocab, is_text=True, tgt_tokenizer=WordTokenizer())
     ids = [vocab.encode(ex.tgt) for ex in examples]
     rows = [(ids[0], ids[0]), (ids[1], ids[1])]  # the model got everything it could express
-    scores = text_metrics("test", rows, data)
+    scores = translation_scores("test", translations("test", rows, data))
     hypotheses = ["le chat est sur le tapis", "salut mon ami <unk>"]
     references = ["le chat est sur le tapis", "salut mon ami toi"]
     assert scores == {"test/bleu": bleu(hypotheses, references), "test/chrf": chrf(hypotheses, references)}
     assert 50 < scores["test/bleu"].value < 100
-    assert text_metrics("test", rows, build_task(TaskConfig(name="copy", n_train=5), 0)) == {}
+    assert translation_scores("test", []) == {}  # no translations: a task that is not text
     with pytest.raises(ValueError, match="1 prediction rows for 2 examples"):
-        text_metrics("test", rows[:1], data)
+        translations("test", rows[:1], data)
 
 
 def test_bleu_by_length_is_sacrebleus_corpus_bleu_of_each_bucket():

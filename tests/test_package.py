@@ -27,13 +27,13 @@ MAY_IMPORT = {
     "models": set(),
     "ablations": set(),  # the bundled study files
     "harness": {"models", "analysis", "ablations"},
-    "analysis": {"harness"},  # the study schema and trial accessors only: SCHEMA below
+    "analysis": {"harness"},  # the study schema, trial accessors and metric registry only: SCHEMA below
     "reports": {"models", "harness", "analysis"},
     "bench": {"models", "harness"},
     "ablate": {"models", "harness", "analysis", "reports", "bench"},  # the command line and the Python API
 }
 SCHEMA = {"ablate.harness.study.spec", "ablate.harness.study.queue", "ablate.harness.config",
-          "ablate.harness.errors"}  # fmt: skip
+          "ablate.harness.errors", "ablate.harness.metric_registry"}  # fmt: skip
 LIBRARIES = ("optuna", "optuna_integration", "lightning", "pytorch_lightning")
 PUBLIC = {"os._exit"}  # the standard library's documented names that start with an underscore
 
@@ -99,6 +99,12 @@ def test_layers_import_only_downstream_and_modules_form_no_cycle():
         if m not in done:
             visit(m)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_metric_registry_imports_nothing_of_the_project():
+    """harness/, analysis/ and reports/ read it (and models/ may, one day): it must pull in nothing else."""
+    known = modules()
+    assert imports(known["ablate.harness.metric_registry"], known) == set()
 
 
 def test_the_check_sees_a_backward_import_and_a_cycle(tmp_path):

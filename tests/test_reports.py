@@ -71,17 +71,24 @@ def write_trial_files(folder: Path, quality: float, aligned: bool) -> None:
     attention_sample(aligned).save(folder / "attention" / "probe0_test.npz")
 
 
-def synthetic_study(tmp_path: Path, name: str = STUDY_NAME, variants: dict | None = None, states=None):
+def synthetic_study(
+    tmp_path: Path,
+    name: str = STUDY_NAME,
+    variants: dict | None = None,
+    states=None,
+    keys: dict | None = None,
+):
     """A study as the harness leaves it: spec in the eval study, per-variant tune studies, trials with their
     user attrs. By default the variant (pos_encoding=none, norm=pre) has one seed failed, one complete and
     one running; (sinusoidal, pre) has a pruned seed and (none, post) a waiting one. Trial 0 keeps its
-    files in the artifact store only. User text holds HTML throughout."""
+    files in the artifact store only. User text holds HTML throughout. `keys` replace the study file's
+    (a trial reports the study metric and test/tok_acc)."""
     spec = StudySpec.model_validate({
         "name": name, "description": "A constructed <em>study</em> & its trials.",
         **({"variants": variants} if variants else {"factors": GRID, "claims": [CLAIM]}),
         "seeds": [0, 1, 2], "metric": {"name": "test/seq_acc"},
         "tune": {"params": {"train.lr": {"log_uniform": [1e-4, 1e-2]}}, "trials": 4},
-        "base": {"task": {"max_len": 5}},
+        "base": {"task": {"max_len": 5}}, **(keys or {}),
     })  # fmt: skip
     runs = tmp_path / "runs"
     storage = optuna.storages.InMemoryStorage()
@@ -136,7 +143,7 @@ def synthetic_study(tmp_path: Path, name: str = STUDY_NAME, variants: dict | Non
                 for path in sorted(folder.rglob("*"), reverse=True):
                     path.unlink() if path.is_file() else path.rmdir()
                 folder.rmdir()
-            trial.set_user_attr("metrics", {"test/seq_acc": value, "test/tok_acc": min(1.0, value + 0.05)})
+            trial.set_user_attr("metrics", {spec.metric.name: value, "test/tok_acc": min(1.0, value + 0.05)})
             trial.set_user_attr("params", 20_000 if overrides.get("model.norm") == "pre" else 18_000)
             trial.set_user_attr("wall_time", 10.0 + seed)
             trial.set_user_attr("signatures", SIGNATURES)

@@ -25,6 +25,7 @@ from pydantic import (
 
 from ablate.harness.config import ExperimentConfig, build_config
 from ablate.harness.errors import ConfigError
+from ablate.harness.metric_registry import metric_info
 from ablate.models.config import PRESETS
 
 Value = str | int | float | bool
@@ -349,10 +350,7 @@ def tune_metric(spec: StudySpec) -> MetricSpec:
 def validation_metric(metric: MetricSpec) -> MetricSpec:
     """The metric on the validation split, where every trial reports it as it trains; for metrics only
     computed on test splits (BLEU), the validation loss."""
-    name = metric.name.rsplit("/", 1)[-1]
-    if name in VALIDATION_METRICS:
-        return MetricSpec(name=f"val/{name}", direction=metric.direction)
+    info = metric_info(metric.name)
+    if info.every_split:
+        return MetricSpec(name=f"val/{info.name}", direction=metric.direction)
     return MetricSpec(name="val/loss", direction="minimize")
-
-
-VALIDATION_METRICS = ("loss", "ppl", "seq_acc", "tok_acc")  # what Seq2SeqModule logs at each validation
