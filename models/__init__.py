@@ -10,13 +10,16 @@ if TYPE_CHECKING:  # torch loads in seconds; config checks (and the CLI's errors
     from torch import nn
 
 
-def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0) -> nn.Module:
-    """The nn.Module for `cfg.arch`; every family shares forward / record_states / init_state / step."""
+def build_model(
+    cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0, ensemble: int = 1
+) -> nn.Module:
+    """The nn.Module for `cfg.arch`; every family shares forward / record_states / init_state / step.
+    ensemble: K seeds fused into one model (models/ensemble.py); 1, a plain model."""
     from ablate.models.rnn import RNNSeq2Seq
     from ablate.models.transformer import Transformer
 
     family = {"lstm": RNNSeq2Seq, "transformer": Transformer}[cfg.arch]
-    return family(cfg, src_vocab, tgt_vocab, pad_id)
+    return family(cfg, src_vocab, tgt_vocab, pad_id, ensemble)
 
 
 __all__ = ["PRESETS", "ModelConfig", "build_model"]

@@ -8,6 +8,9 @@ and keys and gives the factor on q·k, so both paths serve every score.
 The recurrent family's score functions (models/scores.py lists them by name) are small modules behind
 `ScoreAttention`, which masks with the same `masked_softmax` and splits heads with the same `split_heads`;
 with `scaled_dot` it is MultiHeadAttention without projections.
+
+In a model of K fused seeds (models/ensemble.py) the batch axis is K·B and every parameter has a leading
+seed axis: the scores are built once per seed and stacked, and read K off their parameters' shapes.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ablate.models.ensemble import Ensemble, linear, per_seed
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -82,7 +87,8 @@ class QKNorm(nn.Module):
         self.g = nn.Parameter(torch.tensor(float(start)))
 
     def query(self, q: torch.Tensor) -> torch.Tensor:
-        return F.normalize(q, dim=-1) * self.g
+        g = self.g.view(-1, 1, 1, 1, 1)  # (K, 1, 1, 1, 1): each seed's own g (K = 1 in a plain model)
+        return (per_seed(F.normalize(q, dim=-1), g.size(0)) * g).flatten(0, 1)
 
     def key(self, k: torch.Tensor) -> torch.Tensor:
         return F.normalize(k, dim=-1)  # after rotary, which turns pairs of features and keeps the norm
@@ -99,9 +105,12 @@ class MultiHeadAttention(nn.Module):
     rotary / score_bias: the generic slots of relative positions inside one sequence, so only for
     self-attention (models/positional.py fills them): rotary(x (B, H, L, Dh), offset) rotates queries and
     keys by position, score_bias(q_len, k_len) -> (H, q_len, k_len) is added to the scores.
+    ensemble: the model's (models/ensemble.py; None: a plain model's layer); sides: the sides ('src',
+    'tgt') of the queries and keys, whose lengths bound each seed's dropout mask on the weights.
 
     Two paths agree on every input: `scaled_dot_product_attention` (its `scale` argument, the score bias
-    added to the mask) when weights are not needed, and an explicit softmax that returns them.
+    added to the mask) when weights are not needed, and an explicit softmax that returns them. Dropout
+    drawn per seed takes the explicit path: the fused kernel draws its own mask and takes no generator.
     """
 
     def __init__(
@@ -113,14 +122,17 @@ class MultiHeadAttention(nn.Module):
         rotary: nn.Module | None = None,
         score_bias: nn.Module | None = None,
         score: nn.Module | None = None,
+        ensemble: Ensemble | None = None,
+        sides: tuple[str | None, str | None] = (None, None),
     ):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"heads={heads} must divide d_model={d_model}")
+        ensemble = ensemble or Ensemble()
         self.heads, self.head_dim = heads, d_model // heads
         self.score = score if score is not None else ScaledDotProduct(self.head_dim**-0.5)
-        self.dropout = dropout
-        project = (lambda: nn.Linear(d_model, d_model)) if qkv_projections else nn.Identity
+        self.dropout = ensemble.dropout(dropout, None, *sides)  # on the weights (B, H, T, S)
+        project = (lambda: ensemble.linear(d_model, d_model)) if qkv_projections else nn.Identity
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = project(), project(), project(), project()
         self.rotary, self.score_bias = rotary, score_bias
 
@@ -149,18 +161,18 @@ class MultiHeadAttention(nn.Module):
         q = self.score.query(q)
         mask = build_mask(key_padding, q_len, k_len, causal, q.device)
         bias = self.score_bias(q_len, k_len).to(q.dtype).unsqueeze(0) if self.score_bias is not None else None
-        dropout = self.dropout if self.training else 0.0
 
-        if need_weights:
+        if need_weights or self.dropout.draws_per_seed():
             scores = (q @ k.transpose(-2, -1)) * self.score.scale  # (B, H, T, S)
             if bias is not None:
                 scores = scores + bias
             weights = masked_softmax(scores, mask)
-            out = F.dropout(weights, dropout, self.training) @ v
+            out = self.dropout(weights) @ v
         else:
             attn_mask = mask
             if bias is not None:  # one additive mask: the bias where allowed, -inf elsewhere
                 attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+            dropout = self.dropout.p if self.training else 0.0
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=self.score.scale
             )
@@ -231,8 +243,9 @@ class TanhScore(Score):
 
     def combine(self, query_part: torch.Tensor, key_part: torch.Tensor) -> torch.Tensor:
         q, k = split_heads(query_part, self.heads), split_heads(key_part, self.heads)
-        hidden = torch.tanh(q[:, :, :, None] + k[:, :, None])  # (B, H, T, S, Dh)
-        return torch.einsum("bhtsd,hd->bhts", hidden, self.v)
+        v = self.v.view(-1, *self.v.shape[-2:])  # (K, H, Dh): each seed's own (K = 1 in a plain model)
+        hidden = per_seed(torch.tanh(q[:, :, :, None] + k[:, :, None]), v.size(0))  # (K, B, H, T, S, Dh)
+        return torch.einsum("kbhtsd,khd->kbhts", hidden, v).flatten(0, 1)
 
 
 class AdditiveScore(TanhScore):
@@ -259,10 +272,10 @@ class ConcatScore(TanhScore):
         self.w = nn.Linear(2 * d_model, d_model)
 
     def prepare(self, keys: torch.Tensor) -> torch.Tensor:
-        return F.linear(keys, self.w.weight.chunk(2, dim=1)[1])
+        return linear(keys, self.w.weight.chunk(2, dim=-1)[1])
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        return self.combine(F.linear(query, self.w.weight.chunk(2, dim=1)[0], self.w.bias), keys)
+        return self.combine(linear(query, self.w.weight.chunk(2, dim=-1)[0], self.w.bias), keys)
 
 
 class LocationScore(Score):

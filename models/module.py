@@ -57,6 +57,16 @@ def token_cross_entropy(
     )  # fmt: skip
 
 
+def per_seed_loss(
+    logits: torch.Tensor, target: torch.Tensor, seeds: int, label_smoothing: float = 0.0
+) -> torch.Tensor:
+    """A fused model's logits (K·B, T, V), target (K·B, T) -> (K,): each seed's own token_cross_entropy, the
+    mean over its non-padding tokens. Train on their sum: a mean over seeds would divide each seed's
+    gradient by K."""
+    tokens = token_cross_entropy(logits, target, label_smoothing, reduction="none").view(seeds, -1)
+    return tokens.sum(1) / (target != PAD_ID).view(seeds, -1).sum(1)
+
+
 # Running sums per evaluated split, in this order; `_log_sums` turns them into metrics.
 SUMS = ("loss", "nll", "tokens", "exact", "correct", "examples")
 

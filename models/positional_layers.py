@@ -19,6 +19,8 @@ import math
 import torch
 from torch import nn
 
+from ablate.models.ensemble import per_seed
+
 
 def sinusoidal_table(positions: int, dim: int, base: float = 10000.0) -> torch.Tensor:
     """PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(p / base^(2i/d)); shape (positions, dim)."""
@@ -46,7 +48,8 @@ class SinusoidalEncoding(nn.Module):
 
 
 class LearnedEncoding(nn.Module):
-    """A trained vector per absolute position, up to max_positions (see the module docstring)."""
+    """A trained vector per absolute position, up to max_positions (see the module docstring); a table per
+    seed in a model of fused seeds, whose batch axis is K·B."""
 
     def __init__(self, dim: int, max_positions: int):
         super().__init__()
@@ -60,7 +63,9 @@ class LearnedEncoding(nn.Module):
                 f"model.max_positions: learned positions cover {self.embedding.num_embeddings} positions, "
                 f"a sequence reached position {end}; raise model.max_positions"
             )
-        return x + self.embedding.weight[offset:end]
+        weight = self.embedding.weight  # (P, D); (K, P, D) with fused seeds
+        table = weight.view(-1, *weight.shape[-2:])[:, offset:end]  # (K, L, D)
+        return (per_seed(x, table.size(0)) + table[:, None]).flatten(0, 1)
 
 
 class NoEncoding(nn.Module):

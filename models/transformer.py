@@ -8,6 +8,10 @@ qkv_projections -> Identity projections in MultiHeadAttention.
 
 With `cross_attention: false` nothing of the source reaches the decoder: it is a language model of the
 target, the control that shows how much a task needs the source (no encoder layers are built).
+
+`ensemble=K` fuses K seeds into one model (models/ensemble.py): every layer takes the model's Ensemble, which
+builds its parameters with a seed axis (the registries' parts once per seed, then fused), and the batch axis
+is K·B. Each dropout knows its side ('src' or 'tgt'), whose lengths bound each seed's mask.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch import nn
 
 from ablate.models.attention import MultiHeadAttention
 from ablate.models.config import ModelConfig
+from ablate.models.ensemble import Ensemble, seed_axis
 from ablate.models.positional import build_positions
 from ablate.models.transformer_scores import build_score
 
@@ -29,19 +34,20 @@ Cache = dict[str, torch.Tensor]  # one decoder layer's keys and values (B, H, L,
 SELF_CACHE = ("self_k", "self_v")
 
 
-def make_norm(kind: str, d_model: int) -> nn.Module:
-    return nn.RMSNorm(d_model) if kind == "rms_pre" else nn.LayerNorm(d_model)
+def make_norm(kind: str, d_model: int, ensemble: Ensemble) -> nn.Module:
+    return ensemble.norm(d_model, rms=kind == "rms_pre")
 
 
 class Sublayer(nn.Module):
-    """x -> post_norm(x + dropout(f(pre_norm(x)))), with the skip and either norm removable."""
+    """x -> post_norm(x + dropout(f(pre_norm(x)))), with the skip and either norm removable; x on `side`."""
 
-    def __init__(self, fn: nn.Module, cfg: ModelConfig):
+    def __init__(self, fn: nn.Module, cfg: ModelConfig, ensemble: Ensemble, side: str):
         super().__init__()
         self.fn = fn
-        self.pre_norm = make_norm(cfg.norm, cfg.d_model) if cfg.norm in ("pre", "rms_pre") else nn.Identity()
-        self.post_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "post" else nn.Identity()
-        self.dropout = nn.Dropout(cfg.dropout)
+        pre = cfg.norm in ("pre", "rms_pre")
+        self.pre_norm = make_norm(cfg.norm, cfg.d_model, ensemble) if pre else nn.Identity()
+        self.post_norm = ensemble.norm(cfg.d_model) if cfg.norm == "post" else nn.Identity()
+        self.dropout = ensemble.dropout(cfg.dropout, side)
         self.residual = cfg.residual
 
     def forward(self, x: torch.Tensor, *args) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -51,11 +57,12 @@ class Sublayer(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, dropout: float):
+    def __init__(self, d_model: int, d_ff: int, dropout: float, ensemble: Ensemble, side: str):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model)
-        )
+            ensemble.linear(d_model, d_ff), nn.ReLU(), ensemble.dropout(dropout, side),
+            ensemble.linear(d_ff, d_model),
+        )  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
         return self.net(x), None
@@ -68,8 +75,10 @@ class Skip(nn.Module):
         return x, None
 
 
-def feed_forward(cfg: ModelConfig) -> nn.Module:
-    return Sublayer(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout), cfg) if cfg.ffn else Skip()
+def feed_forward(cfg: ModelConfig, ensemble: Ensemble, side: str) -> nn.Module:
+    if not cfg.ffn:
+        return Skip()
+    return Sublayer(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, ensemble, side), cfg, ensemble, side)
 
 
 class SelfAttention(nn.Module):
@@ -119,10 +128,11 @@ class CrossAttention(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, make_attention):
+    def __init__(self, cfg: ModelConfig, make_attention, ensemble: Ensemble):
         super().__init__()
-        self.self_attn = Sublayer(SelfAttention(make_attention(), causal=False), cfg)
-        self.ff = feed_forward(cfg)
+        attention = make_attention(("src", "src"))
+        self.self_attn = Sublayer(SelfAttention(attention, causal=False), cfg, ensemble, "src")
+        self.ff = feed_forward(cfg, ensemble, "src")
 
     def forward(self, x, padding, need_weights=False):
         x, weights = self.self_attn(x, padding, need_weights)
@@ -131,13 +141,16 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, make_attention):
+    def __init__(self, cfg: ModelConfig, make_attention, ensemble: Ensemble):
         super().__init__()
-        self.self_attn = Sublayer(SelfAttention(make_attention(), causal=cfg.causal_mask), cfg)
+        attention = make_attention(("tgt", "tgt"))
+        self.self_attn = Sublayer(SelfAttention(attention, causal=cfg.causal_mask), cfg, ensemble, "tgt")
         self.cross_attn = (
-            Sublayer(CrossAttention(make_attention(positional=False)), cfg) if cfg.cross_attention else None
+            Sublayer(CrossAttention(make_attention(("tgt", "src"), positional=False)), cfg, ensemble, "tgt")
+            if cfg.cross_attention
+            else None
         )
-        self.ff = feed_forward(cfg)
+        self.ff = feed_forward(cfg, ensemble, "tgt")
 
     def forward(self, x, padding, memory, memory_padding, need_weights=False, cache: Cache | None = None):
         x, self_weights = self.self_attn(x, padding, need_weights, cache)
@@ -155,52 +168,59 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0):
+    def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0, ensemble: int = 1):
         super().__init__()
-        self.cfg, self.pad_id = cfg, pad_id
+        self.cfg, self.vocab, self.pad_id = cfg, (src_vocab, tgt_vocab), pad_id
+        self.ensemble = ens = Ensemble(ensemble)
         d = cfg.d_model
-        self.src_embed = nn.Embedding(src_vocab, d, padding_idx=pad_id)
-        self.tgt_embed = nn.Embedding(tgt_vocab, d, padding_idx=pad_id)
+        self.src_embed = ens.embedding(src_vocab, d, padding_idx=pad_id)
+        self.tgt_embed = ens.embedding(tgt_vocab, d, padding_idx=pad_id)
         self.embed_scale = math.sqrt(d) if cfg.embed_scale else 1.0
-        self.positions = build_positions(cfg)
-        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.positions = ens.stacked(lambda: build_positions(cfg))
+        self.src_dropout, self.tgt_dropout = ens.dropout(cfg.dropout, "src"), ens.dropout(cfg.dropout, "tgt")
 
-        def make_attention(positional: bool = True) -> MultiHeadAttention:
+        def make_attention(sides: tuple[str, str], positional: bool = True) -> MultiHeadAttention:
             # Relative positions act within a sequence; cross-attention gets none. A score of its own per
             # attention: a learned one has its parameters per layer.
             slots = (self.positions.rotary, self.positions.score_bias) if positional else (None, None)
+            score = ens.stacked(lambda: build_score(cfg))
             return MultiHeadAttention(
-                d, cfg.heads, cfg.dropout, cfg.qkv_projections, *slots, score=build_score(cfg)
+                d, cfg.heads, cfg.dropout, cfg.qkv_projections, *slots, score=score, ensemble=ens, sides=sides
             )
 
         # Without cross-attention no encoder layer could reach the decoder: none is built or run.
         encoder_layers = cfg.layers if cfg.cross_attention else 0
-        self.encoder = nn.ModuleList(EncoderLayer(cfg, make_attention) for _ in range(encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg, make_attention) for _ in range(cfg.layers))
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, make_attention, ens) for _ in range(encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg, make_attention, ens) for _ in range(cfg.layers))
         # Pre-norm stacks need a final norm: their residual stream is never normalised otherwise.
         pre = cfg.norm in ("pre", "rms_pre")
-        self.encoder_norm = make_norm(cfg.norm, d) if pre and encoder_layers else nn.Identity()
-        self.decoder_norm = make_norm(cfg.norm, d) if pre else nn.Identity()
-        self.generator = nn.Linear(d, tgt_vocab)
+        self.encoder_norm = make_norm(cfg.norm, d, ens) if pre and encoder_layers else nn.Identity()
+        self.decoder_norm = make_norm(cfg.norm, d, ens) if pre else nn.Identity()
+        self.generator = ens.linear(d, tgt_vocab)
         if cfg.tie_embeddings:
             self.generator.weight = self.tgt_embed.weight
         self._init_weights()
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
-            if p.dim() > 1 and not name.startswith("positions."):
-                nn.init.xavier_uniform_(p)
+            if name.startswith("positions."):
+                continue
+            for w in seed_axis(p, self.ensemble.k):  # each seed's own tensor
+                if w.dim() > 1:
+                    nn.init.xavier_uniform_(w)
         with torch.no_grad():  # xavier overwrote the zero vector nn.Embedding keeps for padding
-            self.src_embed.weight[self.pad_id] = 0.0
-            self.tgt_embed.weight[self.pad_id] = 0.0
+            self.src_embed.weight[..., self.pad_id, :] = 0.0
+            self.tgt_embed.weight[..., self.pad_id, :] = 0.0
 
-    def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        return self.embed_dropout(self.positions.embed(embedding(tokens) * self.embed_scale, offset))
+    def _embed(self, embedding: nn.Module, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Token embeddings with positions, before dropout."""
+        return self.positions.embed(embedding(tokens) * self.embed_scale, offset)
 
     def encode(self, src: torch.Tensor, need_weights: bool = False):
         """src (B, S) -> memory (B, S, D), padding (B, S) True for real tokens, per-layer weights."""
         padding = src != self.pad_id
-        x = self._embed(self.src_embed, src)
+        self.ensemble.measure("src", padding)
+        x = self.src_dropout(self._embed(self.src_embed, src))
         weights = []
         for layer in self.encoder:
             x, w = layer(x, padding, need_weights)
@@ -221,7 +241,8 @@ class Transformer(nn.Module):
         known and only the remaining T - cached positions are computed."""
         cached = caches[0]["self_k"].size(2) if caches else 0
         padding = tgt_in != self.pad_id
-        x = self._embed(self.tgt_embed, tgt_in[:, cached:], offset=cached)
+        self.ensemble.measure("tgt", padding)
+        x = self.tgt_dropout(self._embed(self.tgt_embed, tgt_in[:, cached:], offset=cached), offset=cached)
         self_w, cross_w = [], []
         for layer, cache in zip(self.decoder, caches or repeat(None)):
             x, sw, cw = layer(x, padding, memory, memory_padding, need_weights, cache)
