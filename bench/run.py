@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ablate.bench.decoding import bench_decoding
+from ablate.bench.fused import bench_fused
 from ablate.bench.sweep import bench_sweep
 from ablate.bench.timing import Figure, skipped
 from ablate.bench.training import bench_lstm, bench_mfu, bench_overhead, bench_padding, bench_transformer
@@ -23,7 +24,7 @@ from ablate.bench.workload import bench_sizes
 from ablate.harness import provenance
 
 FIGURE_KEYS = ("a_transformer_step", "b_harness_overhead", "c_lstm_parallel", "d_greedy", "d_beam",
-               "e_padding", "f_sweep_scaling", "g_mfu")  # fmt: skip
+               "e_padding", "f_sweep_scaling", "g_mfu", "h_fused_seeds")  # fmt: skip
 
 
 def machine(device: torch.device) -> dict[str, Any]:
@@ -79,6 +80,7 @@ def run_bench(
         ("e_padding", "padding", lambda: bench_padding(quick)),
         ("f_sweep_scaling", "sweep throughput", lambda: bench_sweep(device, quick)),
         ("g_mfu", "MFU", lambda: bench_mfu(device, quick)),
+        ("h_fused_seeds", "fused seeds", lambda: bench_fused(device, quick)),
     ]
     figures: list[Figure] = []
     for key, what, measure in steps:
