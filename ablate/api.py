@@ -13,13 +13,12 @@ before anything is created; a fault during a run raises RunFailed."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from ablate.sweep import SweepOptions, load_sweep, size_line, stored_study, sweep
+from ablate.sweep import SweepOptions, checked, load_sweep, size_line, stored_study, sweep
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,7 +43,10 @@ def load_study(
     live in `out`/<study>/ and its trials in `storage` (default: SQLite there), its trials' files in
     `artifacts` (s3://bucket/prefix; default: the folder). ConfigError lists every problem of the study
     and of these options."""
-    options = SweepOptions(storage=storage, out=Path(out), artifacts=artifacts, allow_large=allow_large)
+    options = checked(
+        SweepOptions,
+        {"storage": storage, "out": Path(out), "artifacts": artifacts, "allow_large": allow_large},
+    )
     spec = load_sweep(study, profile, sets, options)
     return Study(str(study), profile, dict(sets or {}), options, spec)
 
@@ -88,17 +90,16 @@ class Study:
 
         Interrupting (Ctrl-C, or the notebook's stop button) stops the workers, which checkpoint their
         trials, and raises KeyboardInterrupt; calling run again resumes them."""
-        options = replace(
-            self.options, workers=workers, devices=devices, per_device=per_device, wandb=wandb, report=report
-        )
+        options = checked(SweepOptions, {**self.options.model_dump(), "workers": workers, "devices": devices,
+                                         "per_device": per_device, "wandb": wandb, "report": report})  # fmt: skip
         folder = sweep(
             self.source, self.profile, self.sets, options, Console(stderr=True), stop_on_signals=False
         )
         return folder / "report.html" if folder else None
 
-    def _stored(self, call: str):
+    def _stored(self, call: str, read_only: bool = True):
         """The study as its storage holds it (what was run), and the storage."""
-        return stored_study(call, self.name, self.options.storage, self.options.out)
+        return stored_study(call, self.name, self.options.storage, self.options.out, read_only)
 
     def _table(self, call: str) -> tuple[StudySpec, pd.DataFrame]:
         from ablate.analysis.table import trials_frame
@@ -123,7 +124,7 @@ class Study:
         """Builds the report from the storage and the trials' files, as `ablate report`; its HTML file."""
         from ablate.reports.render import build_report
 
-        spec, store = self._stored("report")
+        spec, store = self._stored("report", read_only=False)  # the report writes its notes there
         folder = build_report(spec, store, self.options.out, artifact_location=self.options.artifacts)
         return folder / "report.html"
 

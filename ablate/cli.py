@@ -6,14 +6,17 @@ Bad input anywhere ends with one line on stderr naming what and where, and exit 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
 
@@ -37,6 +40,19 @@ ArtifactsOption = Annotated[
     typer.Option("--artifacts", help="s3://bucket/prefix for trial files (default: runs/<study>/artifacts)."),
 ]
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: key=value.")]
+HOST_NAME = re.compile(r"[\w.-]+")  # a name or an IPv4 address
+
+
+def host_name(host: str) -> str:
+    """--host as a server binds it: a name, an IPv4 or an IPv6 address (without brackets); whether it
+    resolves is found when binding."""
+    if HOST_NAME.fullmatch(host):
+        return host
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        raise ValueError(f"expected a host name or an IP address (got {host!r})") from None
+    return host
 
 
 def fail(message: str) -> typer.Exit:
@@ -116,12 +132,14 @@ def sweep(
     storage: StorageOption = None,
     out: RunsOption = Path("runs"),
     workers: Annotated[
-        int | None, typer.Option("--workers", min=1, help="Local CPU worker processes.")
+        str | None, typer.Option("--workers", metavar="N", help="Local CPU worker processes.")
     ] = None,
     devices: Annotated[
         str | None, typer.Option("--devices", help="GPUs to use, e.g. 0,1: worker processes per GPU.")
     ] = None,
-    per_device: Annotated[int, typer.Option("--per-device", min=1, help="Worker processes per GPU.")] = 1,
+    per_device: Annotated[
+        str, typer.Option("--per-device", metavar="N", help="Worker processes per GPU.")
+    ] = "1",
     wandb: WandbOption = None,
     sets: SetOption = None,
     profile: Annotated[
@@ -148,15 +166,16 @@ def sweep(
     a scheduler starts the workers (README: Run on a cluster)."""
     from ablate.harness import signals
     from ablate.harness.config import parse_override
-    from ablate.sweep import SweepOptions
+    from ablate.sweep import SweepOptions, checked
     from ablate.sweep import sweep as run_sweep
 
-    options = SweepOptions(
-        storage=storage, out=out, workers=workers, devices=devices, per_device=per_device, wandb=wandb,
-        artifacts=artifacts, allow_large=allow_large, report=not no_report, launcher=launcher,
-        launch=tuple(launch or ()),
-    )  # fmt: skip
     try:
+        # The numbers arrive as text, so that the options' one schema checks them, as it does the API's.
+        options = checked(SweepOptions, {
+            "storage": storage, "out": out, "workers": workers, "devices": devices, "per_device": per_device,
+            "wandb": wandb, "artifacts": artifacts, "allow_large": allow_large, "report": not no_report,
+            "launcher": launcher, "launch": tuple(launch or ()),
+        }, from_text=True)  # fmt: skip
         # --set changes the study's fixed keys for every trial (e.g. train.max_steps=50).
         overrides = dict(parse_override(s) for s in sets or [])
         run_sweep(study, profile, overrides, options, console, stop_on_signals=True)
@@ -189,7 +208,7 @@ def worker(
     from ablate.harness import tracking
     from ablate.harness.artifacts import default_storage_url
     from ablate.harness.study.queue import prepare_study
-    from ablate.harness.study.storage import open_storage
+    from ablate.harness.study.storage import check_readable, open_storage
     from ablate.harness.study.validate import load_study, raise_problems, run_problems
 
     try:
@@ -197,7 +216,9 @@ def worker(
         problems = run_problems(out, storage, None, wandb)
         if is_study_file(study):
             spec = load_study(study, also=problems)
-            store = open_storage(storage or default_storage_url(spec.slug, out))
+            url = storage or default_storage_url(spec.slug, out)
+            store = open_storage(url)
+            check_readable(store, url, spec.name)
             spec = prepare_study(spec, store)  # the stored spec, when the study was already there
         else:
             raise_problems("", [], problems)
@@ -284,13 +305,22 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
+class ServeOptions(BaseModel):
+    """Where `ablate dashboard` serves, checked (`checked`) before anything opens, as SweepOptions are."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    host: Annotated[str, AfterValidator(host_name)]
+    port: int = Field(ge=1, le=65535)
+
+
 @app.command()
 def dashboard(
     study: Annotated[str | None, typer.Argument(help="Study name or file (for its default storage).")] = None,
     storage: StorageOption = None,
     out: RunsOption = Path("runs"),
     host: Annotated[str, typer.Option("--host", help="Address to serve on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to serve on.")] = 8080,
+    port: Annotated[str, typer.Option("--port", metavar="PORT", help="Port to serve on.")] = "8080",
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Say what would be served (password masked), serve nothing.")
     ] = False,
@@ -305,52 +335,55 @@ def dashboard(
         slugify,
     )
     from ablate.harness.extras import require
-    from ablate.harness.study.storage import masked_url
+    from ablate.harness.study.storage import check_readable, check_url, masked_url, open_storage
+    from ablate.sweep import checked
 
     try:
-        if storage is None:
-            if study is None:
-                found = sorted(out.glob(f"*/{STUDY_DB}"))
-                if len(found) != 1:
-                    where = ", ".join(str(p.parent.name) for p in found) or "none"
-                    raise ConfigError(
-                        f"dashboard: name a study or give --storage (studies in {out}: {where})"
-                    )
-                study = found[0].parent.name
-            storage = default_storage_url(slugify(study_name(study)), out)
-        if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
-            raise ConfigError(f"storage {masked_url(storage)}: no such database")
+        serve = checked(ServeOptions, {"host": host, "port": port}, from_text=True)
+        if storage is None and study is None:
+            found = sorted(out.glob(f"*/{STUDY_DB}"))
+            if len(found) != 1:
+                where = ", ".join(str(p.parent.name) for p in found) or "none"
+                raise ConfigError(f"dashboard: name a study or give --storage (studies in {out}: {where})")
+            study = found[0].parent.name
+        name = None if study is None else study_name(study)
+        storage = storage or default_storage_url(slugify(name), out)
+        check_url(storage, exists=True)  # all that --dry-run checks: it connects to nothing
         check_artifacts(artifacts)
-        if artifacts and study is None:
+        if artifacts and name is None:
             raise ConfigError("--artifacts: name the study too (its files lie under the prefix by name)")
     except ConfigError as e:
         raise fail(str(e)) from None
     # The trials' files: the study's artifact store (its folder's, or under the bucket by study name).
-    slug = slugify(study_name(study)) if study is not None else None
+    slug = None if name is None else slugify(name)
+    served_at = f"http://{serve.host}:{serve.port}"
     if dry_run:
         files = "none" if slug is None else artifact_location(slug, out, artifacts)
-        print(f"optuna-dashboard on http://{host}:{port}: storage {masked_url(storage)}, artifacts {files}")
+        print(f"optuna-dashboard on {served_at}: storage {masked_url(storage)}, artifacts {files}")
         return
     try:
         require("optuna_dashboard", extra="dashboard", feature="ablate dashboard")
+        # Opened here, not by optuna-dashboard, which would give a database of another program Optuna's tables.
+        store = open_storage(storage, create_dir=False)
+        check_readable(store, storage, name)
     except ConfigError as e:
         raise fail(str(e)) from None
     from optuna_dashboard import run_server
 
     # In this process, not a child one: a killed `ablate` leaves no server behind, and the URL stays off
     # the command lines that `ps` shows.
-    console.print(f"optuna-dashboard on http://{host}:{port} (Ctrl-C to stop)")
+    console.print(f"optuna-dashboard on {served_at} (Ctrl-C to stop)")
     try:
-        store = None if slug is None else artifact_store(slug, out, artifacts)
-        run_server(storage, host=host, port=port, artifact_store=store)
+        files = None if slug is None else artifact_store(slug, out, artifacts)
+        run_server(store, host=serve.host, port=serve.port, artifact_store=files)
     except KeyboardInterrupt:
         pass
 
 
-def _stored_study(command: str, study: str, storage: str | None, out: Path):
+def _stored_study(command: str, study: str, storage: str | None, out: Path, read_only: bool = True):
     """The spec and storage of a study that exists in the storage; exit 2 otherwise."""
     try:
-        return stored_study(command, study, storage, out)
+        return stored_study(command, study, storage, out, read_only)
     except ConfigError as e:
         raise fail(str(e)) from None
 
@@ -369,7 +402,7 @@ def report(
     import time
 
     start = time.perf_counter()
-    spec, store = _stored_study("report", study, storage, out)
+    spec, store = _stored_study("report", study, storage, out, read_only=False)  # it writes the notes
     try:
         check_artifacts(artifacts)
     except ConfigError as e:
@@ -489,12 +522,22 @@ def error_line(e: BaseException) -> tuple[int, str] | None:
         return 2, str(e)
     if isinstance(e, RunFailed):
         return 1, str(e)
+    smaller = "; a smaller train.batch_size or model needs less"
     torch = sys.modules.get("torch")  # without torch loaded, nothing ran out of device memory
     if torch is not None and isinstance(e, torch.cuda.OutOfMemoryError):
         # The allocator's first sentences (what it tried to allocate, what was free); the rest is advice on
         # its settings, over several lines.
         sentences = " ".join(str(e).split()).split(". ")
-        return 1, ". ".join(sentences[:3]).rstrip(".") + "; a smaller train.batch_size needs less"
+        return 1, ". ".join(sentences[:3]).rstrip(".") + smaller
+    # torch's CPU allocator: "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't
+    # allocate memory (or: not enough memory): you tried to allocate 8589934592 bytes. Error code 12 (...)"
+    cpu = isinstance(e, RuntimeError) and re.search(r"DefaultCPUAllocator: .*?allocate (\d+) bytes", str(e))
+    if cpu:
+        size = int(cpu[1])
+        amount = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB"
+        return 1, f"CPU out of memory. Tried to allocate {amount}{smaller}"
+    if isinstance(e, MemoryError):  # Python's says nothing; numpy's names the array it could not allocate
+        return 1, f"out of memory{f': {e}' if str(e) else ''}{smaller}"
     if isinstance(e, OSError):
         from ablate.harness.study.validate import os_reason
 

@@ -6,33 +6,50 @@ Errors: ConfigError for bad input (before anything is created), RunFailed for a 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
+from ablate.harness.config import one_line, validation_problems
 from ablate.harness.errors import ConfigError, RunFailed
 
 if TYPE_CHECKING:
     from ablate.harness.study.spec import StudySpec
 
+Count = Annotated[int, Field(ge=1)]  # worker processes: one at least
+Options = TypeVar("Options", bound=BaseModel)
 
-@dataclass(frozen=True)
-class SweepOptions:
-    """`ablate sweep`'s options: the command line's flags, or the Python API's arguments."""
+
+class SweepOptions(BaseModel):
+    """`ablate sweep`'s options: the command line's flags, or the Python API's arguments, each number with
+    its range; `checked` builds them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     storage: str | None = None  # SQLAlchemy URL; None: SQLite in <out>/<study>/
     out: Path = Path("runs")
-    workers: int | None = None  # local CPU worker processes
+    workers: Count | None = None  # local CPU worker processes
     devices: str | None = None  # GPUs, e.g. "0,1"
-    per_device: int = 1
+    per_device: Count = 1
     wandb: str | None = None  # online | offline | disabled; None: online with credentials
     artifacts: str | None = None  # s3://bucket/prefix; None: <out>/<study>/artifacts
     allow_large: bool = False
     report: bool = True
     launcher: str | None = None  # harness/launchers: slurm | ray; None: worker processes here
     launch: tuple[str, ...] = ()  # the launcher's settings, key=value, over the study file's launcher block
+
+
+def checked(schema: type[Options], values: dict[str, Any], from_text: bool = False) -> Options:
+    """`values` as `schema` validates them, strictly for the API's Python values, converted from text for
+    the command line's (`from_text`); otherwise a ConfigError naming each option as its flag
+    (`--per-device: ...`), raised before anything is created."""
+    try:
+        return schema.model_validate(values, strict=not from_text)
+    except ValidationError as e:
+        problems = [(f"--{loc.replace('_', '-')}", msg) for loc, msg in validation_problems(e)]
+        raise ConfigError(one_line(problems), problems) from None
 
 
 def check_artifacts(location: str | None, reach: bool = False) -> None:
@@ -102,7 +119,7 @@ def sweep(
     from ablate.harness.artifacts import default_storage_url
     from ablate.harness.launchers import plan
     from ablate.harness.study.queue import prepare_study
-    from ablate.harness.study.storage import masked_url, open_storage
+    from ablate.harness.study.storage import check_readable, masked_url, open_storage
     from ablate.harness.study.validate import raise_problems
 
     spec = load_sweep(study, profile, sets, options)
@@ -114,6 +131,7 @@ def sweep(
     if launch is not None:
         raise_problems("", [], launch.problems(url, options.out))
     store = open_storage(url, heartbeat=spec.heartbeat)
+    check_readable(store, url, spec.name)
     stored = prepare_study(spec, store)
     if stored != spec:
         changed = ", ".join(k for k in type(spec).model_fields if getattr(stored, k) != getattr(spec, k))
@@ -222,18 +240,22 @@ def _notebook_output(progress):
     return display(progress, display_id=True)
 
 
-def stored_study(command: str, study: str, storage: str | None, out: Path):
-    """The spec (as stored) and storage of a study, by name or file, that exists in the storage."""
+def stored_study(command: str, study: str, storage: str | None, out: Path, read_only: bool = True):
+    """The spec (as stored) and storage of a study, by name or file, that exists in the storage, its data
+    read once (check_readable); `read_only` unless the command writes to it (a report's notes)."""
     from ablate.harness.artifacts import default_storage_url, slugify
     from ablate.harness.study.queue import load_spec_from_storage, stored_study_names
-    from ablate.harness.study.storage import masked_url, open_storage
+    from ablate.harness.study.storage import check_readable, masked_url, open_storage
 
     name = study_name(study)
     url = storage or default_storage_url(slugify(name), out)
-    store = open_storage(url, create_dir=False)
-    if name not in stored_study_names(store):
-        known = ", ".join(stored_study_names(store)) or "none"
-        raise ConfigError(f"{command}: no study {name!r} in {masked_url(url)} (studies there: {known})")
+    store = open_storage(url, create_dir=False, read_only=read_only)
+    check_readable(store, url, name)
+    known = stored_study_names(store)
+    if name not in known:
+        raise ConfigError(
+            f"{command}: no study {name!r} in {masked_url(url)} (studies there: {', '.join(known) or 'none'})"
+        )
     return load_spec_from_storage(store, name), store
 
 
@@ -242,9 +264,10 @@ def is_study_file(study: str) -> bool:
 
 
 def study_name(study: str) -> str:
-    """A study given by name, or by its file (whose `name` is read)."""
+    """A study given by name, or by its file (whose `name` is read: the file alone, not its data, which a
+    study's report or status does not need)."""
     if is_study_file(study):
         from ablate.harness.study.validate import load_study
 
-        return load_study(study).name
+        return load_study(study, read_data=False).name
     return study

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 import subprocess
@@ -16,8 +17,10 @@ from optuna.trial import TrialState
 from test_reliability import background, finish, resume_record, wait_for
 from test_reliability import write_study as write_long_study
 from test_sweep import write_study
+from typer.testing import CliRunner
 
 import ablate
+from ablate.cli import app
 from ablate.harness.config import ExperimentConfig
 from ablate.harness.study.queue import EVAL, load_phase_study
 from ablate.harness.study.storage import open_storage
@@ -82,6 +85,54 @@ def test_bad_input_raises_config_error_naming_what_and_where_and_creates_nothing
         ablate.train({"preset": "lstm"}, sets={"model.d_ff": 64})
     with pytest.raises(ablate.ConfigError, match=r"^model\.d_ff: has no effect .*\(1 more\)$"):
         ablate.train({"preset": "lstm", "model": {"heads": 2, "d_ff": 64}})
+
+
+# Counts of processes no run takes: zero and below, not finite, not whole, not a number; the API's are
+# Python values, checked strictly (a bool or a numeric string is no count), the command line's its text.
+BAD_COUNTS = [0, -1, -3, -(2**63), math.inf, -math.inf, math.nan, 2.5, 1.0, True, "2", [2]]
+BAD_COUNT_TEXTS = ["0", "-1", "-3", str(-(2**63)), "inf", "-inf", "nan", "2.5", "1e3", "0x10", "two", ""]
+
+
+@pytest.mark.parametrize("option", ["workers", "per_device"])
+@pytest.mark.parametrize("value", BAD_COUNTS, ids=repr)
+def test_a_count_out_of_range_is_a_config_error_naming_it_before_anything_is_created(tmp_path, option, value):
+    study = ablate.load_study(write_study(tmp_path / "tiny.yaml"), out=tmp_path / "runs")
+    with pytest.raises(ablate.ConfigError, match=f"^--{option.replace('_', '-')}: "):
+        study.run(**{option: value}, wandb="disabled")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--per-device"])
+@pytest.mark.parametrize("value", BAD_COUNT_TEXTS)
+def test_the_command_line_refuses_the_same_counts_in_one_line(tmp_path, flag, value):
+    study = write_study(tmp_path / "tiny.yaml")
+    result = CliRunner().invoke(app, ["sweep", str(study), flag, value, "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: {flag}: ")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_more_workers_than_any_machine_holds_are_refused_by_both(tmp_path):
+    study, huge = write_study(tmp_path / "tiny.yaml"), 10**30
+    with pytest.raises(ablate.ConfigError, match=f"^--workers: {huge} worker processes exceed this machine"):
+        ablate.load_study(study, out=tmp_path / "runs").run(workers=huge)
+    result = CliRunner().invoke(
+        app, ["sweep", str(study), "--workers", str(huge), "--out", str(tmp_path / "runs")]
+    )
+    assert result.exit_code == 2 and result.stderr.startswith(
+        f"error: --workers: {huge} worker processes exceed"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_options_of_the_wrong_type_are_config_errors_naming_them(tmp_path):
+    study = write_study(tmp_path / "tiny.yaml")
+    with pytest.raises(ablate.ConfigError, match=r"^--storage: Input should be a valid string"):
+        ablate.load_study(study, storage=3, out=tmp_path / "runs")
+    with pytest.raises(ablate.ConfigError, match=r"^--allow-large: Input should be a valid boolean"):
+        ablate.load_study(study, allow_large="yes", out=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.fixture(scope="module")

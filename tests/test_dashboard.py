@@ -26,8 +26,10 @@ from matplotlib import image
 from matplotlib.collections import PolyCollection
 from test_report_browser import CHROMIUM, chromium
 from test_reports import SRC, attention_sample, synthetic  # noqa: F401  (the session's report)
+from typer.testing import CliRunner
 
 from ablate.analysis import claims, stats
+from ablate.cli import app
 from ablate.harness.artifacts import AttentionSample
 from ablate.harness.attention_maps import save_probe_image
 from ablate.harness.study.queue import optuna_study_name, prepare_study
@@ -206,6 +208,35 @@ def test_objectives_carry_the_metrics_names_and_seeds_are_no_parameters(tmp_path
         ("a", 0), ("a", 1), ("b", 0), ("b", 1)
     ]  # fmt: skip
     assert all("seed" not in t.system_attrs["fixed_params"] for t in queued)
+
+
+BAD_PORTS = ["0", "-1", "65536", "99999", str(2**64), "inf", "nan", "80.5", "8e3", "0x50", "http", ""]
+BAD_HOSTS = ["", "a b", "[::1]", "host/x", "127.0.0.1:80", "::1::2", "é\n"]
+
+
+def dry_run(tmp_path, *args: str):
+    """`ablate dashboard tiny --dry-run` on a study's storage: a value let through is printed, not served."""
+    runs = tmp_path / "runs"
+    if not (runs / "tiny").exists():
+        (runs / "tiny").mkdir(parents=True)
+        optuna.create_study(study_name="tiny:eval", storage=f"sqlite:///{runs / 'tiny' / 'study.db'}")
+    return CliRunner().invoke(app, ["dashboard", "tiny", "--out", str(runs), *args, "--dry-run"])
+
+
+@pytest.mark.parametrize(
+    "option, value", [*(("--port", p) for p in BAD_PORTS), *(("--host", h) for h in BAD_HOSTS)]
+)
+def test_a_port_or_host_no_server_binds_is_one_line_before_anything_opens(tmp_path, option, value):
+    result = dry_run(tmp_path, option, value)
+    assert result.exit_code == 2, (result.output, result.exception)
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: {option}: ")
+
+
+def test_the_ends_of_the_port_range_and_every_kind_of_host_are_taken(tmp_path):
+    for host, port in (("::1", "65535"), ("localhost", "1"), ("0.0.0.0", "8080")):
+        result = dry_run(tmp_path, "--host", host, "--port", port)
+        assert result.exit_code == 0 and f"http://{host}:{port}:" in result.stdout, result.output
 
 
 # The page as a browser shows it ---------------------------------------------------------------------------

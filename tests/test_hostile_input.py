@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import lightning as L
 import pytest
+import torch
 import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
 from typer.testing import CliRunner
@@ -498,9 +499,30 @@ def test_command_line_problems(monkeypatch, kwargs, env, problem):
     assert where == problem[0] and message.startswith(problem[1]), message
 
 
-def test_a_gpu_torch_cannot_see_is_refused():
-    import torch
+def symlink_loop(folder: Path) -> Path:
+    """A symbolic link to itself: the system refuses every path through it (ELOOP)."""
+    (folder / "loop").symlink_to("loop")
+    return folder / "loop"
 
+
+@pytest.mark.parametrize(
+    "out, problem",
+    [
+        (lambda d: symlink_loop(d) / "runs", "{out}: too many levels of symbolic links"),
+        (lambda d: symlink_loop(d), "{out}: too many levels of symbolic links"),
+        (lambda d: d / ("n" * 300) / "runs", "{out}: file name too long"),
+        (lambda d: Path(*[str(d), *["d"] * 3000]), "{out}: file name too long"),  # past PATH_MAX
+        (lambda d: d / "file" / "runs", f"{{d}}{os.sep}file: not a folder"),
+    ],
+    ids=["under-a-loop", "a-loop", "a-name-too-long", "a-path-too-long", "under-a-file"],
+)
+def test_an_out_the_system_refuses_to_look_at_is_one_problem_naming_it(tmp_path, out, problem):
+    (tmp_path / "file").write_text("")
+    path = out(tmp_path)
+    assert run_problems(out=path) == [("--out", problem.format(out=path, d=tmp_path))]
+
+
+def test_a_gpu_torch_cannot_see_is_refused():
     visible = torch.cuda.device_count()
     ((where, message),) = run_problems(devices=f"0,{visible}")
     assert where == "--devices" and message.startswith(f"no GPU {'0, ' if not visible else ''}{visible}: ")
@@ -637,36 +659,64 @@ def test_a_study_or_config_file_above_a_megabyte_is_refused_before_parsing(tmp_p
     assert not (tmp_path / "out").exists()
 
 
-def test_train_that_diverges_fails_with_the_reason(tmp_path):
-    # As a sweep's trial fails: exit 1 and why, not exit 0 with NaN metrics.
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_train_that_diverges_fails_with_the_reason(tmp_path, device):
+    # As a sweep's trial fails: exit 1 and why, not exit 0 with NaN metrics; on the CPU (GPUs hidden) and on
+    # a GPU, where `precision: auto` trains in bf16-mixed.
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(base()))
-    proc = ablate("train", str(config), "train.lr=1e308", "--out", str(tmp_path / "out"), "--json")
+    hidden = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
+    out = str(tmp_path / "out")
+    proc = ablate("train", str(config), "train.lr=1e308", "--out", out, "--json", env=hidden)
     assert proc.returncode == 1, proc.stderr[-2000:]
     # Checked at the first validation (val_every 2): the first update already made the weights infinite.
     assert proc.stderr.splitlines() == ["error: diverged: train/loss is not finite (by step 2)"]
     assert proc.stdout == ""
 
 
-def test_cuda_out_of_memory_in_train_is_one_line(monkeypatch, capsys):
-    import torch
+CUDA_OOM = (
+    "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 3.06 GiB "
+    "is free. Including non-PyTorch memory, this process has 76.10 GiB memory in use. If reserved but "
+    "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+    "fragmentation.  See documentation for Memory Management\n  (https://pytorch.org/docs/stable/notes)"
+)
+CPU_OOM = (
+    "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: {}: you tried to allocate {} bytes"
+)
+NUMPY_OOM = "Unable to allocate 64.0 GiB for an array with shape (8589934592,) and data type float64"
 
-    def out_of_memory(*args, **kwargs):
-        raise torch.cuda.OutOfMemoryError(
-            "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
-            "3.06 GiB is free. Including non-PyTorch memory, this process has 76.10 GiB memory in use. If reserved "
-            "but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid"
-            " fragmentation.  See documentation for Memory Management\n  (https://pytorch.org/docs/stable/notes)"
-        )
 
-    monkeypatch.setattr("ablate.harness.trial.run_trial", out_of_memory)
-    monkeypatch.setattr("sys.argv", ["ablate", "train", "--preset", "lstm", "train.max_steps=1"])
+@pytest.mark.parametrize(
+    "error, line",
+    [
+        (torch.cuda.OutOfMemoryError(CUDA_OOM),
+         "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+         "3.06 GiB is free"),
+        (RuntimeError(CPU_OOM.format("can't allocate memory", 2**33) + ". Error code 12 (Cannot allocate memory)"),
+         "CPU out of memory. Tried to allocate 8.00 GiB"),
+        (RuntimeError(CPU_OOM.format("not enough memory", 3 * 2**20) + "."),
+         "CPU out of memory. Tried to allocate 3.00 MiB"),
+        (MemoryError(), "out of memory"),
+        (MemoryError(NUMPY_OOM), f"out of memory: {NUMPY_OOM}"),
+    ],
+    ids=["cuda", "torch-cpu-cant-allocate", "torch-cpu-not-enough", "python", "numpy"],
+)  # fmt: skip
+def test_out_of_memory_in_train_is_one_line(monkeypatch, capsys, error, line):
+    # Raised by a training step, as the allocator raises it, and through the command's own main().
+    def out_of_memory(self, batch, batch_idx):
+        raise error
+
+    monkeypatch.setattr("ablate.models.module.Seq2SeqModule.training_step", out_of_memory)
+    sets = [f"{section}.{key}={value}" for section, keys in (("task", TINY_TASK), ("model", TINY_MODEL),
+            ("train", TINY_TRAIN)) for key, value in keys.items()]  # fmt: skip
+    monkeypatch.setattr("sys.argv", ["ablate", "train", "--preset", "transformer", *sets, "--json"])
     with pytest.raises(SystemExit) as exit:
         main()
     assert exit.value.code == 1
     assert capsys.readouterr().err.splitlines() == [
-        "error: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
-        "which 3.06 GiB is free; a smaller train.batch_size needs less"
+        f"error: {line}; a smaller train.batch_size or model needs less"
     ]
 
 
@@ -689,6 +739,17 @@ def test_unreadable_study_file(tmp_path):
     proc = ablate_unprivileged("sweep", str(path), "--out", str(tmp_path / "out"), home=tmp_path)
     assert_refused(proc, f"{path}: permission denied")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_out_through_a_symlink_loop_or_an_unsearchable_folder_is_one_line_and_nothing_is_made(tmp_path):
+    loop = symlink_loop(tmp_path)
+    proc = ablate("sweep", "quickstart", "--out", str(loop / "runs"), cwd=tmp_path)
+    assert_refused(proc, f"--out: {loop / 'runs'}: too many levels of symbolic links")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0)
+    proc = ablate_unprivileged("sweep", "quickstart", "--out", str(locked / "sub" / "runs"), home=tmp_path)
+    assert_refused(proc, f"--out: {locked}: permission denied (not writable)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["locked", "loop"]
 
 
 def test_unreadable_corpus_and_unwritable_out_are_listed_together(tmp_path):

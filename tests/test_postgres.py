@@ -1,5 +1,6 @@
 """Scale-out on a real PostgreSQL server: several `ablate worker` processes share one study, and a worker
-killed mid-trial is recovered from, as on the SQLite default (test_reliability.py).
+killed mid-trial is recovered from, as on the SQLite default (test_reliability.py); a database of another
+program is left as it was, status reads in a read-only session, and no command shows the password.
 
 The server comes from ABLATE_TEST_POSTGRES_URL (.ci/services.sh starts a throwaway one on loopback); each
 test gets a database of its own, dropped afterwards, so reruns never collide."""
@@ -8,7 +9,10 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
+from urllib.parse import quote
 
+import optuna
 import pandas as pd
 import pytest
 import sqlalchemy as sa
@@ -17,8 +21,8 @@ from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
 from optuna.trial import TrialState
 from test_reliability import finish, kill_mid_trial_and_recover, start_worker
 
-from ablate.harness.study.queue import EVAL, grid_point, load_phase_study
-from ablate.harness.study.storage import open_storage
+from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study
+from ablate.harness.study.storage import masked_url, open_storage
 from ablate.harness.study.validate import load_study
 
 URL_VARIABLE = "ABLATE_TEST_POSTGRES_URL"
@@ -46,8 +50,9 @@ def postgres_url():
     admin.dispose()
 
 
-def test_three_workers_finish_a_12_point_grid(tmp_path, postgres_url):
-    study = tmp_path / "grid.yaml"
+def write_study(folder) -> Path:
+    """A 12-point grid: three positional encodings x four seeds."""
+    study = folder / "grid.yaml"
     study.write_text(yaml.safe_dump({
         "name": "grid",
         "base": {"preset": "transformer", "task": TINY_TASK, "model": TINY_MODEL, "train": TINY_TRAIN},
@@ -55,6 +60,11 @@ def test_three_workers_finish_a_12_point_grid(tmp_path, postgres_url):
         "seeds": [0, 1, 2, 3],
         "metric": {"name": "test/tok_acc"},
     }))  # fmt: skip
+    return study
+
+
+def test_three_workers_finish_a_12_point_grid(tmp_path, postgres_url):
+    study = write_study(tmp_path)
     runs = tmp_path / "runs"
     # Three workers started together: they race to create the study, and then for every trial.
     workers = [start_worker(study, runs, "--storage", postgres_url) for _ in range(3)]
@@ -81,3 +91,49 @@ def test_three_workers_finish_a_12_point_grid(tmp_path, postgres_url):
 
 def test_killed_worker_trial_is_retried_on_postgres(tmp_path, postgres_url):
     kill_mid_trial_and_recover(tmp_path, postgres_url)
+
+
+def tables(url: str) -> list[str]:
+    engine = sa.create_engine(url)
+    try:
+        return sorted(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_a_database_of_another_program_or_an_empty_one_is_refused_and_left_as_it_was(tmp_path, postgres_url):
+    study, runs = write_study(tmp_path), str(tmp_path / "runs")
+    proc = ablate("status", "grid", "--storage", postgres_url, "--out", runs)
+    assert (proc.returncode, proc.stderr.splitlines()) == (
+        2, [f"error: storage {masked_url(postgres_url)}: an empty database, no study in it"]
+    )  # fmt: skip
+    assert tables(postgres_url) == []
+    engine = sa.create_engine(postgres_url)
+    with engine.begin() as connection:
+        connection.execute(sa.text("CREATE TABLE mine (x int)"))
+    engine.dispose()
+    line = (f"error: storage {masked_url(postgres_url)}: not an Optuna storage: it holds other tables (mine); "
+            "give a file or database of its own")  # fmt: skip
+    for command in (["status", "grid"], ["report", "grid"], ["sweep", str(study), "--wandb", "disabled"]):
+        proc = ablate(*command, "--storage", postgres_url, "--out", runs)
+        assert (proc.returncode, proc.stderr.splitlines()) == (2, [line]), proc.stderr[-2000:]
+        assert tables(postgres_url) == ["mine"]
+
+
+def test_status_reads_in_a_read_only_session_and_no_command_shows_the_password(tmp_path, postgres_url):
+    """The test server trusts loopback, so any password connects: in the URL's user info and as a query key,
+    percent-encoded both times."""
+    password = "Sekr1A@Sekr1B#Sekr1C/ Sekr1D?é:%"
+    url = sa.make_url(postgres_url)
+    urls = [url.set(password=password).render_as_string(hide_password=False),
+            f"{postgres_url}?password={quote(password, safe='')}"]  # fmt: skip
+    prepare_study(load_study(write_study(tmp_path)), open_storage(urls[0]))
+    read_only = open_storage(urls[0], create_dir=False, read_only=True)
+    with pytest.raises(optuna.exceptions.StorageInternalError) as refused:
+        optuna.create_study(study_name="another", storage=read_only)
+    assert "read-only transaction" in str(refused.value.__cause__)
+    for storage in urls:
+        for command in ("status", "report"):
+            proc = ablate(command, "grid", "--storage", storage, "--out", str(tmp_path / "runs"))
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            assert "Sekr1" not in proc.stdout + proc.stderr

@@ -17,9 +17,12 @@ from datetime import datetime
 
 import optuna
 from optuna.trial import TrialState
+from pydantic import ValidationError
 
+from ablate.harness.config import format_validation_error
 from ablate.harness.errors import ConfigError
 from ablate.harness.study.spec import StudySpec, Value, tune_metric
+from ablate.harness.study.storage import masked_url
 
 EVAL, TUNE = "eval", "tune"
 
@@ -93,7 +96,7 @@ def prepare_study(spec: StudySpec, storage, wait_s: float = 30.0) -> StudySpec:
         if "queued" not in study.user_attrs:
             # Its creator died while queuing: queue what is missing (those it queued are kept).
             _queue_trials(spec, storage, study)
-        return StudySpec.model_validate(study.user_attrs["spec"])
+        return load_spec_from_storage(storage, spec.name)
     # The spec travels with the storage, so `ablate report` and joining workers need nothing else.
     study.set_user_attr("spec", spec.model_dump(mode="json"))
     _queue_trials(spec, storage, study)
@@ -172,8 +175,20 @@ def best_tuned_params(spec: StudySpec, storage, variant: str) -> tuple[dict[str,
 
 
 def load_spec_from_storage(storage, name: str) -> StudySpec:
+    """The spec stored with study `name`, which its workers and reports run; ConfigError naming the storage
+    when there is none, when it does not validate (written by hand, or by another version of ablate) or
+    when it is another study's."""
     study = optuna.load_study(study_name=f"{name}:{EVAL}", storage=storage)
-    return StudySpec.model_validate(study.user_attrs["spec"])
+    where = f"storage {masked_url(storage.url)}: study {name!r}"
+    if "spec" not in study.user_attrs:
+        raise ConfigError(f"{where}: no spec is stored with it (a study ablate did not make?)")
+    try:
+        spec = StudySpec.model_validate(study.user_attrs["spec"])
+    except ValidationError as e:
+        raise ConfigError(f"{where}: its stored spec is invalid ({format_validation_error(e)})") from None
+    if spec.name != name:
+        raise ConfigError(f"{where}: its stored spec is for study {spec.name!r}")
+    return spec
 
 
 def stored_study_names(storage) -> list[str]:

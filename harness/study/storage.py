@@ -1,18 +1,26 @@
-"""The Optuna storage of a study: opening it (SQLite file or database server), SQLite's locking, and the
-heartbeat that fails and re-queues the trials of dead workers."""
+"""The Optuna storage of a study: opening it (SQLite file or database server) without writing to a database
+that is not an Optuna storage, SQLite's locking, the heartbeat that fails and re-queues the trials of dead
+workers, and the storage URL as messages show it (every secret masked)."""
 
 from __future__ import annotations
 
+import functools
+import re
+import sqlite3
+import sys
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import optuna
+import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, NoSuchModuleError, ProgrammingError
 
 from ablate.harness.errors import ConfigError, RunFailed
@@ -21,6 +29,11 @@ from ablate.harness.study.spec import HeartbeatSpec
 
 CONNECT_TIMEOUT_S = 10  # an unreachable database server is reported, not waited on
 SCHEMA_ATTEMPTS = 10
+# Another process's lock on a SQLite file (a writer mid-transaction, a sqlite3 shell's BEGIN EXCLUSIVE) is
+# waited for this long, when opening and by every later statement; opening says once that it waits.
+LOCK_WAIT_S = 60
+LOCK_POLL_S = 0.5
+SQLITE_BUSY = 5
 # Optuna storages without heartbeats (a JournalStorage's Redis backend or file, GrpcStorageProxy), as a user
 # would name them: refused for every run, since a dead worker's trial is only retried through its heartbeat.
 NO_HEARTBEAT_SCHEMES = ("grpc", "redis", "rediss")
@@ -31,41 +44,211 @@ SQLITE_FULL, PG_DISK_FULL = (13, 4874), "53100"
 MAX_RETRIES = 3  # a grid point whose worker keeps dying (killed, out of host memory) is given up after this
 
 
-def open_storage(url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = HeartbeatSpec()):
+def open_storage(
+    url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = HeartbeatSpec(), read_only: bool = False
+):
     """An RDBStorage with a heartbeat: the RUNNING trial of a killed worker is failed once its heartbeat is
-    `heartbeat.grace` seconds old, and re-queued as a WAITING copy (RetryHeartbeatStaleTrialCallback)."""
-    url = with_driver(url)
-    sqlite = url.startswith("sqlite:///")
-    if sqlite:
-        db = Path(url.removeprefix("sqlite:///"))
-        if create_dir:
-            db.parent.mkdir(parents=True, exist_ok=True)
-        elif not db.is_file():
-            raise ConfigError(f"storage {masked_url(url)}: no such database")
-    for attempt in range(SCHEMA_ATTEMPTS):
-        try:
-            with quiet_experimental():
-                storage = optuna.storages.RDBStorage(
-                    url, engine_kwargs={"connect_args": connect_args(url)},
-                    heartbeat_interval=heartbeat.interval, grace_period=heartbeat.grace,
-                    heartbeat_stale_trial_callback=retry_callback(MAX_RETRIES),
-                )  # fmt: skip
-            break
-        # DatabaseError covers the server's refusals and a file that is no database (overwritten, truncated).
-        except (DatabaseError, ArgumentError, ModuleNotFoundError) as e:
-            reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
-            # Workers that open a new database at the same moment all create Optuna's tables; the losers
-            # hit a table, type or version row another just made. Opening again finds the schema there.
-            lost_race = isinstance(e, IntegrityError | ProgrammingError) or "already exists" in reason
-            if storage_full(e):  # a fault of the machine, not of the URL: exit 1
-                raise RunFailed(f"storage {masked_url(url)}: no space left on device; free some, then run the "
-                                "same command") from None  # fmt: skip
-            if not lost_race or attempt == SCHEMA_ATTEMPTS - 1:
-                raise ConfigError(f"storage {masked_url(url)}: cannot open ({reason})") from None
-            time.sleep(0.2 * (attempt + 1))
-    if sqlite:
+    `heartbeat.grace` seconds old, and re-queued as a WAITING copy (RetryHeartbeatStaleTrialCallback).
+
+    `create_dir`: a new study may start here: the folder of a sqlite:/// file is made and an empty database
+    gets Optuna's tables; without, a missing or empty store is ConfigError. `read_only` (status, results)
+    creates nothing either: a SQLite file is opened read-only and a PostgreSQL session refuses writes.
+    Nothing is written to a database that is not an Optuna storage this Optuna reads (`check_store`); a
+    URL that names no storage is ConfigError before anything connects (`check_url`)."""
+    create = create_dir and not read_only
+    driver_url = with_driver(url)  # a missing extra, named as every feature names it
+    check_url(url, exists=not create)
+    db = sqlite_path(driver_url)
+    if create and db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    with errors_named(url):
+        check_store(driver_url, url, create, read_only)
+        storage = rdb_storage(driver_url, create, read_only, heartbeat)
+    if db is not None and not read_only:
         serialize_sqlite_transactions(storage.engine)
     return storage
+
+
+def rdb_storage(url: str, create: bool, read_only: bool, heartbeat: HeartbeatSpec):
+    """Optuna's RDBStorage, its tables made when `create`. Workers that open a new database at the same
+    moment all create Optuna's tables; the losers hit a table, type or version row another just made, and
+    opening again finds the schema there."""
+    for attempt in range(1, SCHEMA_ATTEMPTS + 1):
+        try:
+            with quiet_experimental():
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=engine_kwargs(url, read_only, busy_s=LOCK_WAIT_S),
+                    skip_table_creation=not create, heartbeat_interval=heartbeat.interval,
+                    grace_period=heartbeat.grace, heartbeat_stale_trial_callback=retry_callback(MAX_RETRIES),
+                )  # fmt: skip
+        except DatabaseError as e:
+            lost_race = isinstance(e, IntegrityError | ProgrammingError) or "already exists" in first_line(e)
+            if not lost_race or attempt == SCHEMA_ATTEMPTS:
+                raise
+            time.sleep(0.2 * attempt)
+
+
+@contextmanager
+def errors_named(url: str) -> Iterator[None]:
+    """What opening the storage at `url` raises, as one line naming it: no space left is RunFailed (a fault
+    of the machine, exit 1), the rest ConfigError (a server's refusal, a file that is no database)."""
+    try:
+        yield
+    except (DatabaseError, ArgumentError, ModuleNotFoundError) as e:
+        if storage_full(e):
+            raise RunFailed(f"storage {masked_url(url)}: no space left on device; free some, then run the "
+                            "same command") from None  # fmt: skip
+        reason = without_secrets(first_line(e), url)
+        raise ConfigError(f"storage {masked_url(url)}: cannot open ({reason})") from None
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an error's message: the driver's, where SQLAlchemy wraps one (as `orig`)."""
+    return str(getattr(e, "orig", None) or e).strip().partition("\n")[0]
+
+
+def check_url(url: str, exists: bool) -> None:
+    """ConfigError when `url` names no storage (url_problem) or, with `exists`, a sqlite:/// file that is
+    not there; nothing is connected to."""
+    if reason := url_problem(url):
+        raise ConfigError(f"--storage: {masked_url(url)}: {reason}")
+    db = sqlite_path(url)
+    if exists and db is not None and not db.is_file():
+        raise ConfigError(f"storage {masked_url(url)}: no such database")
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (its path decoded, as SQLite opens it); None for a database server's."""
+    parsed = make_url(url)
+    return Path(parsed.database) if parsed.get_backend_name() == "sqlite" and parsed.database else None
+
+
+# What is in the database, before Optuna writes to it ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What a database says of itself: its tables and, in an Optuna storage, the version rows."""
+
+    tables: frozenset[str]
+    version: object = None  # version_info.schema_version (an int, unless the row is damaged)
+    library: str | None = None  # version_info.library_version: the Optuna that made the storage
+    revision: str | None = None  # alembic_version: the schema's last migration
+
+
+def read_schema(connection) -> Schema:
+    """The tables and version rows of the database `connection` reads, written to by nothing here."""
+    tables = frozenset(sa.inspect(connection).get_table_names())
+    version = library = revision = None
+    if "version_info" in tables:
+        version, library = connection.execute(
+            sa.text("SELECT schema_version, library_version FROM version_info")
+        ).first() or (None, None)
+    if "alembic_version" in tables:
+        revision = connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+    return Schema(tables, version, library, revision)
+
+
+@functools.cache
+def this_optuna() -> tuple[Schema, frozenset[str]]:
+    """The schema this Optuna writes and every schema revision it knows, read off an empty storage it makes
+    in memory (in the calling thread, which alone sees that memory): Optuna names them nowhere public."""
+    reference = optuna.storages.RDBStorage("sqlite://")
+    try:
+        with reference.engine.connect() as connection:
+            return read_schema(connection), frozenset(reference.get_all_versions())
+    finally:
+        reference.engine.dispose()
+
+
+def schema_problem(found: Schema) -> str | None:
+    """Why a database holding `found` is no Optuna storage this Optuna may open, or None (an empty one, or
+    one whose tables another process is creating right now, is fine)."""
+    this, known_revisions = this_optuna()
+    foreign = sorted(found.tables - this.tables)
+    if foreign:
+        return (f"not an Optuna storage: it holds other tables ({', '.join(foreign)}); give a file or "
+                "database of its own")  # fmt: skip
+    if found.version is None or found.revision is None:
+        return None
+    if not isinstance(found.version, int):
+        return f"damaged: its version_info row holds {found.version!r} as the schema version"
+    if found.version > this.version or found.revision not in known_revisions:
+        return (f"written by a newer Optuna: schema {found.version} ({found.revision}), made by Optuna "
+                f"{found.library}, where Optuna {optuna.__version__} reads schema {this.version} "
+                f"({this.revision}); upgrade optuna to read it")  # fmt: skip
+    if found.version < this.version or found.revision != this.revision:
+        return (f"written by Optuna {found.library}, whose schema Optuna {optuna.__version__} reads once "
+                "upgraded: optuna storage upgrade --storage <this URL>")  # fmt: skip
+    return None
+
+
+def check_store(url: str, shown_url: str, create: bool, read_only: bool) -> None:
+    """ConfigError, naming `shown_url`, unless the database at `url` is one `open_storage` may open
+    (store_problem). A lock another process holds on a SQLite file is said once on stderr and waited for up
+    to LOCK_WAIT_S."""
+    engine = sa.create_engine(url, **engine_kwargs(url, read_only, busy_s=0))
+    deadline = None
+    try:
+        while True:
+            try:
+                problem = store_problem(engine, create, read_only)
+                break
+            except DatabaseError as e:
+                if getattr(e.orig, "sqlite_errorcode", None) != SQLITE_BUSY:
+                    raise
+            if deadline is None:
+                print(f"storage {masked_url(shown_url)}: another process holds its lock; waiting up to "
+                      f"{LOCK_WAIT_S} s", file=sys.stderr, flush=True)  # fmt: skip
+                deadline = time.monotonic() + LOCK_WAIT_S
+            elif time.monotonic() > deadline:
+                problem = f"locked by another process; gave up after {LOCK_WAIT_S} s"
+                break
+            time.sleep(LOCK_POLL_S)
+    finally:
+        engine.dispose()
+    if problem:
+        raise ConfigError(f"storage {masked_url(shown_url)}: {problem}")
+
+
+def store_problem(engine, create: bool, read_only: bool) -> str | None:
+    """Why the database of `engine` is no storage to open, found by reading its tables without writing: not
+    an Optuna storage, one of another Optuna version (schema_problem), or empty where a study must be there
+    (without `create`). A writer also takes a SQLite file's write lock and lets it go, so that a lock held
+    for good is found now rather than at the first write; SQLITE_BUSY is raised."""
+    with engine.connect() as connection:
+        schema = read_schema(connection)
+        if reason := schema_problem(schema):
+            return reason
+        if not schema.tables and not create:
+            return "an empty database, no study in it"
+        if not read_only and engine.dialect.name == "sqlite":
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            connection.exec_driver_sql("ROLLBACK")
+    return None
+
+
+def check_readable(storage, url: str, study: str | None = None) -> None:
+    """Reads every study's attributes, and every trial of `study` (of all studies without one), once through
+    Optuna: damaged data (attribute JSON that does not parse; text where Optuna keeps a number, a date or a
+    state) is one ConfigError naming the storage at `url` here, not a traceback in whatever reads it next."""
+    where, problem = "the studies' attributes", None
+    try:
+        for frozen in storage.get_all_studies():
+            if study is not None and not frozen.study_name.startswith(f"{study}:"):
+                continue
+            where = f"study {frozen.study_name!r}"
+            study_id = storage.get_study_id_from_name(frozen.study_name)
+            numbers = [n for t in storage.get_all_trials(study_id, deepcopy=False)
+                       for n in (t.number, *(t.values or ()), *t.intermediate_values.values())]  # fmt: skip
+            problem = next((f"text {n!r} where a number belongs" for n in numbers
+                            if not isinstance(n, int | float)), None)  # fmt: skip
+            if problem:
+                break
+    except (DatabaseError, ValueError, TypeError, LookupError) as e:  # JSON, dates and states Optuna parses
+        problem = first_line(e)
+    if problem:
+        raise ConfigError(f"storage {masked_url(url)}: damaged data in {where} ({problem})")
 
 
 def with_driver(url: str) -> str:
@@ -94,17 +277,87 @@ def chain(e: BaseException | None) -> Iterator[BaseException]:
         e = e.__cause__ or e.__context__
 
 
+# A query key that holds a credential (password=, passwd=, sslpassword=, token=, secret=, api_key=, ...) and
+# its value, up to the next key=value pair or the end: a password may hold an unencoded &, ? or #.
+QUERY_PAIR = re.compile(r"[?&](?P<key>[^&=?#]*)=(?P<value>.*?)(?=&[^&=?#]*=|$)", re.S)
+CREDENTIAL_WORDS = ("pass", "pwd", "secret", "token", "key", "auth", "cred")
+PLAIN_USER = re.compile(r"[^/?#\[\]\s]*")  # a user name that leaves no doubt where the password begins
+HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]*\]|[\w.%-]*)(:\d*)?")
+MASK = "***"
+
+
 def masked_url(url: str) -> str:
-    """The URL as every message, banner and report shows it: the password replaced by ***."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
+    """The URL as every message, banner, log and report shows it: each secret (secret_spans) replaced by ***."""
+    shown, end = [], 0
+    for start, stop in secret_spans(url):
+        shown += [url[end:start], MASK]
+        end = stop
+    return "".join([*shown, url[end:]])
+
+
+def without_secrets(text: str, url: str) -> str:
+    """`text` (a driver's message about `url`) with each secret of `url`, as written or decoded, masked."""
+    for start, stop in secret_spans(url):
+        for secret in {url[start:stop], unquote(url[start:stop])}:
+            text = text.replace(secret, MASK)
+    return text
+
+
+def secret_spans(url: str) -> list[tuple[int, int]]:
+    """Where the secrets of a storage URL lie, in order, read leniently so that a URL no parser takes is
+    masked too: the values of credential query keys, and the password of the user info (user_info). When
+    the user info is not plainly user:password, or when there is none and what follows // is no
+    host[:port], all of it up to the host is taken for secret."""
+    spans, info, begin = credential_values(url), user_info(url), authority_start(url)
+    if info is not None:
+        user, _, password = url[info[0] : info[1]].partition(":")
+        if not PLAIN_USER.fullmatch(user):
+            spans.append(info)
+        elif password:
+            spans.append((info[1] - len(password), info[1]))
+    elif begin is not None and "://" in url:
+        end = next((i for i in range(begin, len(url)) if url[i] in "/?"), len(url))
+        if not HOST_PORT.fullmatch(url[begin:end]):
+            spans.append((begin, end))
+    merged: list[tuple[int, int]] = []
+    for start, stop in sorted(spans):  # a query key inside a password's span is part of that secret
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(stop, merged[-1][1]))
+        else:
+            merged.append((start, stop))
+    return merged
+
+
+def credential_values(url: str) -> list[tuple[int, int]]:
+    """Where the values of `url`'s credential query keys (password=, sslpassword=, token=, ..., their names
+    percent-decoded) lie."""
+    return [match.span("value") for match in QUERY_PAIR.finditer(url)
+            if match["value"] and any(word in unquote(match["key"]).lower() for word in CREDENTIAL_WORDS)]  # fmt: skip
+
+
+def authority_start(url: str) -> int | None:
+    """Where what follows the scheme's // begins (the start of a URL without one); None when a / follows
+    at once (sqlite:///path, postgresql:///db: no user info, no host)."""
+    scheme_end = url.find("://")
+    begin = scheme_end + 3 if scheme_end >= 0 else 0
+    return None if url.startswith("/", begin) else begin
+
+
+def user_info(url: str) -> tuple[int, int] | None:
+    """Where `url`'s user info (user[:password]) lies: from the authority's start to its last @ outside the
+    values of credential query keys, since a password may hold an unencoded @, /, ? or #; None without."""
+    begin = authority_start(url)
+    if begin is None:
+        return None
+    hidden = credential_values(url)
+    ats = [i for i in range(begin, len(url)) if url[i] == "@" and not any(a <= i < b for a, b in hidden)]
+    return (begin, ats[-1]) if ats else None
 
 
 def url_problem(url: str) -> str | None:
-    """Why `url` cannot name a storage (malformed, unknown database, driver not installed), or None; found
-    without connecting: whether the server answers is known when the storage is opened."""
+    """Why `url` cannot name a storage (malformed, unknown database, driver not installed, an unencoded @
+    that ends the user info early, a SQLite database in memory), or None; found without connecting:
+    whether the server answers is known when the storage is opened."""
     if url.partition("://")[0] in NO_HEARTBEAT_SCHEMES or url.endswith(JOURNAL_FILES):
         return (
             "Optuna's journal storages and gRPC proxy keep no heartbeat: the trial of a worker that dies "
@@ -117,19 +370,50 @@ def url_problem(url: str) -> str | None:
         return str(e)
     except NoSuchModuleError:  # before ArgumentError, its base class
         return f"unknown database {parsed.drivername!r}"
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is no number, an IPv6 bracket left open
         return "not a database URL, e.g. sqlite:///runs/x/study.db or postgresql://user@host/db"
     except ImportError as e:
         return f"the driver for {parsed.drivername} is not installed ({e.name or e})"
+    info = user_info(url)
+    user, _, password = url[info[0] : info[1]].partition(":") if info else ("", "", "")
+    if (unquote(user), unquote(password)) != (parsed.username or "", parsed.password or ""):
+        # SQLAlchemy ends the user info at the first @ it can: it would send part of the password as the host.
+        return "it reads two ways: write each @ in the user name, password or query as %40"
+    if in_memory(parsed):
+        return (
+            "a SQLite database in memory lives and dies with one process, which no worker can reach; give "
+            "a file, e.g. sqlite:///runs/x/study.db"
+        )
     return None
 
 
-def connect_args(url: str) -> dict[str, Any]:
-    """Driver options: SQLite waits for the write lock (several local workers share the file); network
-    databases give up connecting after CONNECT_TIMEOUT_S."""
-    if url.startswith("sqlite"):
-        return {"timeout": 60}
-    if url.startswith(("postgresql", "mysql")):
+def in_memory(parsed: URL) -> bool:
+    """sqlite://, sqlite:///:memory: or a file: URI with mode=memory."""
+    database = parsed.database or ""
+    return parsed.get_backend_name() == "sqlite" and (
+        database in ("", ":memory:") or ":memory:" in database or parsed.query.get("mode") == "memory"
+    )
+
+
+def engine_kwargs(url: str, read_only: bool, busy_s: float) -> dict[str, Any]:
+    """SQLAlchemy's create_engine options. A SQLite file waits up to `busy_s` for another process's lock;
+    read-only, sqlite3 opens it itself (SQLAlchemy would decode the escapes of a read-only URI's path)."""
+    db = sqlite_path(url)
+    if db is None:
+        return {"connect_args": connect_args(url, read_only)}
+    if not read_only:
+        return {"connect_args": {"timeout": busy_s}}
+    uri = f"{db.absolute().as_uri()}?mode=ro"
+    return {"creator": lambda: sqlite3.connect(uri, uri=True, timeout=busy_s, check_same_thread=False)}
+
+
+def connect_args(url: str, read_only: bool = False) -> dict[str, Any]:
+    """A database server's driver options: connecting gives up after CONNECT_TIMEOUT_S; a `read_only`
+    PostgreSQL session refuses every write."""
+    if url.startswith("postgresql"):
+        read_only_session = {"options": "-c default_transaction_read_only=on"} if read_only else {}
+        return {"connect_timeout": CONNECT_TIMEOUT_S, **read_only_session}
+    if url.startswith("mysql"):
         return {"connect_timeout": CONNECT_TIMEOUT_S}
     return {}
 
