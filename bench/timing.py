@@ -66,7 +66,8 @@ def interleaved(
 
 
 def autocast(device: torch.device):
-    """bf16 autocast on CUDA (what train.precision=auto gives there); full precision on CPU, as the harness."""
+    """bf16 autocast on CUDA, what tensor cores want at the figures' sizes (train.precision: bf16-mixed);
+    full precision on the CPU."""
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()

@@ -21,7 +21,7 @@ from torch import nn
 from ablate.harness.config import ExperimentConfig, build_config
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
-from ablate.harness.trial import build_module, build_trainer, resolve_precision, run_trial
+from ablate.harness.trial import build_module, build_trainer, run_trial
 from ablate.models.sequences import PAD_ID
 from tests.conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 
@@ -326,16 +326,13 @@ def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
         "train.max_steps": Case(10, check_max_steps, {"train.schedule": "cosine"}),
         "train.max_epochs": Case(3, check_max_epochs),
         "train.max_time": Case(30.0, check_max_time),
-        # fp32 on every device: the expected loss is written out by hand outside autocast (bf16-mixed is
-        # what `auto` picks on CUDA).
+        # fp32, said outright: the expected loss is written out by hand outside autocast.
         "train.label_smoothing": Case(
             0.2, check_label_smoothing, {"train.max_steps": 1, "train.precision": "32-true"}
         ),
         "train.grad_clip": Case(0.5, trainer_attribute("gradient_clip_val", 0.5, 1.0)),
-        # The base's `auto` is the device's and the width's (32-true on the CPU; on CUDA, see resolve_precision).
-        "train.precision": Case(
-            "64-true", trainer_attribute("precision", "64-true", resolve_precision("auto", TINY_MODEL["d_model"]))
-        ),
+        # The base's `auto` is fp32 on every device.
+        "train.precision": Case("64-true", trainer_attribute("precision", "64-true", "32-true")),
         "train.beam_size": Case(3, check_search(monkeypatch)),
         "train.length_penalty": Case(1.5, check_search(monkeypatch), {"train.beam_size": 2}),
         "train.patience": Case(3, check_patience),
