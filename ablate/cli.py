@@ -463,8 +463,8 @@ def list_all() -> None:
     tasks = Table(title="tasks (task.name)")
     tasks.add_column("name")
     tasks.add_column("options")
-    for name, (_, doc) in TASKS.items():
-        tasks.add_row(name, doc)
+    for name, task in TASKS.items():
+        tasks.add_row(name, task.doc)
     out.print(tasks)
     presets = Table(title="presets (--preset)")
     presets.add_column("name")

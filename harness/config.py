@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 
 from ablate.harness.errors import ConfigError
-from ablate.harness.tasks import TASKS
+from ablate.harness.tasks import TASKS, ignored_task_keys
 from ablate.harness.tasks.options import TaskConfig
 from ablate.models.config import Count, ModelConfig, preset_keys
 from ablate.models.optim import OptimConfig
@@ -33,7 +33,7 @@ class TrainConfig(OptimConfig):
     max_epochs: int | None = Field(None, ge=1, strict=True)
     max_time: float | None = Field(None, gt=0.0)  # seconds
     grad_clip: float | None = Field(1.0, gt=0.0)
-    # auto: bf16-mixed on a CUDA device that supports it, fp32 otherwise.
+    # auto: fp32 on every device, one precision for every variant (harness/trial.py resolve_precision).
     precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true"] = "auto"
     # validations without a better val/loss before stopping; None: never
     patience: int | None = Field(None, ge=1, strict=True)
@@ -268,12 +268,12 @@ def load_config(
 def config_from_tree(
     tree: dict[str, Any], overrides: dict[str, Any], by_hand: bool = True
 ) -> ExperimentConfig:
-    """build_config, refusing a model key set by hand that the model ignores (`ablate train` and the API's
-    `train`): in the overrides, and in the tree unless it is a built config's dump (by_hand False), which
-    holds every key."""
+    """build_config, refusing a model or task key set by hand that the model or task ignores (`ablate train`
+    and the API's `train`): in the overrides, and in the tree unless it is a built config's dump (by_hand
+    False), which holds every key."""
     cfg = build_config(tree, overrides)
-    model = tree.get("model") if by_hand and isinstance(tree.get("model"), dict) else {}
-    written = {f"model.{key}" for key in model} | set(overrides)
+    sections = [section for section in ("model", "task") if by_hand and isinstance(tree.get(section), dict)]
+    written = {f"{section}.{key}" for section in sections for key in tree[section]} | set(overrides)
     ignored = ignored_settings(cfg, written)
     if ignored:
         problems = [(key, f"has no effect ({why})") for key, why in ignored]
@@ -282,9 +282,9 @@ def config_from_tree(
 
 
 def ignored_settings(cfg: ExperimentConfig, written: Iterable[str]) -> list[tuple[str, str]]:
-    """(key, why) for each dotted key of `written` that the configured model ignores
-    (ModelConfig.ignored_keys): a key set by hand that changes nothing makes two configs that look
-    different build one model."""
-    ignored = cfg.model.ignored_keys()
-    return [(key, ignored[key[6:]]) for key in sorted(written)
-            if key.startswith("model.") and key[6:] in ignored]  # fmt: skip
+    """(key, why) for each dotted key of `written` that the configured model or task ignores
+    (ModelConfig.ignored_keys, ignored_task_keys): a key set by hand that changes nothing makes two configs
+    that look different build one model on the same data."""
+    ignored = {**{f"model.{key}": why for key, why in cfg.model.ignored_keys().items()},
+               **{f"task.{key}": why for key, why in ignored_task_keys(cfg.task).items()}}  # fmt: skip
+    return [(key, ignored[key]) for key in sorted(written) if key in ignored]

@@ -9,12 +9,14 @@ import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ablate.harness import chatter
 from ablate.harness.study.spec import short_name
 
-WandbMode = Literal["online", "offline", "disabled"]
+# What `--wandb` and WANDB_MODE accept: each mode `resolve_mode` and `wandb_logger` run a trial's W&B run in.
+MODES = ("online", "offline", "disabled")
+OLD_MODES = {"dryrun": "offline"}  # W&B's former names, which WANDB_MODE may still hold -> the mode now
 PROJECT = os.environ.get("WANDB_PROJECT", "attention-ablate")
 
 
@@ -36,13 +38,12 @@ def netrc_path() -> Path:
     return Path(os.environ.get("NETRC") or Path.home() / ".netrc").expanduser()
 
 
-def resolve_mode(requested: WandbMode | None) -> WandbMode:
-    """The mode to use: what was asked for, except that online becomes offline without credentials or when
-    the W&B server cannot be reached within PROBE_TIMEOUT_S (said once, on stderr)."""
+def resolve_mode(requested: str | None) -> str:
+    """The mode to use (one of MODES): what was asked for, except that online becomes offline without
+    credentials or when the W&B server cannot be reached within PROBE_TIMEOUT_S (said once, on stderr)."""
     if requested is None:
         requested = os.environ.get("WANDB_MODE") or ("online" if has_credentials() else "offline")
-    if requested in ("dryrun",):
-        requested = "offline"
+    requested = OLD_MODES.get(requested, requested)
     if requested == "online" and not has_credentials():
         return "offline"
     if requested == "online":
@@ -50,7 +51,7 @@ def resolve_mode(requested: WandbMode | None) -> WandbMode:
         if problem:
             go_offline(f"cannot reach {base_url()} ({problem})")
             return "offline"
-    return requested  # type: ignore[return-value]
+    return requested
 
 
 PROBE_TIMEOUT_S = 5.0
@@ -98,7 +99,7 @@ def go_offline(reason: str) -> None:
 
 @contextmanager
 def wandb_logger(
-    mode: WandbMode,
+    mode: str,
     directory: str | Path,
     group: str,
     name: str,

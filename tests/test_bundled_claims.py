@@ -113,7 +113,7 @@ def test_produced_metrics_are_what_a_trial_reports(preset, task, model, single_t
 
 def test_task_traits_match_the_data_the_tasks_build():
     for name in GENERATED_TASKS:
-        data = TASKS[name][0](build_config({"task": {"name": name, "n_train": 8, "n_valid": 4, "n_test": 4,
+        data = TASKS[name].build(build_config({"task": {"name": name, "n_train": 8, "n_valid": 4, "n_test": 4,
                                                      "min_len": 5, "max_len": 6}}).task, 0)  # fmt: skip
         assert data.is_text == (name in TEXT_TASKS), name
         assert all(ex.alignment is not None for ex in data.splits["test"]) == (name in ALIGNED_TASKS), name

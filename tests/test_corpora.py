@@ -3,11 +3,12 @@
 import json
 
 import pytest
+from tokenizers import Tokenizer as HFTokenizer
 
 from ablate.harness.errors import ConfigError
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.options import TaskConfig
-from ablate.harness.tasks.tokenizers import BpeTokenizer, load_tokenizer
+from ablate.harness.tasks.tokenizers import BpeTokenizer
 
 WORDS = ["cat", "dog", "bird", "fish", "horse"]
 FRENCH = {"cat": "chat", "dog": "chien", "bird": "oiseau", "fish": "poisson", "horse": "cheval"}
@@ -140,16 +141,11 @@ def test_bpe_round_trips_text_and_is_saved_with_the_run(tmp_path):
     assert set(texts(data, "train") + texts(data, "test")) <= originals
     data.save(tmp_path / "run")
     for side, tokenizer in (("src", data.src_tokenizer), ("tgt", data.tgt_tokenizer)):
-        loaded = load_tokenizer(tmp_path / "run" / f"{side}_tokenizer.json")
-        assert loaded.tokenize("Je vois 12 chat grand .") == tokenizer.tokenize("Je vois 12 chat grand .")
+        saved = HFTokenizer.from_file(str(tmp_path / "run" / f"{side}_tokenizer.json"))
+        assert saved.encode("Je vois 12 chat grand .").tokens == tokenizer.tokenize("Je vois 12 chat grand .")
     word = build_task(parallel(path, tokenizer="word"), 0)
     word.save(tmp_path / "word_run")
-    assert load_tokenizer(tmp_path / "word_run" / "tgt_tokenizer.json").tokenize("l'eau.") == [
-        "l",
-        "'",
-        "eau",
-        ".",
-    ]
+    assert json.loads((tmp_path / "word_run" / "tgt_tokenizer.json").read_text()) == {"kind": "word"}
 
 
 def test_length_filters_send_long_test_pairs_to_test_long_and_the_cap_samples_train(tmp_path):

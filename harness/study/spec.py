@@ -85,10 +85,14 @@ class ClaimSpec(BaseModel):
         return [first, (self.versus.metric or first[0], self.versus.within or self.within)]
 
 
+# How a tuned key is sampled (queue.suggest samples each).
+TuneKind = Literal["log_uniform", "uniform", "int", "choice"]
+
+
 class TuneSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     # {train.lr: {log_uniform: [1e-4, 3e-3]}}, {train.warmup_steps: {int: [0, 500]}}, {x: {choice: [...]}}
-    params: dict[str, dict[Literal["log_uniform", "uniform", "int", "choice"], list[Value]]]
+    params: dict[str, dict[TuneKind, list[Value]]]
     trials: PositiveInt = 8
     pruner: Literal["hyperband", "median", "none"] = "hyperband"
     metric: MetricSpec | None = None  # default: the study metric measured on the validation split

@@ -17,7 +17,7 @@ import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
@@ -34,6 +34,7 @@ from ablate.harness.study.spec import (
     AdaptiveSeeds,
     ClaimSpec,
     StudySpec,
+    TuneKind,
     TuneSpec,
     Value,
     apply_profile,
@@ -41,11 +42,11 @@ from ablate.harness.study.spec import (
     variant_settings,
 )
 from ablate.harness.tasks.options import TaskConfig
+from ablate.harness.tracking import MODES, OLD_MODES
 
 Problem = tuple[str, str]  # (where in the study file or command line, what is wrong)
 MAX_SHOWN = 20
 MAX_TRIALS = 10_000  # a bigger grid needs --allow-large: a typo in a factor list should not queue a million
-WANDB_MODES = ("online", "offline", "disabled", "dryrun")
 WORKER_GIB = 0.6  # a worker process's memory with torch and Lightning loaded and a tiny model (measured)
 
 
@@ -102,6 +103,7 @@ def study_problems(
     if config_errors:
         return problems  # references and data need every variant's config
     problems += ignored_key_problems(spec, configs, set(set_keys))
+    problems += shared_key_problems(spec, configs, set(set_keys))
     problems += variant_duplicates(spec, configs)
     problems += reference_problems(spec, configs)
     if read_data:
@@ -195,9 +197,8 @@ def factor_duplicates(spec: StudySpec) -> list[Problem]:
 def ignored_key_problems(
     spec: StudySpec, configs: dict[str, ExperimentConfig], set_keys: set[str]
 ) -> list[Problem]:
-    """A model key a variant sets (its own override, or a factor) that its model ignores: the variant would
-    look different from another and build the same model. Keys of base, fixed and --set are shared by
-    variants of both families and may be ignored by some."""
+    """A model or task key a variant sets (its own override, or a factor) that its model or task ignores: the
+    variant would look different from another and run the same."""
     variants: dict[Problem, list[str]] = {}
     for name, overrides in spec.variant_overrides().items():
         for key, why in ignored_settings(configs[name], overrides):
@@ -207,6 +208,22 @@ def ignored_key_problems(
     advice = "list the variants by name to leave it out where it does nothing"
     return [(where, f"has no effect in {', '.join(map(repr, names))} ({why}); {advice}")
             for (where, why), names in variants.items()]  # fmt: skip
+
+
+def shared_key_problems(
+    spec: StudySpec, configs: dict[str, ExperimentConfig], set_keys: set[str]
+) -> list[Problem]:
+    """A task key of base, fixed, budget or --set, which every variant gets, that every variant's task
+    ignores. Shared model keys are not refused: a study comparing both families shares each family's keys."""
+    varied = {key for overrides in spec.variant_overrides().values() for key in overrides}
+    shared = {*flatten(spec.base), *spec.fixed, *spec.budget, *set_keys} - varied
+    any_variant = next(iter(configs))  # none overrides a shared key: each gives its origin
+    problems = []
+    for key in sorted(key for key in shared if key.startswith("task.")):
+        ignored = [why for cfg in configs.values() for _, why in ignored_settings(cfg, [key])]
+        if len(ignored) == len(configs):
+            problems.append((origin(spec, any_variant, key, set_keys), f"has no effect ({ignored[0]})"))
+    return problems
 
 
 def variant_duplicates(spec: StudySpec, configs: dict[str, ExperimentConfig]) -> list[Problem]:
@@ -388,7 +405,7 @@ def tuned_key_problem(spec: StudySpec, first: dict, varied: set, key: str, space
     if key in varied:
         return "is a factor of the study; a variant cannot both fix and tune it"
     if len(space) != 1:
-        return "give exactly one of log_uniform, uniform, int, choice"
+        return f"give exactly one of {', '.join(get_args(TuneKind))}"
     ((kind, args),) = space.items()
     if kind == "choice" and not args:
         return "choice: empty list of values"
@@ -428,13 +445,12 @@ def run_problems(
         problems.append(("--storage", f"{masked_url(storage)}: {reason}"))
     if devices is not None:
         problems += device_problems(devices)
-    if wandb is not None and wandb not in WANDB_MODES[:3]:
-        problems.append(("--wandb", f"expected online, offline or disabled (got {wandb!r})"))
+    expected = f"expected {', '.join(MODES[:-1])} or {MODES[-1]}"
+    if wandb is not None and wandb not in MODES:
+        problems.append(("--wandb", f"{expected} (got {wandb!r})"))
     env = os.environ.get("WANDB_MODE")
-    if wandb is None and env and env not in WANDB_MODES:
-        problems.append(
-            ("WANDB_MODE", f"expected online, offline or disabled (got {env!r} from the environment)")
-        )
+    if wandb is None and env and env not in (*MODES, *OLD_MODES):
+        problems.append(("WANDB_MODE", f"{expected} (got {env!r} from the environment)"))
     return problems
 
 

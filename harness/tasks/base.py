@@ -36,13 +36,6 @@ class Vocab:
     def from_examples(cls, examples: Iterable[Example], side: str) -> Vocab:
         return cls(tok for ex in examples for tok in getattr(ex, side))
 
-    @classmethod
-    def load(cls, path: str | Path) -> Vocab:
-        vocab = cls(())
-        vocab.itos = json.loads(Path(path).read_text(encoding="utf-8"))
-        vocab.stoi = {t: i for i, t in enumerate(vocab.itos)}
-        return vocab
-
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.itos, ensure_ascii=False), encoding="utf-8")
 
@@ -86,7 +79,8 @@ class TaskData:
     def save(self, directory: str | Path) -> None:
         """Writes what is needed to encode new inputs and read outputs the way this run did:
         src_vocab.json / tgt_vocab.json (id -> token lists), src_tokenizer.json / tgt_tokenizer.json
-        when text was tokenized, and task.json (name, split sizes, meta)."""
+        when text was tokenized (a Hugging Face tokenizers file for BPE, {"kind": ...} for char and word),
+        and task.json (name, split sizes, meta)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         self.src_vocab.save(out / "src_vocab.json")

@@ -224,6 +224,12 @@ def cap(examples: list[Example], limit: int | None, seed: int) -> list[Example]:
     return [examples[i] for i in sorted(picked)]
 
 
+# The task.* keys corpus_task reads (with task.tokenizer, also those its tokenizer reads: TOKENIZERS), and
+# those parallel_task reads (hf_config: for a hub dataset).
+CORPUS_KEYS = ("tokenizer", "min_tokens", "max_tokens", "max_examples")
+PARALLEL_KEYS = ("path", "src_lang", "tgt_lang", "hf_config", "n_valid", "n_test", *CORPUS_KEYS)
+
+
 def parallel_task(cfg: TaskConfig, seed: int) -> TaskData:
     if not cfg.path:
         raise ConfigError(

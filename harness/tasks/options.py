@@ -1,13 +1,20 @@
 """task.*: what a task builder reads. The names it accepts are the task registry's (harness/tasks/__init__.py),
-which imports the builders, which import this: so the name is checked one level up, in ExperimentConfig."""
+which imports the builders, which import this: so the name is checked one level up, in ExperimentConfig. The
+registry also says which keys each task reads, and so ignores (`ignored_task_keys`). `split` and `tokenizer`
+accept the names of the registries in scan.py and tokenizers.py (REGISTRIES), which need nothing of this."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from ablate.harness.tasks.scan import SCAN_SPLITS
+from ablate.harness.tasks.tokenizers import TOKENIZERS
 from ablate.models.config import Count
+
+# Each key that names one entry of a registry -> that registry: the names it accepts are the registry's keys.
+REGISTRIES: dict[str, Mapping[str, object]] = {"split": SCAN_SPLITS, "tokenizer": TOKENIZERS}
 
 
 class TaskConfig(BaseModel):
@@ -21,9 +28,9 @@ class TaskConfig(BaseModel):
     n_train: Count = 5000
     n_valid: Count = 500
     n_test: Count = 1000
-    split: Literal["simple", "length", "addprim_jump", "addprim_turn_left"] = "simple"
+    split: str = Field("simple", description=" | ".join(SCAN_SPLITS))
     path: str | None = None
-    tokenizer: Literal["char", "word", "bpe"] = "word"
+    tokenizer: str = Field("word", description=" | ".join(TOKENIZERS))
     bpe_vocab_size: Count = 1000
     # parallel corpora: which side is which (Moses file suffix, JSONL / HF field or translation key)
     src_lang: str | None = None
@@ -33,6 +40,14 @@ class TaskConfig(BaseModel):
     # longer train / valid pairs are dropped; longer test pairs form test_long
     max_tokens: int | None = Field(None, ge=1, strict=True)
     max_examples: int | None = Field(None, ge=1, strict=True)  # cap on training pairs (a seeded sample)
+
+    @field_validator(*REGISTRIES)
+    @classmethod
+    def _registered(cls, name: str, info: ValidationInfo) -> str:
+        registry = REGISTRIES[info.field_name]
+        if name not in registry:
+            raise ValueError(f"unknown {info.field_name} {name!r}; known: {', '.join(registry)}")
+        return name
 
     @model_validator(mode="after")
     def _lengths(self) -> TaskConfig:

@@ -19,22 +19,26 @@ official training set), sized min(task.n_valid, a tenth of train)."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ablate.harness.errors import ConfigError
 from ablate.harness.tasks.base import Example, TaskData, Vocab, longest_target
-from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.reading import read_lines
+
+if TYPE_CHECKING:  # TaskConfig reads SCAN_SPLITS from here
+    from ablate.harness.tasks.options import TaskConfig
 
 PRIMITIVES = {"walk": "I_WALK", "look": "I_LOOK", "run": "I_RUN", "jump": "I_JUMP"}
 TURNS = {"left": "I_TURN_LEFT", "right": "I_TURN_RIGHT"}
 REPEATS = {"twice": 2, "thrice": 3}
 LENGTH_SPLIT_MAX_ACTIONS = 22
-HELD_OUT_PRIMITIVE = {"addprim_jump": ("jump",), "addprim_turn_left": ("turn", "left")}
 
 Pair = tuple[tuple[str, ...], tuple[str, ...]]  # (command words, actions)
+Split = Callable[[list[Pair], int], tuple[list[Pair], list[Pair]]]  # (commands, seed) -> (train, test)
 
 
 def verb_phrases() -> list[Pair]:
@@ -68,21 +72,38 @@ def contains(words: tuple[str, ...], phrase: tuple[str, ...]) -> bool:
     return any(words[i : i + len(phrase)] == phrase for i in range(len(words) - len(phrase) + 1))
 
 
-def official_split(commands: list[Pair], split: str, seed: int) -> tuple[list[Pair], list[Pair]]:
-    """(train, test) as the paper defines `split`; train keeps the official repetitions."""
-    if split == "simple":
-        order = np.random.default_rng([seed, 5]).permutation(len(commands))
-        n_test = round(0.2 * len(commands))
-        return [commands[i] for i in order[n_test:]], [commands[i] for i in order[:n_test]]
-    if split == "length":
-        short = [c for c in commands if len(c[1]) <= LENGTH_SPLIT_MAX_ACTIONS]
-        return short, [c for c in commands if len(c[1]) > LENGTH_SPLIT_MAX_ACTIONS]
-    primitive = HELD_OUT_PRIMITIVE[split]
-    alone = [c for c in commands if c[0] == primitive]
-    test = [c for c in commands if contains(c[0], primitive) and c[0] != primitive]
-    others = [c for c in commands if not contains(c[0], primitive)]
-    # The primitive alone is a tenth of the official training set: others + k with k = (others + k) / 10.
-    return others + alone * round(len(others) / 9), test
+def random_split(commands: list[Pair], seed: int) -> tuple[list[Pair], list[Pair]]:
+    order = np.random.default_rng([seed, 5]).permutation(len(commands))
+    n_test = round(0.2 * len(commands))
+    return [commands[i] for i in order[n_test:]], [commands[i] for i in order[:n_test]]
+
+
+def length_split(commands: list[Pair], seed: int) -> tuple[list[Pair], list[Pair]]:
+    short = [c for c in commands if len(c[1]) <= LENGTH_SPLIT_MAX_ACTIONS]
+    return short, [c for c in commands if len(c[1]) > LENGTH_SPLIT_MAX_ACTIONS]
+
+
+def primitive_split(primitive: tuple[str, ...]) -> Split:
+    """The split that holds out every command using `primitive` but the primitive alone, which train repeats
+    as the official files do."""
+
+    def split(commands: list[Pair], seed: int) -> tuple[list[Pair], list[Pair]]:
+        alone = [c for c in commands if c[0] == primitive]
+        test = [c for c in commands if contains(c[0], primitive) and c[0] != primitive]
+        others = [c for c in commands if not contains(c[0], primitive)]
+        # The primitive alone is a tenth of the official training set: others + k with k = (others + k) / 10.
+        return others + alone * round(len(others) / 9), test
+
+    return split
+
+
+# Each of the paper's splits, (train, test) of all commands: the names task.split accepts.
+SCAN_SPLITS: dict[str, Split] = {
+    "simple": random_split,
+    "length": length_split,
+    "addprim_jump": primitive_split(("jump",)),
+    "addprim_turn_left": primitive_split(("turn", "left")),
+}
 
 
 def parse_line(path: Path, number: int, line: str) -> Pair:
@@ -119,13 +140,16 @@ def hold_out_valid(train: list[Pair], n_valid: int, seed: int) -> tuple[list[Pai
     return [c for c in train if c not in picked], [c for c in once if c in picked]
 
 
+SCAN_KEYS = ("split", "path", "n_valid")  # the task.* keys scan_task reads
+
+
 def scan_task(cfg: TaskConfig, seed: int) -> TaskData:
     if cfg.path:
         root = Path(cfg.path)
         train = read_scan_file(find_official_file(root, f"tasks_train_{cfg.split}.txt"))
         test = read_scan_file(find_official_file(root, f"tasks_test_{cfg.split}.txt"))
     else:
-        train, test = official_split(all_commands(), cfg.split, seed)
+        train, test = SCAN_SPLITS[cfg.split](all_commands(), seed)
     train, valid = hold_out_valid(train, cfg.n_valid, seed)
     splits = {
         name: [Example(words, actions) for words, actions in pairs]

@@ -1,6 +1,7 @@
 """Text <-> tokens for real corpora: characters, words, or BPE learned on the training split only.
 
-Each tokenizer saves to one JSON file, so a run keeps exactly the segmentation it was trained with."""
+TOKENIZERS, by each kind's name, is the one list of names `task.tokenizer` accepts. Each tokenizer saves to
+one JSON file, so a run keeps exactly the segmentation it was trained with."""
 
 from __future__ import annotations
 
@@ -16,9 +17,15 @@ from ablate.models.sequences import UNK
 
 
 class RuleTokenizer:
-    """A tokenizer with nothing learned: saving it records only its kind."""
+    """A tokenizer with nothing learned: training takes nothing from the texts, saving records only its
+    kind, and it reads no task.* key beyond task.tokenizer."""
 
     kind: str
+    reads: tuple[str, ...] = ()
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> RuleTokenizer:
+        return cls()
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps({"kind": self.kind}))
@@ -51,6 +58,7 @@ class BpeTokenizer:
     """Byte-pair encoding over Metaspace words ('▁' marks a word start), so decoding restores the spaces."""
 
     kind = "bpe"
+    reads = ("bpe_vocab_size",)  # the task.* keys it reads beyond task.tokenizer
 
     def __init__(self, tokenizer: HFTokenizer):
         self.tokenizer = tokenizer
@@ -76,18 +84,14 @@ class BpeTokenizer:
 
 
 Tokenizer = CharTokenizer | WordTokenizer | BpeTokenizer
-RULE_TOKENIZERS: dict[str, type[RuleTokenizer]] = {"char": CharTokenizer, "word": WordTokenizer}
+TOKENIZERS: dict[str, type[Tokenizer]] = {
+    cls.kind: cls for cls in (CharTokenizer, WordTokenizer, BpeTokenizer)
+}
+# Each task.* key a tokenizer reads -> the tokenizers that read it: a corpus task ignores it with any other.
+TOKENIZER_KEYS = {key: [name for name, cls in TOKENIZERS.items() if key in cls.reads]
+                  for cls in TOKENIZERS.values() for key in cls.reads}  # fmt: skip
 
 
 def build_tokenizer(kind: str, training_texts: list[str], bpe_vocab_size: int) -> Tokenizer:
-    if kind == "bpe":
-        return BpeTokenizer.train(training_texts, bpe_vocab_size)
-    return RULE_TOKENIZERS[kind]()
-
-
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Reads back what `save` wrote: a {'kind': ...} stub for char / word, an HF tokenizer file for BPE."""
-    saved = json.loads(Path(path).read_text(encoding="utf-8"))
-    if saved.get("kind") in RULE_TOKENIZERS:
-        return RULE_TOKENIZERS[saved["kind"]]()
-    return BpeTokenizer(HFTokenizer.from_file(str(path)))
+    """The tokenizer TOKENIZERS names `kind`, learned on the training texts (BPE: with bpe_vocab_size)."""
+    return TOKENIZERS[kind].train(training_texts, bpe_vocab_size)

@@ -1,0 +1,206 @@
+"""Which task.* keys each task reads: the declaration in TASKS against what each builder reads, and a key a
+task ignores refused where it is set (a study's variant, fixed or base block, `ablate train`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from sword_fixture import write_module
+
+from ablate.harness.config import config_from_tree
+from ablate.harness.errors import ConfigError
+from ablate.harness.study.validate import StudyError, load_study
+from ablate.harness.tasks import TASKS, build_task, ignored_task_keys, tasks_reading
+from ablate.harness.tasks.options import TaskConfig
+from ablate.harness.tasks.tokenizers import TOKENIZER_KEYS, TOKENIZERS
+
+SIZES = {"n_train": 30, "n_valid": 5, "n_test": 5}
+PAIRS = [(f"I see {i} cats .", f"Je vois {i} chats .") for i in range(40)]
+
+
+def recorded_reads(cfg: TaskConfig) -> set[str]:
+    """The task.* keys building cfg's task reads: every field the builder gets from it, properties' too."""
+    read: set[str] = set()
+
+    class Recording(TaskConfig):
+        def __getattribute__(self, name: str):
+            if name in TaskConfig.model_fields:
+                read.add(name)
+            return super().__getattribute__(name)
+
+    recording = Recording(**cfg.model_dump())
+    read.clear()  # what validating the new config read
+    build_task(recording, 0)
+    return read
+
+
+def generated(name: str, tmp_path, monkeypatch) -> list[TaskConfig]:
+    return [TaskConfig(name=name, min_len=5, max_len=6, test_max_len=8, **SIZES)]
+
+
+def scan(name: str, tmp_path, monkeypatch) -> list[TaskConfig]:
+    official = tmp_path / "scan"
+    official.mkdir()
+    for part in ("train", "test"):
+        (official / f"tasks_{part}_length.txt").write_text("IN: jump twice OUT: I_JUMP I_JUMP\n")
+    return [TaskConfig(name=name, n_valid=5), TaskConfig(name=name, split="length", path=str(official))]
+
+
+def parallel(name: str, tmp_path, monkeypatch) -> list[TaskConfig]:
+    """A TSV file with BPE, a JSONL file with named language fields, and a hub dataset (load_dataset stood in
+    for: no network), which reads task.hf_config."""
+    datasets = pytest.importorskip("datasets")
+    tsv, jsonl = tmp_path / "pairs.tsv", tmp_path / "pairs.jsonl"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in PAIRS))
+    jsonl.write_text("".join(json.dumps({"en": s, "fr": t}) + "\n" for s, t in PAIRS))
+    hub = {"src": [s for s, _ in PAIRS], "tgt": [t for _, t in PAIRS]}
+    monkeypatch.setattr(datasets, "load_dataset", lambda path, config: datasets.Dataset.from_dict(hub))
+    monkeypatch.chdir(tmp_path)  # `org/pairs` is no folder here: a hub name
+    corpus = {"min_tokens": 2, "max_tokens": 5, "max_examples": 20, "n_valid": 4, "n_test": 4}
+    return [
+        TaskConfig(name=name, path=str(tsv), tokenizer="bpe", bpe_vocab_size=60, **corpus),
+        TaskConfig(name=name, path=str(jsonl), src_lang="en", tgt_lang="fr", **corpus),
+        TaskConfig(name=name, path="org/pairs", hf_config="en-fr", **corpus),
+    ]
+
+
+def bible(name: str, tmp_path, monkeypatch) -> list[TaskConfig]:
+    """Two modules of a tiny SWORD library: Genesis 1 goes to valid, Genesis 2 to train."""
+    pytest.importorskip("pysword")
+    for module, lang in (("tinyen", "en"), ("tinyes", "es")):
+        write_module(tmp_path, module, lang, {("Genesis", c, v): f"{lang} {c} {v} ." for c in (1, 2)
+                                              for v in (1, 2)})  # fmt: skip
+    corpus = {"min_tokens": 2, "max_tokens": 5, "max_examples": 20, "n_valid": 4, "n_test": 4}
+    return [TaskConfig(name=name, path=str(tmp_path), src_lang="tinyen", tgt_lang="tinyes", tokenizer="bpe",
+                       bpe_vocab_size=60, **corpus)]  # fmt: skip
+
+
+# Each task -> the configurations that drive its builder down every branch that reads a key; a task added to
+# TASKS fails below until it has its entry.
+CASES = {"copy": generated, "reverse": generated, "sort": generated, "addition": generated,
+         "recall": generated, "synth_mt": generated, "scan": scan, "parallel": parallel, "bible": bible}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_each_builder_reads_exactly_the_keys_its_task_declares(name, tmp_path, monkeypatch):
+    declared = {"name", *TASKS[name].keys()}
+    read = set()
+    for cfg in CASES[name](name, tmp_path, monkeypatch):
+        reads = recorded_reads(cfg)
+        assert reads <= declared, f"{name} reads undeclared {sorted(reads - declared)}"
+        read |= reads
+    assert read == declared, f"{name} declares keys it never reads: {sorted(declared - read)}"
+
+
+def test_every_task_key_is_read_by_some_task():
+    assert [key for key in TaskConfig.model_fields if key != "name" and not tasks_reading(key)] == []
+
+
+def tokens(data) -> dict:
+    return {split: [(ex.src, ex.tgt) for ex in examples] for split, examples in data.splits.items()}
+
+
+@pytest.mark.parametrize("kind", TOKENIZERS)
+def test_a_key_only_another_tokenizer_reads_changes_no_token(kind, tmp_path):
+    """corpus_task hands every tokenizer bpe_vocab_size (recorded as read above): the tokenizers that do not
+    read it make the same tokens whatever its value."""
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in PAIRS))
+    cfg = TaskConfig(name="parallel", path=str(path), tokenizer=kind)
+    others = [key for key, kinds in TOKENIZER_KEYS.items() if kind not in kinds]
+    assert set(ignored_task_keys(cfg)) & set(TOKENIZER_KEYS) == set(others)
+    for key in others:
+        changed = cfg.model_copy(update={key: getattr(cfg, key) + 7})
+        assert tokens(build_task(changed, 0)) == tokens(build_task(cfg, 0)), key
+
+
+# A valid value other than the default for every TaskConfig key; a new key fails the test until it has one.
+VALUES = {"min_len": 2, "max_len": 12, "test_max_len": 30, "vocab_size": 7, "n_train": 9, "n_valid": 9,
+          "n_test": 9, "split": "length", "path": "corpus.tsv", "tokenizer": "char", "bpe_vocab_size": 99,
+          "src_lang": "en", "tgt_lang": "fr", "hf_config": "en-fr", "min_tokens": 2, "max_tokens": 40,
+          "max_examples": 9}  # fmt: skip
+TOGETHER = {"src_lang": "tgt_lang", "tgt_lang": "src_lang"}  # keys given only with another
+# Each task, with each tokenizer where it reads one (bpe_vocab_size is read with bpe only).
+CONFIGURED = [(name, kind) for name, task in TASKS.items()
+              for kind in (TOKENIZERS if "tokenizer" in task.reads else [None])]  # fmt: skip
+
+
+def problems(path, sets: dict | None = None) -> list[str]:
+    """The study's problems (with `ablate sweep --set` keys): none when it loads."""
+    try:
+        load_study(path, sets=sets, read_data=False)
+    except StudyError as e:
+        return e.lines
+    return []
+
+
+@pytest.mark.parametrize("block", ["variants", "fixed", "base"])
+@pytest.mark.parametrize("name, tokenizer", CONFIGURED)
+def test_a_task_key_is_refused_where_it_is_set_when_its_task_ignores_it(name, tokenizer, block, tmp_path):
+    chosen = {"name": name, **({"tokenizer": tokenizer} if tokenizer else {})}
+    reads = {*chosen, *TASKS[name].reads, *(TOKENIZERS[tokenizer].reads if tokenizer else ())}
+    where = {"variants": "variants.a", "fixed": "fixed", "base": "base"}[block]
+    for key in TaskConfig.model_fields.keys() - chosen.keys():
+        setting = {k: VALUES[k] for k in (key, TOGETHER.get(key)) if k}
+        tree = {"name": "keys", "base": {"task": dict(chosen)}, "variants": {"a": {}}}
+        if block == "base":
+            tree["base"]["task"].update(setting)
+        else:
+            dotted = {f"task.{k}": v for k, v in setting.items()}
+            tree.update({"variants": {"a": dotted}} if block == "variants" else {"fixed": dotted})
+        path = tmp_path / f"{key}.yaml"
+        path.write_text(yaml.safe_dump(tree))
+        refused = sorted(k for k in setting if k not in reads)
+        lines = [line.partition(" (")[0] for line in problems(path)]
+        assert lines == [f"{path}: {where}.task.{k}: has no effect" for k in refused], key
+        train = {"task": {**chosen, **setting}}  # `ablate train` and ablate.train
+        if refused:
+            with pytest.raises(ConfigError) as e:
+                config_from_tree(train, {})
+            assert [(k, msg.partition(" (")[0]) for k, msg in e.value.problems] == [
+                (f"task.{k}", "has no effect") for k in refused
+            ], key
+        else:
+            assert config_from_tree(train, {}).task.name == name
+
+
+def study_lines(tmp_path, sets: dict | None = None, **tree) -> list[str]:
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"name": "keys", **tree}))
+    return [line.removeprefix(f"{path}: ") for line in problems(path, sets)]
+
+
+def test_the_issues_cases_say_which_task_reads_the_key(tmp_path):
+    copy, reverse = {"task": {"name": "copy"}}, {"task": {"name": "reverse"}}
+    corpus = {"task": {"name": "parallel", "path": "x.tsv", "bpe_vocab_size": 8}}
+    assert study_lines(tmp_path, base=copy, variants={"a": {"task.split": "length"}}) == [
+        "variants.a.task.split: has no effect (a setting of task scan; task.name is copy)"
+    ]
+    assert study_lines(tmp_path, base=reverse, fixed={"task.path": "x.tsv"}) == [
+        "fixed.task.path: has no effect (a setting of tasks scan, parallel, bible; task.name is reverse)"
+    ]
+    assert study_lines(tmp_path, {"task.n_train": 9}, base={"task": {"name": "scan"}}) == [
+        "--set task.n_train: has no effect (a setting of tasks copy, reverse, sort, addition, recall, synth_mt; "
+        "task.name is scan)"
+    ]
+    assert study_lines(tmp_path, base=corpus) == [
+        "base.task.bpe_vocab_size: has no effect (acts only with tokenizer bpe; task.tokenizer is word)"
+    ]
+    with pytest.raises(ConfigError, match=r"^task.max_len: has no effect \(a setting of tasks copy, reverse, "
+                                          r"sort, addition, recall, synth_mt; task.name is scan\)$"):  # fmt: skip
+        config_from_tree({}, {"task.name": "scan", "task.max_len": 5})
+
+
+def test_a_shared_task_key_is_refused_only_when_no_variant_reads_it(tmp_path):
+    grid = {"task.name": ["copy", "scan"]}
+    assert study_lines(tmp_path, factors=grid, fixed={"task.split": "length", "task.vocab_size": 5}) == []
+    assert study_lines(tmp_path, factors=grid, fixed={"task.bpe_vocab_size": 5}) == [
+        "fixed.task.bpe_vocab_size: has no effect (a setting of tasks parallel, bible; task.name is copy)"
+    ]
+    advice = "list the variants by name to leave it out where it does nothing"
+    assert study_lines(tmp_path, factors={**grid, "task.split": ["simple", "length"]}) == [
+        "factors.task.split: has no effect in 'name=copy,split=simple', 'name=copy,split=length' "
+        f"(a setting of task scan; task.name is copy); {advice}"
+    ]
