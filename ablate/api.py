@@ -47,7 +47,7 @@ def load_study(
         SweepOptions,
         {"storage": storage, "out": Path(out), "artifacts": artifacts, "allow_large": allow_large},
     )
-    spec = load_sweep(study, profile, sets, options)
+    spec, _ = load_sweep(study, profile, sets, options)  # its launcher is planned again by each run
     return Study(str(study), profile, dict(sets or {}), options, spec)
 
 
@@ -82,16 +82,21 @@ class Study:
         per_device: int = 1,
         wandb: str | None = None,
         report: bool = True,
+        launcher: str | None = None,
+        launch: tuple[str, ...] = (),
     ) -> Path | None:
         """Runs every variant x seed not yet done, as `ablate sweep` does (reading the study file again):
         `workers` local CPU processes, or `per_device` processes on each GPU of `devices` ("0,1"); W&B
         `online`, `offline` or `disabled` (default: online with credentials, else offline). Writes the
         report unless `report=False` and returns its HTML file. Progress shows as bars (in Jupyter too).
+        `launcher` ("slurm", "ray", "local") starts the workers as `ablate sweep --launcher` does, with
+        `launch` its settings ("tasks=4", as `--launch` takes them); None when a scheduler took them.
 
         Interrupting (Ctrl-C, or the notebook's stop button) stops the workers, which checkpoint their
         trials, and raises KeyboardInterrupt; calling run again resumes them."""
         options = checked(SweepOptions, {**self.options.model_dump(), "workers": workers, "devices": devices,
-                                         "per_device": per_device, "wandb": wandb, "report": report})  # fmt: skip
+                                         "per_device": per_device, "wandb": wandb, "report": report,
+                                         "launcher": launcher, "launch": tuple(launch)})  # fmt: skip
         folder = sweep(
             self.source, self.profile, self.sets, options, Console(stderr=True), stop_on_signals=False
         )
@@ -101,24 +106,21 @@ class Study:
         """The study as its storage holds it (what was run), and the storage."""
         return stored_study(call, self.name, self.options.storage, self.options.out, read_only)
 
-    def _table(self, call: str) -> tuple[StudySpec, pd.DataFrame]:
-        from ablate.analysis.table import trials_frame
-        from ablate.harness.study.queue import EVAL, load_phase_study
-
-        spec, store = self._stored(call)
-        return spec, trials_frame(spec, load_phase_study(spec, store, EVAL).get_trials(deepcopy=False))
-
     def results(self) -> pd.DataFrame:
         """One row per eval trial, from the storage alone (analysis/table.py): trial, variant, seed, state
         (COMPLETE, FAIL, ...), the factor keys, cost columns, every metric (`test/seq_acc`, ...)."""
-        return self._table("results")[1]
+        from ablate.analysis.table import trials_frame
+        from ablate.harness.study.queue import EVAL, load_phase_study
+
+        spec, store = self._stored("results")
+        return trials_frame(spec, load_phase_study(spec, store, EVAL).get_trials(deepcopy=False))
 
     def claims(self) -> list[ClaimResult]:
         """Each claim's verdict with the numbers behind it, as the report judges it (analysis/claims.py
         ClaimResult: claim.text, verdict, diff, ci_low, ci_high, level, decision, ...)."""
-        from ablate.analysis.claims import evaluate_all
+        from ablate.harness.study.looks import judge
 
-        return evaluate_all(*self._table("claims"))
+        return judge(*self._stored("claims"))
 
     def report(self) -> Path:
         """Builds the report from the storage and the trials' files, as `ablate report`; its HTML file."""

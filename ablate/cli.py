@@ -153,7 +153,7 @@ def sweep(
     ] = False,
     launcher: Annotated[
         str | None,
-        typer.Option("--launcher", help=f"Start the workers with {' or '.join(LAUNCHERS)} (default: here)."),
+        typer.Option("--launcher", help=f"Start the workers with {' or '.join(LAUNCHERS)} (default: local)."),
     ] = None,
     launch: Annotated[
         list[str] | None,
@@ -286,9 +286,8 @@ def status(
 def looks_table(spec, store) -> Table:
     """Adaptive seeds: per claim, the look it stands at (seeds per variant) and its verdict so far."""
     from ablate.harness.study.looks import judge
-    from ablate.harness.study.queue import EVAL, load_phase_study
 
-    results = judge(spec, load_phase_study(spec, store, EVAL).get_trials(deepcopy=False))
+    results = judge(spec, store)
     looks = " ".join(map(str, spec.seed_looks))
     table = Table(title=f"looks at {looks} seeds per variant, claim CIs at {100 * results[0].level:.1f}%"
                   if results else f"looks at {looks} seeds per variant")  # fmt: skip

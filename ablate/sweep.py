@@ -1,43 +1,45 @@
 """Running a study, for `ablate sweep` and the Python API alike: every check before anything is created,
-the storage, the local workers and their progress, the report; and a study already in a storage.
+the storage, the workers its launcher starts (harness/launchers; local processes by default) and their
+progress, the report; and a study already in a storage.
 
 Errors: ConfigError for bad input (before anything is created), RunFailed for a fault during the run."""
 
 from __future__ import annotations
 
 import signal
+import subprocess
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.console import Console
 
 from ablate.harness.config import one_line, validation_problems
 from ablate.harness.errors import ConfigError, RunFailed
+from ablate.harness.launchers import local
 
 if TYPE_CHECKING:
+    from ablate.harness.launchers import Launch
     from ablate.harness.study.spec import StudySpec
 
-Count = Annotated[int, Field(ge=1)]  # worker processes: one at least
 Options = TypeVar("Options", bound=BaseModel)
 
 
-class SweepOptions(BaseModel):
+class SweepOptions(local.Options):
     """`ablate sweep`'s options: the command line's flags, or the Python API's arguments, each number with
-    its range; `checked` builds them."""
+    its range; `checked` builds them. --workers, --devices and --per-device are the local launcher's
+    options, with their ranges there."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     storage: str | None = None  # SQLAlchemy URL; None: SQLite in <out>/<study>/
     out: Path = Path("runs")
-    workers: Count | None = None  # local CPU worker processes
-    devices: str | None = None  # GPUs, e.g. "0,1"
-    per_device: Count = 1
     wandb: str | None = None  # online | offline | disabled; None: online with credentials
     artifacts: str | None = None  # s3://bucket/prefix; None: <out>/<study>/artifacts
     allow_large: bool = False
     report: bool = True
-    launcher: str | None = None  # harness/launchers: slurm | ray; None: worker processes here
+    launcher: str | None = None  # harness/launchers: slurm | ray | local; None: local, with the flags above
     launch: tuple[str, ...] = ()  # the launcher's settings, key=value, over the study file's launcher block
 
 
@@ -71,21 +73,27 @@ def check_artifacts(location: str | None, reach: bool = False) -> None:
 
 def load_sweep(
     study: str | Path, profile: str | None, sets: dict[str, Any] | None, options: SweepOptions
-) -> StudySpec:
-    """The study file (or bundled name) with its profile and `sets` added to its fixed keys, checked
-    together with the options: every problem in one ConfigError, before anything is created."""
+) -> tuple[StudySpec, Launch]:
+    """The study file (or bundled name) with its profile and `sets` added to its fixed keys, and the
+    launcher that starts its workers with its options, checked together with the options: every problem in
+    one ConfigError, before anything is created. Local worker processes are checked against this machine."""
     from ablate.harness.launchers import plan
     from ablate.harness.study.validate import MAX_TRIALS, capacity_problems, load_study, run_problems
 
-    if options.workers and options.devices:
+    here = options.model_dump(include=set(local.Options.model_fields))
+    launch, problems = plan(options.launcher, str(study), list(options.launch), here)
+    # The local processes' options, wherever they were given; any other launcher refuses the flags.
+    processes = launch.options if launch is not None and launch.name == "local" else options
+    if processes.workers and processes.devices:
         raise ConfigError("--workers: give either --workers (CPU processes) or --devices (GPUs), not both")
     check_artifacts(options.artifacts, reach=True)
-    problems = [*run_problems(options.out, options.storage, options.devices, options.wandb),
-                *capacity_problems(options.workers, options.devices, options.per_device),
-                *plan(options.launcher, str(study), list(options.launch))[1]]  # fmt: skip
+    problems = [*run_problems(options.out, options.storage, processes.devices, options.wandb),
+                *capacity_problems(processes.workers, processes.devices, processes.per_device),
+                *problems]  # fmt: skip
     if options.launcher and (options.workers or options.devices):
         problems.append(("--workers", "local processes only; with --launcher, --launch workers=N"))
-    return load_study(study, profile, sets, None if options.allow_large else MAX_TRIALS, problems)
+    spec = load_study(study, profile, sets, None if options.allow_large else MAX_TRIALS, problems)
+    return spec, launch
 
 
 def size_line(spec: StudySpec) -> str:
@@ -106,10 +114,10 @@ def sweep(
     console: Console,
     stop_on_signals: bool,
 ) -> Path | None:
-    """Tunes (if the study says so) and runs every variant x seed of the study in local worker processes,
-    resuming what the storage holds, then writes the report; returns its folder (None without one). With
-    `options.launcher`, a launcher starts the workers (harness/launchers); one that hands them to a
-    scheduler returns at once, None, and the worker that finishes the study writes the report.
+    """Tunes (if the study says so) and runs every variant x seed of the study in the workers its launcher
+    starts (harness/launchers: local processes unless `options.launcher` names another), resuming what the
+    storage holds, then writes the report; returns its folder (None without one). A launcher that hands the
+    workers to a scheduler returns at once, None, and the worker that finishes the study writes the report.
 
     `stop_on_signals` (the command line): SIGTERM and SIGINT are noted (harness/signals.py) and forwarded
     to the workers, which checkpoint their trials; then this returns None, and signals.received() says
@@ -117,19 +125,17 @@ def sweep(
     raised again. Either way the same call resumes the study."""
     from ablate.harness import signals, tracking
     from ablate.harness.artifacts import default_storage_url
-    from ablate.harness.launchers import plan
+    from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
     from ablate.harness.study.queue import prepare_study
     from ablate.harness.study.storage import check_readable, masked_url, open_storage
     from ablate.harness.study.validate import raise_problems
 
-    spec = load_sweep(study, profile, sets, options)
-    launch, _ = plan(options.launcher, str(study), list(options.launch))  # checked with the study
+    spec, launch = load_sweep(study, profile, sets, options)
     # The size before anything is created; on stdout, so stderr stays one line if opening fails next.
     Console().print(size_line(spec))
     mode = tracking.resolve_mode(options.wandb)  # type: ignore[arg-type]
     url = options.storage or default_storage_url(spec.slug, options.out)
-    if launch is not None:
-        raise_problems("", [], launch.problems(url, options.out))
+    raise_problems("", [], launch.problems(url, options.out))
     store = open_storage(url, heartbeat=spec.heartbeat)
     check_readable(store, url, spec.name)
     stored = prepare_study(spec, store)
@@ -139,23 +145,9 @@ def sweep(
             f"{study}: {masked_url(url)} already holds study {spec.name!r} with a different {changed}; "
             "rename the study or give another --out / --storage"
         )
-    from ablate.harness.workers import (  # Lightning: seconds to import, so after the checks
-        NO_SPACE_EXIT,
-        STORAGE_FULL_EXIT,
-        forward_signal,
-        spawn_workers,
-        worker_slots,
-    )
-
-    if launch is None:
-        gpus = [d.strip() for d in options.devices.split(",")] if options.devices else None
-        slots = worker_slots(options.workers, gpus, options.per_device)
-        console.print(f"{len(slots)} worker(s), storage {masked_url(url)}, W&B {mode}")
-        procs = spawn_workers(spec.name, url, options.out, mode, slots, options.artifacts)
-    else:
-        procs = launch.start(spec, url, options.out, mode, options.artifacts)
-        if procs is None:  # a scheduler runs them now
-            return None
+    procs = launch.start(spec, url, options.out, mode, options.artifacts)
+    if procs is None:  # a scheduler runs them now
+        return None
     if stop_on_signals:
         signals.install(then=lambda signum: forward_signal(procs, signum))
     try:
@@ -187,13 +179,10 @@ def sweep(
 def watch_workers(spec: StudySpec, store, procs, console: Console) -> None:
     """A progress bar per phase until every worker has exited, or for at most 25 s after a stop signal
     (Ctrl-C as KeyboardInterrupt is forwarded to the workers first)."""
-    import time
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ablate.harness import signals
     from ablate.harness.study.queue import study_progress, time_left_s
-    from ablate.harness.workers import forward_signal, stop_workers
 
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[left]}")]  # fmt: skip
@@ -231,6 +220,25 @@ def watch_workers(spec: StudySpec, store, procs, console: Console) -> None:
         raise
     finally:
         stop_workers(procs)
+
+
+def forward_signal(procs, signum: signal.Signals) -> None:
+    """A stop signal for the sweep (SIGTERM from a scheduler) reaches its workers, which checkpoint."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+
+def stop_workers(procs, grace_s: float = 25.0) -> None:
+    """After a stop signal (forwarded to them) the workers are checkpointing their trials; wait, then kill
+    what is left (its trial resumes from its last periodic checkpoint through the heartbeat)."""
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _notebook_output(progress):

@@ -3,7 +3,7 @@
 A worker runs the tune trials of every variant first (each variant's own TPE study, pruned through
 optuna-integration's Lightning callback), then the eval grid: an eval trial of a variant is claimed only
 once that variant's tuning is finished, and runs with its best parameters. Any number of workers, local or
-on other machines, may join the same storage; `spawn_workers` starts local ones, pinned to GPUs or not.
+on other machines, may join the same storage; harness/launchers start them (`local.py` on this machine).
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from __future__ import annotations
 import errno
 import math
 import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -40,6 +38,7 @@ from ablate.harness.artifacts import (
 )
 from ablate.harness.callbacks import ReportValidation, StepPruning, TrialFailed
 from ablate.harness.checkpoints import RESUME_ATTR, Preempted, StoredCheckpoints, fetch
+from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
 from ablate.harness.study.looks import queue_next_look
 from ablate.harness.study.queue import (
     EVAL,
@@ -54,8 +53,6 @@ from ablate.harness.study.queue import (
 from ablate.harness.study.spec import StudySpec, tune_metric, validation_metric
 from ablate.harness.study.storage import chain, masked_url, quiet_experimental, storage_full
 
-NO_SPACE_EXIT = 75  # a worker stopped by a full disk (EX_TEMPFAIL: run it again once space is freed)
-STORAGE_FULL_EXIT = 74  # the same, the disk full being the storage's (SQLite's file, PostgreSQL's server)
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
 
 
@@ -395,69 +392,3 @@ def run_worker(
     worker.run()
     return worker
 
-
-# Local worker processes ------------------------------------------------------------------------------------
-
-
-def worker_slots(workers: int | None, devices: list[str] | None, per_device: int) -> list[dict[str, str]]:
-    """The environment of each local worker process: K per listed GPU, each seeing only its GPU; N CPU
-    workers (GPUs hidden); or one worker with the environment as it is."""
-    if devices:
-        return [{"CUDA_VISIBLE_DEVICES": d} for d in devices for _ in range(per_device)]
-    if workers:
-        return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(workers)]
-    return [{}]
-
-
-def spawn_workers(
-    study_name: str, storage_url: str, runs_root: str | Path, wandb_mode: str, slots: list[dict[str, str]],
-    artifacts: str | None = None,
-) -> list[subprocess.Popen]:  # fmt: skip
-    """Starts one `ablate worker` process per slot, each with CPU threads = cores / processes; the sweep
-    that starts them writes the report once they have all exited, so they do not."""
-    threads = max(1, (os.cpu_count() or 1) // len(slots))
-    command = [*python_command(), *worker_args(study_name, runs_root, wandb_mode, threads, artifacts)]
-    # The URL travels in the environment: on the command line its password would show in `ps`.
-    env = {**os.environ, "ABLATE_STORAGE": storage_url}
-    return [
-        subprocess.Popen(command, env={**env, **slot}, preexec_fn=signals.die_with_parent()) for slot in slots
-    ]
-
-
-def python_command(python: str = sys.executable) -> list[str]:
-    """`ablate` run by `python`. -P keeps the working folder off sys.path: there a study's output folder
-    (`bottleneck/` with --out .) or a stray file would shadow a module the worker imports; the installed
-    `ablate` is found without it."""
-    return [python, "-P", "-m", "ablate.cli"]
-
-
-def worker_args(
-    study_name: str, runs_root: str | Path, wandb_mode: str, threads: int, artifacts: str | None = None,
-    report: bool = False,
-) -> list[str]:  # fmt: skip
-    """The arguments of an `ablate worker` that a sweep or a launcher starts (never the storage URL: that
-    goes in ABLATE_STORAGE); `report`: the worker that finishes the study writes its report. The options
-    come first, each with its value after '=', then `--` and the study's name: a name or a folder that reads
-    as an option (`--help`, `-runs`) stays a value."""
-    return ["worker", f"--out={runs_root}", f"--wandb={wandb_mode}", f"--threads={threads}",
-            *([] if report else ["--no-report"]), *([f"--artifacts={artifacts}"] if artifacts else []),
-            "--", study_name]  # fmt: skip
-
-
-def forward_signal(procs: list[subprocess.Popen], signum: signal.Signals) -> None:
-    """A stop signal for the sweep (SIGTERM from a scheduler) reaches its workers, which checkpoint."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-
-def stop_workers(procs: list[subprocess.Popen], grace_s: float = 25.0) -> None:
-    """After a stop signal (forwarded to them) the workers are checkpointing their trials; wait, then kill
-    what is left (its trial resumes from its last periodic checkpoint through the heartbeat)."""
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

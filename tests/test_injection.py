@@ -22,7 +22,7 @@ from test_launchers import fake_sbatch, recorded_args, trials, write_study  # no
 from ablate.harness.launchers import slurm
 from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.validate import load_study
-from ablate.harness.workers import worker_args
+from ablate.harness.launchers.commands import worker_args
 
 # What shell, sbatch's #SBATCH lines or its filename patterns would misread: a line break followed by a
 # command, quotes, command substitution, blanks, comment and pattern characters, a glob, non-ASCII, a byte

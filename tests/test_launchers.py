@@ -23,7 +23,7 @@ from test_reliability import resume_record, wait_for
 from ablate.harness import trial as harness_trial
 from ablate.harness.config import build_config
 from ablate.harness.errors import RunFailed
-from ablate.harness.launchers import plan, slurm
+from ablate.harness.launchers import Launch, local, plan, slurm
 from ablate.harness.study.queue import EVAL, grid_point, load_phase_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study
@@ -159,14 +159,16 @@ def test_launcher_settings_come_from_the_study_file_then_the_command_line(tmp_pa
     assert launch.options == slurm.Options(tasks=8, partition="debug", sbatch=["--mem=1G", "--qos=low"],
                                            single_node=True)  # fmt: skip
     assert plan("ray", study, [])[0].options.workers == 3
-    assert plan(None, study, []) == (None, [])
+    # Without a name, the local launcher with `ablate sweep`'s own flags; the study's blocks are not read.
+    assert plan(None, study, [], {"workers": 2}) == (Launch("local", local.Options(workers=2)), [])
 
     _, problems = plan("slurm", study, ["tasks=0", "bogus=1", "nokey"])
     assert ("--launch tasks", "Input should be greater than or equal to 1 (got '0')") in problems
     assert ("--launch bogus", f"unknown setting (known: {', '.join(slurm.Options.model_fields)})") in problems
     assert ("--launch", "'nokey': expected key=value, e.g. tasks=4") in problems
-    assert plan(None, study, ["tasks=2"]) == (None, [("--launch", "give --launcher too")])
-    assert plan("pbs", study, [])[1] == [("--launcher", "unknown launcher 'pbs' (known: slurm, ray)")]
+    refused = [("--launch", "give --launcher too")]
+    assert plan(None, study, ["tasks=2"]) == (Launch("local", local.Options()), refused)
+    assert plan("pbs", study, [])[1] == [("--launcher", "unknown launcher 'pbs' (known: slurm, ray, local)")]
 
     # YAML reads an unquoted 4:00:00 as 14400: said, not submitted as 14400 minutes.
     unquoted = tmp_path / "unquoted.yaml"
@@ -188,6 +190,8 @@ def test_launcher_settings_come_from_the_study_file_then_the_command_line(tmp_pa
         ("ray", "cpus=nan", "Input should be a finite number"),
         ("ray", "gpus=-0.5", "Input should be greater than or equal to 0 (got '-0.5')"),
         ("ray", "timeout=1e9", "Input should be less than or equal to 600 (got '1e9')"),
+        ("local", "workers=0", "Input should be greater than or equal to 1 (got '0')"),
+        ("local", "per_device=1.5", "Input should be a valid integer, unable to parse string as an integer"),
     ],
 )
 def test_every_number_a_launcher_takes_is_checked_against_its_range(tmp_path, launcher, setting, said):

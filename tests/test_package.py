@@ -117,6 +117,19 @@ def test_the_check_sees_a_backward_import_and_a_cycle(tmp_path):
     assert imports(b, known) == {"ablate.a"}
 
 
+def test_the_launchers_and_their_command_lines_import_no_torch():
+    """A SLURM login node or a Ray actor builds a worker's command line, and a sweep plans its launcher,
+    without torch's and Lightning's seconds and memory (harness/launchers/commands.py)."""
+    from ablate.harness.launchers import LAUNCHERS
+
+    code = (f"import sys, importlib; [importlib.import_module(m) for m in {sorted(LAUNCHERS.values())!r}]; "
+            "import ablate.harness.launchers.commands; "
+            "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
 def private_uses(path: Path) -> list[str]:
     """`_name` attributes and imports of Optuna / Lightning outside compat.py: imports of a private name or
     module, and attribute reads `x._y` on anything but self / cls (the project's own classes keep their

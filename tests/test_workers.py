@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 
 from ablate.harness import compat, workers
 from ablate.harness.artifacts import artifact_store, download_trial_files
+from ablate.harness.launchers import local
 from ablate.harness.study.queue import EVAL, load_phase_study, prepare_study
 from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.storage import open_storage
@@ -100,9 +101,9 @@ def test_tuning_prunes_by_step_and_eval_runs_the_best(tmp_path):
 def test_spawned_workers_get_the_storage_url_from_the_environment_not_their_command_line(monkeypatch):
     """Any user on the machine can read a process's command line (`ps`); its environment only its owner."""
     started = []
-    monkeypatch.setattr(workers.subprocess, "Popen", lambda command, env, **_: started.append((command, env)))
+    monkeypatch.setattr(local.subprocess, "Popen", lambda command, env, **_: started.append((command, env)))
     url = "postgresql://ablate:s3cret@db.example:5432/studies"
-    workers.spawn_workers("grid", url, "runs", "disabled", [{"CUDA_VISIBLE_DEVICES": "0"}, {}])
+    local.spawn_workers("grid", url, "runs", "disabled", [{"CUDA_VISIBLE_DEVICES": "0"}, {}])
     assert len(started) == 2
     for command, env in started:
         assert "s3cret" not in " ".join(command) and "--storage" not in command

@@ -1,7 +1,7 @@
-"""Launchers: `ablate sweep STUDY --launcher NAME` runs the study's `ablate worker` processes where a
-scheduler puts them instead of on this machine. The study is checked and created in the storage as for a
-local sweep; the queue stays Optuna's (exactly-once claims, heartbeat retries, resume from checkpoints), so a
-launcher only decides where workers start.
+"""Launchers: where a study's `ablate worker` processes start. `ablate sweep STUDY` starts them on this
+machine (`local`, the default); `--launcher NAME` where a scheduler puts them. The study is checked and
+created in the storage the same way whichever starts them; the queue stays Optuna's (exactly-once claims,
+heartbeat retries, resume from checkpoints), so a launcher only decides where workers start.
 
 A launcher is a module here, listed in LAUNCHERS, with
   Options   a pydantic model: the keys of the study file's `launcher: {NAME: {...}}` block, which
@@ -10,9 +10,9 @@ A launcher is a module here, listed in LAUNCHERS, with
             its outputs under `out`, found before anything is created, within a bounded wait for the
             scheduler or cluster to answer
   start(spec, url, out, wandb_mode, artifacts, options) -> the workers as Popen-like handles (poll,
-            send_signal, wait, kill, returncode) that the sweep watches as it watches local ones, or None
-            when a scheduler took the work (the sweep then returns; the last worker writes the report)
-"""
+            send_signal, wait, kill, returncode) that the sweep watches, or None when a scheduler took the
+            work (the sweep then returns; the last worker writes the report)
+Each starts its workers with the command line of `commands.py`, which imports no torch."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
 # The command line reads the names on every start: the study code is imported only to launch.
-LAUNCHERS = {"slurm": "ablate.harness.launchers.slurm", "ray": "ablate.harness.launchers.ray"}
+LAUNCHERS = {"slurm": "ablate.harness.launchers.slurm", "ray": "ablate.harness.launchers.ray",
+             "local": "ablate.harness.launchers.local"}  # fmt: skip
 
 Problem = tuple[str, str]
 
@@ -48,15 +49,19 @@ class Launch:
         return self.module.start(spec, url, out, wandb_mode, artifacts, self.options)
 
 
-def plan(name: str | None, study: str, sets: list[str]) -> tuple[Launch | None, list[Problem]]:
+def plan(
+    name: str | None, study: str, sets: list[str], here: dict[str, Any] | None = None
+) -> tuple[Launch | None, list[Problem]]:
     """The launcher `name` with its options (the study file's `launcher.<name>` block, then `sets`), and
-    what is wrong with them; (None, []) for a local sweep."""
+    what is wrong with them; without a name, the local launcher with `here`, `ablate sweep`'s own
+    --workers, --devices and --per-device (already checked by their schema, the local Options)."""
     from pydantic import ValidationError
 
     from ablate.harness.config import validation_problems
 
     if name is None:
-        return None, [("--launch", "give --launcher too")] if sets else []
+        options = importlib.import_module(LAUNCHERS["local"]).Options.model_validate(here or {})
+        return Launch("local", options), [("--launch", "give --launcher too")] if sets else []
     if name not in LAUNCHERS:
         return None, [("--launcher", f"unknown launcher {name!r} (known: {', '.join(LAUNCHERS)})")]
     options = importlib.import_module(LAUNCHERS[name]).Options
@@ -103,8 +108,3 @@ def study_block(study: str, name: str) -> tuple[dict[str, Any], list[Problem]]:
                for other in launchers if other not in LAUNCHERS]  # fmt: skip
     return launchers.get(name) or {}, unknown
 
-
-def sqlite_file(url: str) -> str | None:
-    """The file of a SQLite storage URL, None for a database server's: a file only processes on the machine
-    that holds it can share (WAL needs one host's shared memory), a server any machine can reach."""
-    return url.removeprefix("sqlite:///") if url.startswith("sqlite:") else None

@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 from ablate.harness.errors import ConfigError
 from ablate.harness.extras import require
-from ablate.harness.launchers import Problem, sqlite_file
+from ablate.harness.launchers import Problem
+from ablate.harness.launchers.commands import python_command, worker_args
 
 CLIENT_PORT = 10001  # Ray Client's, when a ray:// address names none
 # Whether problems() connected this process to Ray, so that the sweep's end disconnects it: ray.shutdown()
@@ -50,6 +51,8 @@ def problems(options: Options, url: str, out: Path) -> list[Problem]:
     """Connects to the cluster (or starts a local one) once its address answers: an address with no
     cluster is bad input, and a SQLite file is shared only when the cluster is this one machine. Ray's
     workers take `out` as it is."""
+    from ablate.harness.study.storage import sqlite_path
+
     global _connected_here
     try:
         ray = require("ray", extra="ray", feature="--launcher ray")
@@ -68,9 +71,10 @@ def problems(options: Options, url: str, out: Path) -> list[Problem]:
             return [(where, f"{address or 'a new local cluster'}: no Ray cluster there ({reason})")]
         _connected_here = True
     nodes = [node for node in ray.nodes() if node["Alive"]]
-    if sqlite_file(url) is not None and len(nodes) > 1:
+    db = sqlite_path(url)
+    if db is not None and len(nodes) > 1:
         disconnect()
-        return [("--storage", f"{sqlite_file(url)} is a SQLite file, which workers on the cluster's other "
+        return [("--storage", f"{db} is a SQLite file, which workers on the cluster's other "
                               f"{len(nodes) - 1} node(s) cannot share: give a PostgreSQL URL")]  # fmt: skip
     return []
 
@@ -122,8 +126,6 @@ class WorkerProcess:
 
     def run(self, args: list[str], env: dict[str, str]) -> int:
         from ablate.harness import signals
-        from ablate.harness.workers import python_command
-
         # This actor's own Python, which on another node may live elsewhere than the driver's.
         self.proc = subprocess.Popen([*python_command(sys.executable), *args], env={**os.environ, **env},
                                      preexec_fn=signals.die_with_parent())  # fmt: skip
@@ -175,8 +177,6 @@ def start(
     spec, url: str, out: Path, wandb_mode: str, artifacts: str | None, options: Options
 ) -> list[RayWorker]:
     import ray
-
-    from ablate.harness.workers import worker_args
 
     args = worker_args(spec.name, Path(out).resolve(), wandb_mode, math.ceil(options.cpus), artifacts)
     env = {"ABLATE_STORAGE": url, **({} if options.gpus else {"CUDA_VISIBLE_DEVICES": ""})}

@@ -35,7 +35,8 @@ from pydantic import (
 )
 
 from ablate.harness.errors import RunFailed
-from ablate.harness.launchers import Problem, sqlite_file
+from ablate.harness.launchers import Problem
+from ablate.harness.launchers.commands import python_command, worker_args
 
 STOPPED = (128 + 10, 128 + 15)  # a worker's exit after SIGUSR1 or SIGTERM (harness.signals.exit_code)
 
@@ -128,12 +129,14 @@ def problems(options: Options, url: str, out: Path) -> list[Problem]:
     """Why sbatch cannot take the study's job, found before the study is created: an --out that sbatch's
     log pattern cannot carry, a SQLite file that tasks on other nodes cannot share, and the scheduler's
     own (scheduler_problems)."""
+    from ablate.harness.study.storage import sqlite_path
+
     found = []
     if "\\" in str(out.resolve()):
         # A backslash anywhere in --output turns off its %A_%a: no task's log would be written.
         found.append(("--out", f"{out}: slurm cannot carry a backslash in the log folder's path; choose a "
                                "folder without one"))  # fmt: skip
-    db = sqlite_file(url)
+    db = sqlite_path(url)
     if db is not None and not options.single_node:
         found.append(("--storage", f"{db} is a SQLite file, which tasks on other nodes cannot share: give a "
                                    "PostgreSQL URL (--storage or ABLATE_STORAGE), or single_node=true when "
@@ -207,7 +210,6 @@ def start(spec, url: str, out: Path, wandb_mode: str, artifacts: str | None, opt
     """Writes the batch script beside the study's outputs, submits it, and says where to look."""
     from ablate.harness.artifacts import default_storage_url, study_dir
     from ablate.harness.study.storage import masked_url
-    from ablate.harness.workers import python_command, worker_args
 
     out = out.resolve()
     logs = study_dir(spec.slug, out) / "slurm"

@@ -27,22 +27,28 @@ def look_lock_name(spec: StudySpec, look: int) -> str:
     return f"{optuna_study_name(spec)}:look:{look}"
 
 
-def judge(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> list[claims.ClaimResult]:
-    """Every claim's verdict and look from the eval trials, as the report judges them."""
+def judge(spec: StudySpec, storage) -> list[claims.ClaimResult]:
+    """Every claim's verdict and look from the eval trials in the storage, as the report judges them: the
+    one judging of a study's claims before its report (the looks, `ablate status`, Study.claims)."""
+    trials = load_phase_study(spec, storage, EVAL).get_trials(deepcopy=False)
     return claims.evaluate_all(spec, trials_frame(spec, trials))
 
 
 def next_look(spec: StudySpec, storage) -> tuple[int, dict[str, list[int]]] | None:
     """(the look, variant -> its seeds for that look) when some claim is still open after the last
     look; None while trials are pending or when no claim wants more seeds."""
-    trials = load_phase_study(spec, storage, EVAL).get_trials(deepcopy=False)
-    if spec.adaptive is None or any(t.state in PENDING for t in trials):
+    if spec.adaptive is None or pending(spec, storage):
         return None
-    wanted = claims.seeds_wanted(spec, judge(spec, trials))
+    wanted = claims.seeds_wanted(spec, judge(spec, storage))
     if not wanted:
         return None
     look = spec.seed_looks.index(max(wanted.values()))
     return look, {variant: spec.seed_pool[:count] for variant, count in wanted.items()}
+
+
+def pending(spec: StudySpec, storage) -> bool:
+    """Whether any eval trial waits or runs."""
+    return bool(load_phase_study(spec, storage, EVAL).get_trials(deepcopy=False, states=PENDING))
 
 
 def queue_next_look(spec: StudySpec, storage, wait_s: float = 60.0) -> bool:
@@ -50,7 +56,7 @@ def queue_next_look(spec: StudySpec, storage, wait_s: float = 60.0) -> bool:
     to run again, False when the study is finished."""
     planned = next_look(spec, storage)
     if planned is None:
-        return bool(load_phase_study(spec, storage, EVAL).get_trials(deepcopy=False, states=PENDING))
+        return pending(spec, storage)
     look, seeds = planned
     eval_study = load_phase_study(spec, storage, EVAL)
     try:

@@ -1,0 +1,74 @@
+"""Local: the study's workers as processes on this machine, what `ablate sweep` does without --launcher.
+
+Its options are `ablate sweep`'s --workers, --devices and --per-device (ablate/sweep.py's SweepOptions
+takes them from here: one schema for their ranges), or with `--launcher local` the study file's
+`launcher: {local: {...}}` block and --launch. Each process runs `ablate worker` with the storage URL in
+ABLATE_STORAGE and dies with the sweep that started it; the sweep watches them, forwards a stop signal to
+them and writes the report once all have exited."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ablate.harness import signals
+from ablate.harness.launchers import Problem
+from ablate.harness.launchers.commands import python_command, worker_args
+
+Count = Annotated[int, Field(ge=1)]  # worker processes: one at least
+
+
+class Options(BaseModel):
+    """The local worker processes: `workers` CPU ones, or `per_device` on each GPU of `devices`; neither,
+    one process with the environment as it is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    workers: Count | None = None  # local CPU worker processes
+    devices: str | None = None  # GPUs, e.g. "0,1"
+    per_device: Count = 1
+
+
+def problems(options: Options, url: str, out: Path) -> list[Problem]:
+    """None: ablate/sweep.py's load_sweep checks the processes against this machine (cores, memory, the
+    GPUs named) with the study's own problems, so that all of them make one error."""
+    return []
+
+
+def start(spec, url: str, out: Path, wandb_mode: str, artifacts: str | None, options: Options):
+    """Starts the worker processes here, and says how many and on which storage."""
+    from ablate.harness.study.storage import masked_url
+
+    gpus = [d.strip() for d in options.devices.split(",")] if options.devices else None
+    slots = worker_slots(options.workers, gpus, options.per_device)
+    print(f"{len(slots)} worker(s), storage {masked_url(url)}, W&B {wandb_mode}", file=sys.stderr, flush=True)
+    return spawn_workers(spec.name, url, out, wandb_mode, slots, artifacts)
+
+
+def worker_slots(workers: int | None, devices: list[str] | None, per_device: int) -> list[dict[str, str]]:
+    """The environment of each local worker process: K per listed GPU, each seeing only its GPU; N CPU
+    workers (GPUs hidden); or one worker with the environment as it is."""
+    if devices:
+        return [{"CUDA_VISIBLE_DEVICES": d} for d in devices for _ in range(per_device)]
+    if workers:
+        return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(workers)]
+    return [{}]
+
+
+def spawn_workers(
+    study_name: str, storage_url: str, runs_root: str | Path, wandb_mode: str, slots: list[dict[str, str]],
+    artifacts: str | None = None,
+) -> list[subprocess.Popen]:  # fmt: skip
+    """Starts one `ablate worker` process per slot, each with CPU threads = cores / processes; the sweep
+    that starts them writes the report once they have all exited, so they do not."""
+    threads = max(1, (os.cpu_count() or 1) // len(slots))
+    command = [*python_command(), *worker_args(study_name, runs_root, wandb_mode, threads, artifacts)]
+    # The URL travels in the environment: on the command line its password would show in `ps`.
+    env = {**os.environ, "ABLATE_STORAGE": storage_url}
+    return [
+        subprocess.Popen(command, env={**env, **slot}, preexec_fn=signals.die_with_parent()) for slot in slots
+    ]
