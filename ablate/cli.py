@@ -40,6 +40,11 @@ ArtifactsOption = Annotated[
     typer.Option("--artifacts", help="s3://bucket/prefix for trial files (default: runs/<study>/artifacts)."),
 ]
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: key=value.")]
+# What a launcher starts: the study is the one of that name in the storage, never a file that happens to be
+# called so (a study named `x.yaml`, or a file `x` in the working folder).
+StoredOption = Annotated[
+    bool, typer.Option("--stored", help="STUDY is a study's name in the storage, even where a file is named so.")
+]
 HOST_NAME = re.compile(r"[\w.-]+")  # a name or an IPv4 address
 
 
@@ -200,6 +205,7 @@ def worker(
         bool, typer.Option("--no-report", help="No report, even when this worker finishes the study.")
     ] = False,
     artifacts: ArtifactsOption = None,
+    stored: StoredOption = False,
 ) -> None:
     """Join a study: run its queued trials until none is left (any machine that reaches the storage); the
     worker that finishes the study's last trial writes its report.
@@ -214,7 +220,7 @@ def worker(
     try:
         check_artifacts(artifacts, reach=True)
         problems = run_problems(out, storage, None, wandb)
-        if is_study_file(study):
+        if not stored and is_study_file(study):
             spec = load_study(study, also=problems)
             url = storage or default_storage_url(spec.slug, out)
             store = open_storage(url)
@@ -224,8 +230,8 @@ def worker(
             raise_problems("", [], problems)
     except ConfigError as e:
         raise fail(str(e)) from None
-    if not is_study_file(study):
-        spec, store = _stored_study("worker", study, storage, out)
+    if stored or not is_study_file(study):
+        spec, store = _stored_study("worker", study, storage, out, stored=stored)
     try:
         mode = tracking.resolve_mode(wandb)  # type: ignore[arg-type]
         store = open_storage(store.url, create_dir=False, heartbeat=spec.heartbeat)  # the study's periods
@@ -253,13 +259,14 @@ def status(
     study: Annotated[str, typer.Argument(help="Study name or study file.")],
     storage: StorageOption = None,
     out: RunsOption = Path("runs"),
+    stored: StoredOption = False,
 ) -> None:
     """Progress of a study, per variant: done, running, failed, pruned, time spent and left; with adaptive
     seeds, each claim's look and verdict."""
     from ablate.harness.study.looks import next_look
     from ablate.harness.study.queue import study_progress, time_left_s
 
-    spec, store = _stored_study("status", study, storage, out)
+    spec, store = _stored_study("status", study, storage, out, stored=stored)
     rows = study_progress(spec, store)
     table = Table(title=f"{spec.name}")
     columns = ["variant", *(["tune"] if spec.tune else []), "done", "running", "failed", "pruned", "elapsed"]
@@ -379,10 +386,12 @@ def dashboard(
         pass
 
 
-def _stored_study(command: str, study: str, storage: str | None, out: Path, read_only: bool = True):
+def _stored_study(
+    command: str, study: str, storage: str | None, out: Path, read_only: bool = True, stored: bool = False
+):
     """The spec and storage of a study that exists in the storage; exit 2 otherwise."""
     try:
-        return stored_study(command, study, storage, out, read_only)
+        return stored_study(command, study, storage, out, read_only, stored)
     except ConfigError as e:
         raise fail(str(e)) from None
 

@@ -248,14 +248,17 @@ def _notebook_output(progress):
     return display(progress, display_id=True)
 
 
-def stored_study(command: str, study: str, storage: str | None, out: Path, read_only: bool = True):
-    """The spec (as stored) and storage of a study, by name or file, that exists in the storage, its data
-    read once (check_readable); `read_only` unless the command writes to it (a report's notes)."""
+def stored_study(
+    command: str, study: str, storage: str | None, out: Path, read_only: bool = True, stored: bool = False
+):
+    """The spec (as stored) and storage of a study, by name or file (`stored`: by name, whatever files there
+    are), that exists in the storage, its data read once (check_readable); `read_only` unless the command
+    writes to it (a report's notes)."""
     from ablate.harness.artifacts import default_storage_url, slugify
     from ablate.harness.study.queue import load_spec_from_storage, stored_study_names
     from ablate.harness.study.storage import check_readable, masked_url, open_storage
 
-    name = study_name(study)
+    name = study if stored else study_name(study)
     url = storage or default_storage_url(slugify(name), out)
     store = open_storage(url, create_dir=False, read_only=read_only)
     check_readable(store, url, name)

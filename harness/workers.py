@@ -199,7 +199,7 @@ class Worker:
         try:
             self.run_and_record(claim)
         except Exception:
-            if not self.retried_elsewhere(claim.trial):
+            if not self.retried_elsewhere(claim):
                 raise
             print(f"{claim.phase} trial {claim.trial.number} was retried elsewhere while this worker was "
                   "paused (its heartbeat went stale); its result here is discarded", flush=True)  # fmt: skip
@@ -207,10 +207,15 @@ class Worker:
             return False
         return True
 
-    def retried_elsewhere(self, trial: optuna.Trial) -> bool:
-        """Whether the trial this worker runs is finished in the storage: nothing but the heartbeat's retry
-        finishes it while it runs here (this worker finishes it last, in run_and_record)."""
-        return self.storage.get_trial(compat.trial_id(trial)).state.is_finished()
+    def retried_elsewhere(self, claim: Claim) -> bool:
+        """Whether the heartbeat failed the trial this worker runs and queued a copy of it: the trial is
+        finished in the storage and a trial's retry history names it. Finished without a copy (its retries
+        used up, or finished by this worker itself before an error) is not: that error stays the worker's."""
+        if not self.storage.get_trial(compat.trial_id(claim.trial)).state.is_finished():
+            return False
+        number = claim.trial.number
+        trials = claim.study.get_trials(deepcopy=False)
+        return any(number in t.system_attrs.get("retry_history", ()) for t in trials)
 
     def run_and_record(self, claim: Claim) -> None:
         trial, study = claim.trial, claim.study
@@ -331,7 +336,7 @@ class Worker:
             # post-mortem or a retry. A trial retried elsewhere keeps nothing of this copy: its retry resumes
             # from the stored checkpoints, which must stay. Either way its own error stays the reason.
             try:
-                if not self.retried_elsewhere(trial):
+                if not self.retried_elsewhere(claim):
                     if isinstance(failure, optuna.TrialPruned) and not cfg.train.keep_checkpoints:
                         (out_dir / CHECKPOINTS / RESUME_CHECKPOINT).unlink(missing_ok=True)
                         stored.discard(resumed, trial.user_attrs.get(RESUME_ATTR))

@@ -64,7 +64,20 @@ def test_worker_arguments_parse_back_to_the_values_given(name, runs):
     args = worker_args(name, runs, "disabled", 2, "s3://bucket/-x")
     params = get_command(app).commands["worker"].make_context("worker", args[1:]).params
     assert (params["study"], params["out"], params["artifacts"]) == (name, Path(runs), "s3://bucket/-x")
-    assert (params["threads"], params["no_report"]) == (2, True)
+    assert (params["threads"], params["no_report"], params["stored"]) == (2, True, True)
+
+
+def test_a_study_named_like_a_file_is_the_stored_one_whatever_files_lie_about(tmp_path):
+    """A worker started for study `named.yaml` runs it, not the study in a file of that name in its folder."""
+    study = write_study(tmp_path / "study.yaml", name="named.yaml", factors={}, seeds=[0])
+    write_study(tmp_path / "named.yaml", name="decoy", factors={}, seeds=[0])
+    runs = tmp_path / "runs"
+    done = ablate("sweep", str(study), "--out", str(runs), "--wandb", "disabled", "--workers", "1",
+                  "--no-report", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    url = f"sqlite:///{runs / load_study(study).slug / 'study.db'}"
+    assert [t.state for t in trials(study, url)] == [TrialState.COMPLETE]
+    assert not (runs / "decoy").exists()
 
 
 # SLURM ------------------------------------------------------------------------------------------------
@@ -118,7 +131,7 @@ def test_hostile_values_reach_sbatch_and_srun_intact_and_nothing_runs(
     subprocess.run(["bash", "-n", str(script)], check=True)
     job = run_as_a_job(script, tmp_path, srun_exit=143)  # the workers stopped by SIGTERM: the task requeues
     assert job.returncode == 0, job.stderr
-    worker = [sys.executable, "-P", "-m", "ablate.cli", "worker", f"--out={out.resolve()}",
+    worker = [sys.executable, "-P", "-m", "ablate.cli", "worker", "--stored", f"--out={out.resolve()}",
               "--wandb=disabled", "--threads=3", "--", name]  # fmt: skip
     assert recorded_args(fake_srun, "srun") == ["--kill-on-bad-exit=0", *worker]
     assert recorded_args(fake_srun, "scontrol") == ["requeue", "4242_0"]
@@ -148,10 +161,15 @@ def test_what_sbatch_cannot_carry_is_refused_before_anything_is_made(tmp_path, f
         ("--wrap=touch PWNED", "'--wrap=touch PWNED': the launcher decides --wrap"),
         ("--out=/x", "'--out=/x': the launcher decides --output"),  # sbatch takes a prefix of a name
         ("--arr=0-9", "'--arr=0-9': the key tasks sets --array"),
+        ("--no-requeue", "'--no-requeue': the launcher decides --no-requeue"),  # would outvote --requeue
+        ("--wait", "'--wait': the launcher decides --wait"),  # sbatch would block past its timeout
+        ("--export-file=/x", "the launcher decides --export-file"),  # the job's environment is the sweep's
+        ("--comment", "'--comment': give its value as --comment=VALUE"),  # would take the script as its value
     ]:
         with pytest.raises(ValueError, match="sbatch") as e:
             slurm.Options(sbatch=[item])
         assert reason in str(e.value), item
+    assert slurm.Options(sbatch=["--exclusive", "--hold"]).sbatch == ["--exclusive", "--hold"]  # flags
     for word in ("gpu debug", "gpu\n#SBATCH --wrap=x", ""):
         with pytest.raises(ValueError, match="expected one word"):
             slurm.Options(partition=word)
@@ -173,3 +191,14 @@ def test_a_study_name_stays_inside_the_batch_scripts_comment(tmp_path, fake_srun
     assert run_as_a_job(script, tmp_path, srun_exit=0).returncode == 0
     assert recorded_args(fake_srun, "srun") == ["--kill-on-bad-exit=0", "w", "--", name]
     assert not [p for p in tmp_path.rglob("PWNED")], "the name ran as a command"
+
+
+def test_an_sbatch_answering_in_another_encoding_is_still_one_line(tmp_path, monkeypatch):
+    """sbatch's complaint in Latin-1 (a site's locale) is read, undecodable bytes replaced, not a traceback."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_bytes(b"#!/bin/sh\nprintf 'sbatch: error: partition caf\\351 unknown\\n' >&2\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    ((where, what),) = slurm.scheduler_problems(slurm.Options())
+    assert where == "--launcher" and what == "slurm: sbatch --test-only refuses the job: partition caf\ufffd unknown"

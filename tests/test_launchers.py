@@ -130,7 +130,7 @@ def test_submission_passes_the_storage_in_the_jobs_environment_only(tmp_path, fa
     assert f"--out={tmp_path / 'runs'}" in script and "--threads=2" in script and "--no-report" not in script
     assert "SLURM job 4242: 4 array task(s)" in printed and "postgresql://ablate:***@db.example" in printed
     assert f"logs: {tmp_path / 'runs' / 'cluster' / 'slurm'}/4242_<task>.log" in printed
-    assert f"ablate status --out {tmp_path / 'runs'} -- cluster (with --storage" in printed
+    assert f"ablate status --stored --out {tmp_path / 'runs'} -- cluster (with --storage" in printed
 
 
 def test_slurm_refuses_a_sqlite_file_unless_told_every_task_runs_on_one_node(tmp_path, fake_sbatch):

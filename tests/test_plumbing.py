@@ -348,7 +348,7 @@ def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
         "model.layers": Case(2, model_has(lambda m: len(m.decoder) == 2)),
         "model.dropout": Case(0.3, check_dropout),
         "model.tie_embeddings": Case(True, check_tie_embeddings),
-        "model.cell": Case("gru", model_has(lambda m: isinstance(m.decoder, nn.GRU)), LSTM),
+        "model.cell": Case("gru", model_has(lambda m: m.decoder.cell == m.encoder.rnn.cell == "gru"), LSTM),
         "model.bidirectional": Case(False, model_has(lambda m: not m.encoder.rnn.bidirectional), LSTM),
         "model.attention": Case(
             "dot", model_has(lambda m: type(m.attention.score).__name__ == "DotScore"), LSTM

@@ -68,10 +68,18 @@ RESERVED = {
     "array": "tasks", "ntasks": "workers", "cpus-per-task": "cpus", "partition": "partition", "time": "time",
     "signal": "warning", "nodes": None, "requeue": None, "job-name": None, "output": None, "open-mode": None,
     "chdir": None, "export": None, "parsable": None, "wrap": None, "test-only": None, "help": None,
-    "usage": None, "version": None,
+    "usage": None, "version": None, "no-requeue": None, "wait": None, "export-file": None,
+    "get-user-env": None,
 }  # fmt: skip
+# sbatch's options that take no value (or only an optional `=value`): any other item must carry its
+# `=value`, or sbatch would take the next argument, the batch script's path, as its value.
+FLAGS = {"contiguous", "exclusive", "hold", "ignore-pbs", "no-kill", "overcommit", "oversubscribe", "quiet",
+         "reboot", "spread-job", "use-min-nodes", "verbose", "nice", "propagate"}  # fmt: skip
 OPTION = re.compile(r"--([a-z][a-z0-9-]*)(=.*)?", re.DOTALL)
 MAX_ARRAY = 4_000_000  # the most tasks: SLURM's MaxArraySize is at most 4000001
+# How sbatch runs: no standard input (with none it would read a batch script from ours), its answers as text
+# whatever their encoding.
+SBATCH_IO = {"stdin": subprocess.DEVNULL, "capture_output": True, "text": True, "errors": "replace"}
 
 
 class Options(BaseModel):
@@ -116,6 +124,9 @@ class Options(BaseModel):
                 key = RESERVED[reserved[0]]
                 decides = f"the key {key} sets" if key else "the launcher decides"
                 raise ValueError(f"{item!r}: {decides} --{reserved[0]}")
+            if option[2] is None and option[1] not in FLAGS:
+                raise ValueError(f"{item!r}: give its value as {item}=VALUE (flags without one: "
+                                 f"{', '.join(sorted(FLAGS))})")  # fmt: skip
         return v
 
     @model_validator(mode="after")
@@ -151,8 +162,8 @@ def scheduler_problems(options: Options) -> list[Problem]:
     if shutil.which("sbatch") is None:
         return [("--launcher", "slurm: sbatch is not on PATH (submit from a SLURM login node)")]
     try:
-        tried = subprocess.run(["sbatch", "--test-only", *job_options(options), "--wrap=true"],
-                               capture_output=True, text=True, timeout=options.timeout)  # fmt: skip
+        tried = subprocess.run(["sbatch", "--test-only", *job_options(options), "--wrap=true"], **SBATCH_IO,
+                               timeout=options.timeout)  # fmt: skip
     except subprocess.TimeoutExpired:
         return [("--launcher", f"slurm: {no_answer(options.timeout)}")]
     if tried.returncode != 0:
@@ -220,7 +231,7 @@ def start(spec, url: str, out: Path, wandb_mode: str, artifacts: str | None, opt
     script.write_text(batch_script(spec.name, [*python_command(sys.executable), *args], options),
                       encoding="utf-8", errors="surrogateescape")  # fmt: skip
     job = submit(sbatch_command(script, spec.slug, options, logs, Path.cwd()), url, options.timeout)
-    status = f"ablate status --out {shlex.quote(str(out))} -- {shlex.quote(spec.name)}"
+    status = f"ablate status --stored --out {shlex.quote(str(out))} -- {shlex.quote(spec.name)}"
     if url != default_storage_url(spec.slug, out):
         status += " (with --storage or ABLATE_STORAGE as for this sweep)"
     print(f"SLURM job {job}: {options.tasks} array task(s) x {options.workers} worker(s), storage "
@@ -232,7 +243,7 @@ def submit(command: list[str], url: str, timeout: float) -> str:
     """Runs the sbatch `command` with the storage URL in its environment, which --export=ALL hands to the
     job; the job's id. The study exists by now: a refusal or no answer is a fault of the run."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+        done = subprocess.run(command, **SBATCH_IO, timeout=timeout,
                               env={**os.environ, "ABLATE_STORAGE": url})  # fmt: skip
     except subprocess.TimeoutExpired:
         raise RunFailed(f"{no_answer(timeout)}; squeue says whether the job was queued, and the same "
