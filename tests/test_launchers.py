@@ -499,3 +499,15 @@ def test_ray_workers_finish_the_study_and_the_sweep_writes_the_report(tmp_path):
     url = f"sqlite:///{runs / 'cluster' / 'study.db'}"
     assert [t.state for t in trials(study, url)] == [TrialState.COMPLETE] * 4
     assert (runs / "cluster" / "report" / "report.html").is_file()
+
+
+def test_a_ray_worker_gets_the_drivers_settings_and_the_storage(monkeypatch, ray_launcher):
+    """An actor on another node has its own environment: the settings the sweep checked travel with it."""
+    for name in ray_launcher.DRIVER_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SWORD_PATH", "/shared/sword")
+    monkeypatch.setenv("WANDB_PROJECT", "lab")
+    env = ray_launcher.worker_environment("postgresql://db/s", gpus=0.0)
+    assert env == {"ABLATE_STORAGE": "postgresql://db/s", "SWORD_PATH": "/shared/sword",
+                   "WANDB_PROJECT": "lab", "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+    assert "CUDA_VISIBLE_DEVICES" not in ray_launcher.worker_environment("postgresql://db/s", gpus=0.5)

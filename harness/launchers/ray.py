@@ -173,13 +173,27 @@ class RayWorker:
         ray.kill(self.actor)  # its worker gets SIGTERM as its parent dies (signals.die_with_parent)
 
 
+# The driver's settings that a worker reads from its environment: an actor on another node has that node's
+# environment, so the sweep's own checks (the SWORD library it found, its W&B project) would not hold there.
+DRIVER_SETTINGS = (
+    "SWORD_PATH", "WANDB_MODE", "WANDB_PROJECT", "WANDB_BASE_URL", "ABLATE_DEBUG", "ABLATE_VERBOSE"
+)  # fmt: skip
+
+
+def worker_environment(url: str, gpus: float) -> dict[str, str]:
+    """What each actor's worker gets on top of its node's environment: the storage, the driver's settings,
+    and no GPU when it was given none."""
+    settings = {name: os.environ[name] for name in DRIVER_SETTINGS if name in os.environ}
+    return {"ABLATE_STORAGE": url, **settings, **({} if gpus else {"CUDA_VISIBLE_DEVICES": ""})}
+
+
 def start(
     spec, url: str, out: Path, wandb_mode: str, artifacts: str | None, options: Options
 ) -> list[RayWorker]:
     import ray
 
     args = worker_args(spec.name, Path(out).resolve(), wandb_mode, math.ceil(options.cpus), artifacts)
-    env = {"ABLATE_STORAGE": url, **({} if options.gpus else {"CUDA_VISIBLE_DEVICES": ""})}
+    env = worker_environment(url, options.gpus)
     actor = ray.remote(WorkerProcess).options(num_cpus=options.cpus, num_gpus=options.gpus, max_concurrency=2)
     workers: list[RayWorker] = []
     for _ in range(options.workers):
