@@ -22,7 +22,7 @@ from rich.table import Table
 
 from ablate.harness.errors import ConfigError
 from ablate.harness.launchers import LAUNCHERS
-from ablate.sweep import check_artifacts, is_study_file, stored_study, study_name
+from ablate.sweep import ThreadOptions, check_artifacts, checked, is_study_file, stored_study, study_name
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 console = Console(stderr=True)
@@ -40,6 +40,8 @@ ArtifactsOption = Annotated[
     typer.Option("--artifacts", help="s3://bucket/prefix for trial files (default: runs/<study>/artifacts)."),
 ]
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config key: key=value.")]
+# As text: the range is ThreadOptions' (ablate/sweep.py), so that a bad count is one line like every other.
+ThreadsOption = Annotated[str | None, typer.Option("--threads", help="CPU threads for torch in this process.")]
 # What a launcher starts: the study is the one of that name in the storage, never a file that happens to be
 # called so (a study named `x.yaml`, or a file `x` in the working folder).
 StoredOption = Annotated[
@@ -171,7 +173,7 @@ def sweep(
     a scheduler starts the workers (README: Run on a cluster)."""
     from ablate.harness import signals
     from ablate.harness.config import parse_override
-    from ablate.sweep import SweepOptions, checked
+    from ablate.sweep import SweepOptions
     from ablate.sweep import sweep as run_sweep
 
     try:
@@ -198,9 +200,7 @@ def worker(
     storage: StorageOption = None,
     out: RunsOption = Path("runs"),
     wandb: WandbOption = None,
-    threads: Annotated[
-        int | None, typer.Option("--threads", min=1, help="CPU threads for torch in this process.")
-    ] = None,
+    threads: ThreadsOption = None,
     no_report: Annotated[
         bool, typer.Option("--no-report", help="No report, even when this worker finishes the study.")
     ] = False,
@@ -218,6 +218,7 @@ def worker(
     from ablate.harness.study.validate import load_study, raise_problems, run_problems
 
     try:
+        threads = checked(ThreadOptions, {"threads": threads}, from_text=True).threads
         check_artifacts(artifacts, reach=True)
         problems = run_problems(out, storage, None, wandb)
         if not stored and is_study_file(study):
@@ -342,7 +343,6 @@ def dashboard(
     )
     from ablate.harness.extras import require
     from ablate.harness.study.storage import check_readable, check_url, masked_url, open_storage
-    from ablate.sweep import checked
 
     try:
         serve = checked(ServeOptions, {"host": host, "port": port}, from_text=True)
@@ -427,9 +427,7 @@ def bench(
         str | None, typer.Option("--device", help="cpu | cuda (default: cuda if present).")
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Small sizes, a few seconds per figure.")] = False,
-    threads: Annotated[
-        int | None, typer.Option("--threads", min=1, help="CPU threads for torch in this process.")
-    ] = None,
+    threads: ThreadsOption = None,
     as_json: Annotated[
         bool,
         typer.Option("--json", help="Print each figure as a JSON line when it is measured, then the whole run."),
@@ -441,7 +439,8 @@ def bench(
 
     try:
         resolved = benchmarks.resolve_device(device)
-    except ValueError as e:
+        threads = checked(ThreadOptions, {"threads": threads}, from_text=True).threads
+    except (ValueError, ConfigError) as e:
         raise fail(str(e)) from None
     if threads:
         import torch

@@ -43,6 +43,14 @@ class SweepOptions(local.Options):
     launch: tuple[str, ...] = ()  # the launcher's settings, key=value, over the study file's launcher block
 
 
+class ThreadOptions(BaseModel):
+    """`--threads` of `ablate worker` and `ablate bench`: torch's CPU threads in that process."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    threads: local.Count | None = None
+
+
 def checked(schema: type[Options], values: dict[str, Any], from_text: bool = False) -> Options:
     """`values` as `schema` validates them, strictly for the API's Python values, converted from text for
     the command line's (`from_text`); otherwise a ConfigError naming each option as its flag

@@ -113,6 +113,18 @@ def test_the_command_line_refuses_the_same_counts_in_one_line(tmp_path, flag, va
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("command", [["worker", "tiny"], ["bench", "--quick"]], ids=["worker", "bench"])
+@pytest.mark.parametrize("value", BAD_COUNT_TEXTS)
+def test_threads_out_of_range_are_one_line_as_every_count(tmp_path, command, value):
+    """--threads of worker and bench: one line from the same kind of schema, not click's usage box."""
+    result = CliRunner().invoke(app, [*command, "--threads", value, "--out", str(tmp_path / "runs")]
+                                if command[0] == "worker" else [*command, "--threads", value])  # fmt: skip
+    assert result.exit_code == 2, (result.output, result.exception)
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: --threads: ")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_more_workers_than_any_machine_holds_are_refused_by_both(tmp_path):
     study, huge = write_study(tmp_path / "tiny.yaml"), 10**30
     with pytest.raises(ablate.ConfigError, match=f"^--workers: {huge} worker processes exceed this machine"):

