@@ -217,11 +217,12 @@ def worker(
     from ablate.harness.study.storage import check_readable, open_storage
     from ablate.harness.study.validate import load_study, raise_problems, run_problems
 
+    from_file = not stored and is_study_file(study)
     try:
         threads = checked(ThreadOptions, {"threads": threads}, from_text=True).threads
         check_artifacts(artifacts, reach=True)
         problems = run_problems(out, storage, None, wandb)
-        if not stored and is_study_file(study):
+        if from_file:
             spec = load_study(study, also=problems)
             url = storage or default_storage_url(spec.slug, out)
             store = open_storage(url)
@@ -231,7 +232,7 @@ def worker(
             raise_problems("", [], problems)
     except ConfigError as e:
         raise fail(str(e)) from None
-    if stored or not is_study_file(study):
+    if not from_file:
         spec, store = _stored_study("worker", study, storage, out, stored=stored)
     try:
         mode = tracking.resolve_mode(wandb)  # type: ignore[arg-type]
