@@ -53,9 +53,9 @@ def sweep_rate(k: int, trials: int, device: torch.device, root: Path) -> tuple[f
     import optuna
 
     from ablate.harness.artifacts import default_storage_url
+    from ablate.harness.launchers.local import spawn_workers, worker_slots
     from ablate.harness.study.queue import prepare_study, study_progress
     from ablate.harness.study.storage import open_storage
-    from ablate.harness.launchers.local import spawn_workers, worker_slots
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = sweep_spec(k, trials)

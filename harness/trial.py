@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import WandbLogger

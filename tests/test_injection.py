@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from conftest import ablate
 from optuna.trial import TrialState
-from test_launchers import fake_sbatch, recorded_args, trials, write_study  # noqa: F401 (a fixture)
+from test_launchers import recorded_args, trials, write_study
 
 from ablate.harness.launchers import slurm
+from ablate.harness.launchers.commands import worker_args
 from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.validate import load_study
-from ablate.harness.launchers.commands import worker_args
 
 # What shell, sbatch's #SBATCH lines or its filename patterns would misread: a line break followed by a
 # command, quotes, command substitution, blanks, comment and pattern characters, a glob, non-ASCII, a byte

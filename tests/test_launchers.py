@@ -54,33 +54,6 @@ def trials(study: Path, url: str):
 # The batch script and its submission -------------------------------------------------------------------
 
 
-@pytest.fixture
-def fake_sbatch(tmp_path, monkeypatch) -> Path:
-    """An `sbatch` first on PATH that answers `--test-only` as sbatch does, and records a submission: its
-    arguments (NUL-separated: an argument holding a newline stays one), its ABLATE_STORAGE and the script it
-    was given, answering as `sbatch --parsable` does. FAKE_SBATCH_HANGS=test-only or =submit: that call
-    never answers."""
-    bin_dir, record = tmp_path / "bin", tmp_path / "sbatch-record"
-    bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(f"""#!/bin/sh
-case " $* " in
-  *" --test-only "*) [ "$FAKE_SBATCH_HANGS" = test-only ] && exec sleep 600
-                     printf '%s\\0' "$@" > {record}.test-args
-                     echo "sbatch: Job 4241 to start at 2030-01-01T00:00:00 using 1 processors" >&2; exit 0 ;;
-esac
-[ "$FAKE_SBATCH_HANGS" = submit ] && exec sleep 600
-printf '%s\\0' "$@" > {record}.args
-printf '%s' "$ABLATE_STORAGE" > {record}.storage
-for last; do :; done
-cp -- "$last" {record}.script
-echo "4242;testcluster"
-""")
-    (bin_dir / "sbatch").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("FAKE_SBATCH_HANGS", raising=False)
-    return record
-
-
 def recorded_args(record: Path, call: str = "args") -> list[str]:
     """The arguments the fake sbatch (or srun) recorded, as the file system's names decode them."""
     return [os.fsdecode(arg) for arg in Path(f"{record}.{call}").read_bytes().split(b"\0")[:-1]]
