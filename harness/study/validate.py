@@ -30,6 +30,7 @@ from ablate.harness.config import (
     validation_problems,
 )
 from ablate.harness.errors import ConfigError
+from ablate.harness.metric_registry import metric_info
 from ablate.harness.study.spec import (
     AdaptiveSeeds,
     ClaimSpec,
@@ -324,24 +325,22 @@ def judging_problems(where: str, claim: ClaimSpec, spec: StudySpec) -> list[Prob
     """What would keep a claim from ever being judged as it reads (analysis.claims): a margin its metric's
     range cannot reach (or, for `similar`, cannot miss), and an interaction that subtracts a ratio from a
     difference."""
-    from ablate.analysis.claims import on_ratio_scale
-    from ablate.analysis.stats import metric_range
-
     metrics = [metric for metric, _ in claim.arms(spec.metric.name)]
+    info = {m: metric_info(m) for m in metrics}
     problems = []
-    if len({on_ratio_scale(m) for m in metrics}) > 1:
-        scales = " and ".join(f"{m} as a {'ratio' if on_ratio_scale(m) else 'difference'}" for m in metrics)
+    if len({info[m].scale for m in metrics}) > 1:
+        scales = " and ".join(f"{m} as a {info[m].scale}" for m in metrics)
         problems.append(
             (f"{where}.versus.metric", f"judges {scales}; an interaction needs one scale for both")
         )
     # Δ on a metric in [low, high] lies within ±(high - low); an interaction's within the sum of its two
     # metrics' reaches (analysis.claims bounds its CI the same way).
-    reach = sum(metric_range(m).difference().high for m in metrics)
-    if not on_ratio_scale(metrics[0]) and abs(claim.margin) >= reach:
+    reach = sum(info[m].range.difference().high for m in metrics)
+    if info[metrics[0]].scale == "difference" and abs(claim.margin) >= reach:
         outcome = "can never fail" if claim.expect == "similar" else "cannot be met"
         first_of = {}  # each distinct range, named by the first metric that has it
         for m in metrics:
-            first_of.setdefault((metric_range(m).low, metric_range(m).high), m)
+            first_of.setdefault((info[m].range.low, info[m].range.high), m)
         ranges = " and ".join(f"{m} lies in [{low:g}, {high:g}]" for (low, high), m in first_of.items())
         problems.append(
             (f"{where}.margin", f"{claim.margin:g} {outcome}: {ranges}, so Δ lies within ±{reach:g}")
