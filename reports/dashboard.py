@@ -13,8 +13,9 @@ import importlib.util
 import optuna
 import pandas as pd
 
-from ablate.analysis.stats import mean_table, metric_range
+from ablate.analysis.stats import mean_table
 from ablate.harness import compat
+from ablate.harness.metric_registry import metric_range
 from ablate.harness.study.queue import optuna_study_name
 from ablate.reports.collect import StudyData
 from ablate.reports.plots import RANGE_PAD, length_accuracy
@@ -87,13 +88,11 @@ def metric_by_variant(df: pd.DataFrame, summary: pd.DataFrame, metric: str, orde
     return fig
 
 
-def length_curves(per_length: pd.DataFrame, order: list[str]) -> pd.DataFrame:
-    """Mean exact match by variant and target length over seeds, with its 95% CI: the report's figure's
-    table (stats.mean_table, in the metric's range); columns variant, length, mean, ci_low, ci_high, seeds."""
-    merged = length_accuracy(per_length)
-    if merged is None:
-        return pd.DataFrame(columns=["variant", "length", "mean", "ci_low", "ci_high", "seeds"])
-    out = mean_table(merged.sort_values("length"), ["variant", "length"], "seq_acc", "n")
+def length_curves(seeds: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """Mean exact match by variant and target length over the seeds of `seeds` (plots.length_accuracy), with
+    its 95% CI: the report's figure's table (stats.mean_table, in the metric's range); columns variant,
+    length, mean, ci_low, ci_high, seeds."""
+    out = mean_table(seeds.sort_values("length"), ["variant", "length"], "seq_acc", "n")
     rank = {v: i for i, v in enumerate(order)}
     return out.sort_values(["variant", "length"], key=lambda c: c.map(rank) if c.name == "variant" else c)
 
@@ -103,10 +102,10 @@ def accuracy_by_length(per_length: pd.DataFrame, order: list[str], train_max_len
     faint point, as in the report's figure); the lengths beyond training shaded."""
     import plotly.graph_objects as go
 
-    curves = length_curves(per_length, order)
-    if curves.empty:
-        return None
     seeds = length_accuracy(per_length)
+    curves = length_curves(seeds, order) if seeds is not None else None
+    if curves is None or curves.empty:
+        return None
     fig = go.Figure()
     for variant, c in curves.groupby("variant", sort=False):
         fig.add_trace(go.Scatter(

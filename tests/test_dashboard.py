@@ -131,7 +131,7 @@ def test_accuracy_by_length_merges_splits_by_examples_then_averages_seeds():
         [{"trial": t, "variant": "a", "seed": s, "split": sp, "length": n, "n": k, "seq_acc": x}
          for t, s, sp, n, k, x in rows]
     )  # fmt: skip
-    curves = dashboard.length_curves(per_length, ["a"]).set_index("length")
+    curves = dashboard.length_curves(plots.length_accuracy(per_length), ["a"]).set_index("length")
     assert curves["mean"].to_dict() == pytest.approx({2: 0.45, 6: 0.3})
     # The interval in [0, 1], at the fewest examples of a seed at that length (10: trial 1).
     ci = stats.mean_ci(np.array([0.2, 0.7]), stats.metric_range(METRIC), 10)
