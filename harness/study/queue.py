@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from ablate.harness.config import format_validation_error
 from ablate.harness.errors import ConfigError
-from ablate.harness.study.spec import StudySpec, Value, tune_metric
+from ablate.harness.study.spec import PRUNERS, TUNE_KINDS, StudySpec, Value, tune_metric
 from ablate.harness.study.storage import masked_url
 
 EVAL, TUNE = "eval", "tune"
@@ -39,11 +39,7 @@ def grid_point(variant: str, seed: int) -> str:
 def suggest(trial, key: str, space: dict[str, list[Value]]) -> Value:
     """Samples one tuned key from its `tune.params` range through the trial's sampler."""
     ((kind, args),) = space.items()
-    if kind == "choice":
-        return trial.suggest_categorical(key, args)
-    if kind == "int":
-        return trial.suggest_int(key, *args)
-    return trial.suggest_float(key, *args, log=kind == "log_uniform")
+    return TUNE_KINDS[kind].sample(trial, key, args)
 
 
 def tune_sampler(spec: StudySpec, variant: str):
@@ -57,16 +53,10 @@ def tune_sampler(spec: StudySpec, variant: str):
 
 
 def tune_pruner(spec: StudySpec):
-    """Hyperband over training steps (validations report at global steps), the median rule, or none."""
+    """The pruner `tune.pruner` names (spec.PRUNERS), sized by the first variant's train settings."""
     assert spec.tune is not None
     train = spec.config_for(next(iter(spec.variant_overrides().values())), spec.seed_pool[0]).train
-    if spec.tune.pruner == "hyperband":
-        return optuna.pruners.HyperbandPruner(
-            min_resource=train.val_every, max_resource=max(train.max_steps, train.val_every)
-        )
-    if spec.tune.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=train.val_every)
-    return optuna.pruners.NopPruner()
+    return PRUNERS[spec.tune.pruner](optuna.pruners, train)
 
 
 def load_phase_study(spec: StudySpec, storage, phase: str, variant: str | None = None):

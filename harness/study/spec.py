@@ -8,7 +8,10 @@ built and validated before anything runs. Pydantic only: reading a study needs n
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -23,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from ablate.harness.config import ExperimentConfig, build_config
+from ablate.harness.config import ExperimentConfig, TrainConfig, build_config
 from ablate.harness.errors import ConfigError
 from ablate.harness.metric_registry import metric_info
 from ablate.models.config import PRESETS
@@ -85,16 +88,44 @@ class ClaimSpec(BaseModel):
         return [first, (self.versus.metric or first[0], self.versus.within or self.within)]
 
 
-# How a tuned key is sampled (queue.suggest samples each).
-TuneKind = Literal["log_uniform", "uniform", "int", "choice"]
+@dataclass(frozen=True)
+class TuneKind:
+    """One way to tune a key: how queue.suggest samples it through an Optuna trial, and what its list holds
+    (validate.tuned_key_problem checks it)."""
+
+    sample: Callable[[Any, str, list[Value]], Value]  # (trial, key, the list) -> the value
+    bounds: bool = True  # [low, high]; False: the values to choose from
+    integer: bool = False  # integer bounds, for keys that take integers
+    positive: bool = False  # bounds above 0 (a log scale)
+
+
+# The names tune.params accepts: {train.lr: {log_uniform: [1e-4, 3e-3]}}, {train.warmup_steps: {int: [0, 500]}},
+# {x: {choice: [...]}}.
+TUNE_KINDS = {
+    "log_uniform": TuneKind(
+        lambda trial, key, args: trial.suggest_float(key, *args, log=True), positive=True
+    ),
+    "uniform": TuneKind(lambda trial, key, args: trial.suggest_float(key, *args)),
+    "int": TuneKind(lambda trial, key, args: trial.suggest_int(key, *args), integer=True),
+    "choice": TuneKind(lambda trial, key, args: trial.suggest_categorical(key, args), bounds=False),
+}
+# The names tune.pruner accepts: each builds its pruner (queue.tune_pruner) from optuna.pruners and the
+# trials' train settings, over training steps (validations report at global steps).
+PRUNERS: dict[str, Callable[[ModuleType, TrainConfig], Any]] = {
+    "hyperband": lambda pruners, train: pruners.HyperbandPruner(
+        min_resource=train.val_every, max_resource=max(train.max_steps, train.val_every)
+    ),
+    "median": lambda pruners, train: pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=train.val_every),
+    "none": lambda pruners, train: pruners.NopPruner(),
+}
 
 
 class TuneSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    # {train.lr: {log_uniform: [1e-4, 3e-3]}}, {train.warmup_steps: {int: [0, 500]}}, {x: {choice: [...]}}
-    params: dict[str, dict[TuneKind, list[Value]]]
+    # Literals of the registries' keys, so that pydantic's error names every accepted one.
+    params: dict[str, dict[Literal[tuple(TUNE_KINDS)], list[Value]]]  # type: ignore[valid-type]
     trials: PositiveInt = 8
-    pruner: Literal["hyperband", "median", "none"] = "hyperband"
+    pruner: Literal[tuple(PRUNERS)] = "hyperband"  # type: ignore[valid-type]
     metric: MetricSpec | None = None  # default: the study metric measured on the validation split
 
 

@@ -17,7 +17,7 @@ import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -32,10 +32,10 @@ from ablate.harness.config import (
 from ablate.harness.errors import ConfigError
 from ablate.harness.metric_registry import metric_info
 from ablate.harness.study.spec import (
+    TUNE_KINDS,
     AdaptiveSeeds,
     ClaimSpec,
     StudySpec,
-    TuneKind,
     TuneSpec,
     Value,
     apply_profile,
@@ -404,21 +404,22 @@ def tuned_key_problem(spec: StudySpec, first: dict, varied: set, key: str, space
     if key in varied:
         return "is a factor of the study; a variant cannot both fix and tune it"
     if len(space) != 1:
-        return f"give exactly one of {', '.join(get_args(TuneKind))}"
-    ((kind, args),) = space.items()
-    if kind == "choice" and not args:
-        return "choice: empty list of values"
-    if kind != "choice":
+        return f"give exactly one of {', '.join(TUNE_KINDS)}"
+    ((name, args),) = space.items()
+    kind = TUNE_KINDS[name]
+    if not kind.bounds and not args:
+        return f"{name}: empty list of values"
+    if kind.bounds:
         numeric = all(isinstance(a, int | float) and not isinstance(a, bool) for a in args)
         if len(args) != 2 or not numeric or not args[0] < args[1]:
-            return f"{kind}: expected [low, high] with low < high (got {args})"
-        if kind == "int" and not all(isinstance(a, int) for a in args):
-            return f"int: bounds must be integers (got {args})"
+            return f"{name}: expected [low, high] with low < high (got {args})"
+        if kind.integer and not all(isinstance(a, int) for a in args):
+            return f"{name}: bounds must be integers (got {args})"
         default = ExperimentConfig().flat()[key]
-        if kind != "int" and isinstance(default, int) and not isinstance(default, bool):
-            return f"{kind}: the key takes integers (strictly); use int: [low, high]"
-        if kind == "log_uniform" and args[0] <= 0:
-            return f"log_uniform: bounds must be positive (got {args})"
+        if not kind.integer and isinstance(default, int) and not isinstance(default, bool):
+            return f"{name}: the key takes integers (strictly); use int: [low, high]"
+        if kind.positive and args[0] <= 0:
+            return f"{name}: bounds must be positive (got {args})"
     for value in args:
         try:
             spec.config_for(first, 0, {key: value})
