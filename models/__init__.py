@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from ablate.models.config import PRESETS, ModelConfig
+from ablate.models.kinds import FAMILIES
 
 if TYPE_CHECKING:  # torch loads in seconds; config checks (and the CLI's errors) need no torch
     from torch import nn
@@ -15,10 +17,8 @@ def build_model(
 ) -> nn.Module:
     """The nn.Module for `cfg.arch`; every family shares forward / record_states / init_state / step.
     ensemble: K seeds fused into one model (models/ensemble.py); 1, a plain model."""
-    from ablate.models.rnn import RNNSeq2Seq
-    from ablate.models.transformer import Transformer
-
-    family = {"lstm": RNNSeq2Seq, "transformer": Transformer}[cfg.arch]
+    module, name = FAMILIES[cfg.arch]
+    family = getattr(importlib.import_module(module), name)
     return family(cfg, src_vocab, tgt_vocab, pad_id, ensemble)
 
 

@@ -1,7 +1,8 @@
 """ModelConfig: every architectural switch of both model families, typed and validated.
 
 The names a switch accepts come from its registry: `pos_encoding` from models/positional.py, `attention`
-from models/scores.py, `score` from models/transformer_scores.py. Each switch belongs to a family
+from models/scores.py, `score` from models/transformer_scores.py, `arch`, `cell` and `norm` from
+models/kinds.py. Each switch belongs to a family
 (LSTM_KEYS, TRANSFORMER_KEYS), and some act only through a part the model may lack (input feeding needs
 attention): `ignored_keys` says which ones the configured model ignores, so a study cannot count two variants that build one model as two. Presets are
 named configs; `preset_keys(name, overrides)` gives one's keys with changes (the harness validates them
@@ -14,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ablate.models.kinds import CELLS, FAMILIES, NORMS
 from ablate.models.positional import POSITIONAL, check_fits, positional_kind
 from ablate.models.scores import SCORES
 from ablate.models.transformer_scores import TRANSFORMER_SCORES, check_scale
@@ -26,14 +28,14 @@ Count = Annotated[int, Field(ge=1, strict=True)]
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
-    arch: Literal["lstm", "transformer"] = "transformer"
+    arch: Literal[tuple(FAMILIES)] = "transformer"  # type: ignore[valid-type]
     d_model: Count = 64
     layers: Count = 2
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     tie_embeddings: bool = False
 
     # lstm family
-    cell: Literal["lstm", "gru"] = "lstm"
+    cell: Literal[tuple(CELLS)] = "lstm"  # type: ignore[valid-type]
     bidirectional: bool = True
     attention: Literal[("none", *SCORES)] = "none"  # type: ignore[valid-type]
     attention_query: Literal["previous", "current"] = "previous"
@@ -53,7 +55,7 @@ class ModelConfig(BaseModel):
     max_positions: Count = 512
     residual: bool = True
     ffn: bool = True  # false: no feed-forward sublayers (pure attention when residual is false too)
-    norm: Literal["post", "pre", "none", "rms_pre"] = "post"
+    norm: Literal[tuple(NORMS)] = "post"  # type: ignore[valid-type]
     causal_mask: bool = True
     cross_attention: bool = True
     embed_scale: bool = True

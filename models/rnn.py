@@ -25,6 +25,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from ablate.models.attention import ScoreAttention
 from ablate.models.config import ModelConfig
 from ablate.models.ensemble import Ensemble
+from ablate.models.kinds import CELLS
 from ablate.models.scores import make_score
 
 
@@ -51,7 +52,7 @@ class RNN(nn.Module):
         self.bidirectional, self.dropout = bidirectional, dropout
         self.directions = 2 if bidirectional else 1
         self.between = ensemble.dropout(dropout, side) if num_layers > 1 else None
-        gates = (4 if cell == "lstm" else 3) * hidden_size
+        gates = CELLS[cell].gates * hidden_size
         self.weight_names = []  # per layer, in nn.LSTM's order, which torch.lstm / torch.gru take
         for layer in range(num_layers):
             layer_input = input_size if layer == 0 else hidden_size * self.directions
@@ -81,7 +82,7 @@ class RNN(nn.Module):
         k = self.ensemble.k
         if state is None:
             zeros = x.new_zeros(self.num_layers * self.directions, x.size(0), self.hidden_size)
-            state = (zeros, zeros) if self.cell == "lstm" else (zeros,)
+            state = tuple(zeros for _ in CELLS[self.cell].states)
         seed_states = zip(*(s.chunk(k, dim=1) for s in state))
         seed_lengths = lengths.chunk(k) if lengths is not None else [None] * k
         runs = [
@@ -95,7 +96,7 @@ class RNN(nn.Module):
 
     def run_seed(self, seed: int, x: torch.Tensor, state, lengths: torch.Tensor | None, offset: int):
         """One seed's rows x (B, T, in) from its state, each (layers·directions, B, H), by its own weights."""
-        op = torch.lstm if self.cell == "lstm" else torch.gru  # what nn.LSTM / nn.GRU call, here per layer
+        op = getattr(torch, CELLS[self.cell].op)  # what nn.LSTM / nn.GRU call, here per layer
         packed = None
         if lengths is not None:
             packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
@@ -106,7 +107,7 @@ class RNN(nn.Module):
             if self.ensemble.k > 1:
                 weights = [w[seed] for w in weights]
             hx = [s[layer * self.directions : (layer + 1) * self.directions] for s in state]
-            hx = hx if self.cell == "lstm" else hx[0]
+            hx = hx if len(hx) > 1 else hx[0]  # torch.gru takes its one state alone
             if packed is None:
                 data, *final = op(data, hx, weights, True, 1, 0.0, self.training, self.bidirectional, True)
             else:
@@ -182,7 +183,7 @@ class RNNSeq2Seq(nn.Module):
             cfg.cell, d * (1 + self.query_previous + self.input_feeding), d, cfg.layers, ens,
             dropout=cfg.dropout if cfg.layers > 1 else 0.0, side="tgt",
         )  # fmt: skip
-        self.state_names = ("h", "c") if cfg.cell == "lstm" else ("h",)
+        self.state_names = CELLS[cfg.cell].states
         self.dropout = ens.dropout(cfg.dropout, "tgt")
         self.generator = ens.linear(d, tgt_vocab)
         if cfg.tie_embeddings:

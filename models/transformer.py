@@ -27,6 +27,7 @@ from torch import nn
 from ablate.models.attention import MultiHeadAttention
 from ablate.models.config import ModelConfig
 from ablate.models.ensemble import Ensemble, seed_axis
+from ablate.models.kinds import NORMS
 from ablate.models.positional import build_positions
 from ablate.models.transformer_scores import build_score
 
@@ -34,8 +35,10 @@ Cache = dict[str, torch.Tensor]  # one decoder layer's keys and values (B, H, L,
 SELF_CACHE = ("self_k", "self_v")
 
 
-def make_norm(kind: str, d_model: int, ensemble: Ensemble) -> nn.Module:
-    return ensemble.norm(d_model, rms=kind == "rms_pre")
+def make_norm(cfg: ModelConfig, where: str, ensemble: Ensemble) -> nn.Module:
+    """The norm `model.norm` (NORMS) puts `where` ('pre' or 'post'), or nn.Identity if none goes there."""
+    norm = NORMS[cfg.norm]
+    return ensemble.norm(cfg.d_model, rms=norm.rms) if norm.where == where else nn.Identity()
 
 
 class Sublayer(nn.Module):
@@ -44,9 +47,8 @@ class Sublayer(nn.Module):
     def __init__(self, fn: nn.Module, cfg: ModelConfig, ensemble: Ensemble, side: str):
         super().__init__()
         self.fn = fn
-        pre = cfg.norm in ("pre", "rms_pre")
-        self.pre_norm = make_norm(cfg.norm, cfg.d_model, ensemble) if pre else nn.Identity()
-        self.post_norm = ensemble.norm(cfg.d_model) if cfg.norm == "post" else nn.Identity()
+        self.pre_norm = make_norm(cfg, "pre", ensemble)
+        self.post_norm = make_norm(cfg, "post", ensemble)
         self.dropout = ensemble.dropout(cfg.dropout, side)
         self.residual = cfg.residual
 
@@ -193,9 +195,8 @@ class Transformer(nn.Module):
         self.encoder = nn.ModuleList(EncoderLayer(cfg, make_attention, ens) for _ in range(encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg, make_attention, ens) for _ in range(cfg.layers))
         # Pre-norm stacks need a final norm: their residual stream is never normalised otherwise.
-        pre = cfg.norm in ("pre", "rms_pre")
-        self.encoder_norm = make_norm(cfg.norm, d, ens) if pre and encoder_layers else nn.Identity()
-        self.decoder_norm = make_norm(cfg.norm, d, ens) if pre else nn.Identity()
+        self.encoder_norm = make_norm(cfg, "pre", ens) if encoder_layers else nn.Identity()
+        self.decoder_norm = make_norm(cfg, "pre", ens)
         self.generator = ens.linear(d, tgt_vocab)
         if cfg.tie_embeddings:
             self.generator.weight = self.tgt_embed.weight

@@ -15,6 +15,7 @@ from ablate.models import build_model
 from ablate.models.attention import MultiHeadAttention, ScoreAttention
 from ablate.models.config import PRESETS, ModelConfig
 from ablate.models.decoding import beam_search, greedy_decode
+from ablate.models.kinds import CELLS
 from ablate.models.scores import make_score
 
 
@@ -184,7 +185,7 @@ def test_the_step_loop_projects_the_source_once(kind, projection, query):
 
 
 @pytest.mark.parametrize("preset", RNN_PRESETS)
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("cell", list(CELLS))
 def test_padding_changes_nothing(preset, cell):
     cfg = ModelConfig.from_name(preset, d_model=16, layers=2, dropout=0.0, cell=cell, attention_heads=2)
     torch.manual_seed(0)
@@ -199,7 +200,7 @@ def test_padding_changes_nothing(preset, cell):
 
 
 COMBINATIONS = list(
-    itertools.product(["none", *SCORES], ["previous", "current"], [False, True], ["lstm", "gru"])
+    itertools.product(["none", *SCORES], ["previous", "current"], [False, True], list(CELLS))
 )
 
 
@@ -211,7 +212,7 @@ def test_every_combination_decodes_step_by_step_as_it_trains(attention, query, f
 
 
 SWITCHES = [
-    ("cell", ["lstm", "gru"]),
+    ("cell", list(CELLS)),
     ("bidirectional", [True, False]),
     ("layers", [1, 2]),
     ("attention", ["none", *SCORES]),

@@ -11,6 +11,7 @@ from torch import nn
 from ablate.models.attention import MultiHeadAttention, QKNorm, ScaledDotProduct
 from ablate.models.config import ModelConfig
 from ablate.models.diagnostics import attention_entropy, layer_diagnostics, rank_collapse
+from ablate.models.kinds import NORMS
 from ablate.models.transformer import FeedForward, Transformer
 from ablate.models.transformer_scores import TRANSFORMER_SCORES, ScoreKind
 
@@ -255,7 +256,7 @@ SWITCHES = [
     ("pos_base", [100.0]),
     ("residual", [True, False]),
     ("ffn", [True, False]),
-    ("norm", ["post", "pre", "none", "rms_pre"]),
+    ("norm", list(NORMS)),
     ("heads", [1, 4]),
     ("layers", [1, 3]),
     ("d_model", [8, 24]),
