@@ -108,9 +108,72 @@ def check_positions(cfg: ExperimentConfig, data: TaskData) -> None:
 
 
 def build_module(cfg: ExperimentConfig, data: TaskData, eval_splits: list[str]) -> Seq2SeqModule:
+    # Dropout from the trial seed's own generator: the masks seed k draws fused (harness/fused.py).
     return Seq2SeqModule(
-        cfg.model, len(data.src_vocab), len(data.tgt_vocab), cfg.train, tuple(eval_splits), data.train_max_len
-    )
+        cfg.model, len(data.src_vocab), len(data.tgt_vocab), cfg.train, tuple(eval_splits), data.train_max_len,
+        dropout_seed=cfg.seed,
+    )  # fmt: skip
+
+
+@dataclass
+class Prepared:
+    """What a trial trains and tests, built in the one order that fixes its initialisation: seeding, data,
+    the model, the probes."""
+
+    cfg: ExperimentConfig
+    data: TaskData
+    dm: Seq2SeqDataModule
+    module: Seq2SeqModule
+    probes: list
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> Prepared:
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        data = build_task(cfg.task, cfg.seed)
+        check_positions(cfg, data)
+        dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed, batch_tokens=cfg.train.batch_tokens)
+        module = build_module(cfg, data, dm.eval_splits)
+        return cls(cfg, data, dm, module, select_probes(data))
+
+    def evaluation(self) -> Evaluation:
+        return Evaluation(self.data, self.dm.eval_splits, self.probes)
+
+    def result(
+        self, steps: int, test_metrics: list[dict], evaluation: Evaluation, history: list[dict],
+        cost: CostMonitor, start: float, resumed_from_step: int,
+    ) -> TrialResult:  # fmt: skip
+        """The TrialResult of a trial trained `steps` steps and tested: `test_metrics` and `evaluation` from its
+        test pass, `history` its validations; `cost` the training's (tokens_per_sec, peak_mem_mb)."""
+        metrics = {k: float(v) for per_loader in test_metrics for k, v in per_loader.items()}
+        metrics.update(evaluation.metrics())
+        best_val = best_validation(history)
+        metrics.update({k: v for k, v in best_val.items() if k != "step"})
+        return TrialResult(
+            metrics=dict(sorted(metrics.items())),
+            signatures=evaluation.signatures(),
+            best_step=best_val.get("step"),
+            params=self.module.num_parameters(),
+            wall_time=time.perf_counter() - start,
+            split_sizes=self.data.sizes(),
+            history=history,
+            per_length=evaluation.per_length(),
+            attention=evaluation.attention(),
+            translations=evaluation.translations(),
+            tokens_per_sec=cost.tokens_per_sec,
+            peak_mem_mb=cost.peak_mem_mb,
+            steps=steps,
+            padding_fraction=self.dm.padding_fraction("train"),
+            resumed_from_step=resumed_from_step,
+        )
+
+    def leave(self, result: TrialResult, out_dir: str | Path | None, loggers: list, step: int) -> None:
+        """Logs the result's images and cost, and with `out_dir` writes its artifacts and data there."""
+        log_images(loggers, result.attention, step)
+        log_final(loggers, result, step)
+        if out_dir is not None:
+            write_artifacts(Path(out_dir), self.cfg, result, loggers)
+            # Vocabularies and tokenizers: what reads this run's outputs.
+            self.data.save(Path(out_dir) / artifacts.DATA)
 
 
 def log_final(loggers: list, result: TrialResult, step: int) -> None:
@@ -186,15 +249,11 @@ def run_trial(
     resume checkpoint to continue (its best-so-far copy already in out_dir's checkpoints); `publish` gets
     each new resume checkpoint's folder and step (a worker stores it for retries elsewhere)."""
     start = time.perf_counter()
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    data = build_task(cfg.task, cfg.seed)
-    check_positions(cfg, data)
-    dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed, batch_tokens=cfg.train.batch_tokens)
-    module = build_module(cfg, data, dm.eval_splits)
-    probes = select_probes(data)
+    prepared = Prepared.of(cfg)
+    dm, module, probes = prepared.dm, prepared.module, prepared.probes
     loggers = list(loggers or [])
     history, cost = HistoryCallback(), CostMonitor()
-    evaluation = Evaluation(data, dm.eval_splits, probes)
+    evaluation = prepared.evaluation()
     with tempfile.TemporaryDirectory(prefix="trial-ckpt-") as scratch:
         # Without an out_dir the best checkpoint still selects the tested weights; it lives in scratch.
         ckpt_dir = Path(out_dir) / artifacts.CHECKPOINTS if out_dir is not None else Path(scratch)
@@ -216,33 +275,10 @@ def run_trial(
         tested = best.best_model_path or str(ckpt_dir / artifacts.LAST_CHECKPOINT)
         test_metrics = trainer.test(module, datamodule=dm, ckpt_path=tested, verbose=False, weights_only=True)
 
-    metrics = {k: float(v) for per_loader in test_metrics for k, v in per_loader.items()}
-    metrics.update(evaluation.metrics())
-    best_val = best_validation(history.rows)
-    metrics.update({k: v for k, v in best_val.items() if k != "step"})
-    result = TrialResult(
-        metrics=dict(sorted(metrics.items())),
-        signatures=evaluation.signatures(),
-        best_step=best_val.get("step"),
-        params=module.num_parameters(),
-        wall_time=time.perf_counter() - start,
-        split_sizes=data.sizes(),
-        history=history.rows,
-        per_length=evaluation.per_length(),
-        attention=evaluation.attention(),
-        translations=evaluation.translations(),
-        tokens_per_sec=cost.tokens_per_sec,
-        peak_mem_mb=cost.peak_mem_mb,
-        steps=trainer.global_step,
-        padding_fraction=dm.padding_fraction("train"),
-        resumed_from_step=periodic.resumed_from_step,
+    result = prepared.result(
+        trainer.global_step, test_metrics, evaluation, history.rows, cost, start, periodic.resumed_from_step
     )
-    log_images(loggers, result.attention, trainer.global_step)
-    log_final(loggers, result, trainer.global_step)
-    if out_dir is not None:
-        write_artifacts(Path(out_dir), cfg, result, loggers)
-        # Vocabularies and tokenizers: what reads this run's outputs.
-        data.save(Path(out_dir) / artifacts.DATA)
+    prepared.leave(result, out_dir, loggers, trainer.global_step)
     return result
 
 

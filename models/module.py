@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from ablate.models import build_model
 from ablate.models.config import ModelConfig
 from ablate.models.decoding import beam_search, greedy_decode, max_target_length
+from ablate.models.ensemble import seed_dropout
 from ablate.models.optim import OptimConfig
 from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID, score
 
@@ -67,8 +68,21 @@ def per_seed_loss(
     return tokens.sum(1) / (target != PAD_ID).view(seeds, -1).sum(1)
 
 
-# Running sums per evaluated split, in this order; `_log_sums` turns them into metrics.
+# Running sums per evaluated split, in this order; `split_metrics` turns them into metrics.
 SUMS = ("loss", "nll", "tokens", "exact", "correct", "examples")
+
+
+def split_metrics(sums: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One split's SUMS -> its loss, perplexity, exact match and token accuracy (float32, as logged)."""
+    s = dict(zip(SUMS, sums))
+    metrics = {
+        "loss": s["loss"] / s["tokens"],
+        # Perplexity of the unsmoothed model: exp of the mean token negative log-likelihood.
+        "ppl": torch.exp(s["nll"] / s["tokens"]),
+        "seq_acc": s["exact"] / s["examples"],
+        "tok_acc": s["correct"] / s["tokens"],
+    }
+    return {name: value.float() for name, value in metrics.items()}
 
 
 class Seq2SeqModule(L.LightningModule):
@@ -80,8 +94,12 @@ class Seq2SeqModule(L.LightningModule):
         optim: OptimConfig | dict | None = None,
         eval_splits: tuple[str, ...] = ("test",),
         train_max_len: int = 0,
+        dropout_seed: int | None = None,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutmut trampoline hides it)
-        """optim: OptimConfig, or any config that extends it (harness's TrainConfig); None: its defaults."""
+        """optim: OptimConfig, or any config that extends it (harness's TrainConfig); None: its defaults.
+        dropout_seed: training draws dropout masks from a generator of this seed, as seed k of a fused
+        model does (models/ensemble.py), so a seed's masks are the same alone or fused; None: the global
+        generator."""
         super().__init__()
         self.model_cfg = model if isinstance(model, ModelConfig) else ModelConfig(**model)
         self.optim = OptimConfig.of(optim or {})
@@ -95,6 +113,24 @@ class Seq2SeqModule(L.LightningModule):
             self.model.compile()
         self.eval_splits = list(eval_splits)
         self._sums: dict[str, torch.Tensor] = {}
+        self._dropout: list[torch.Generator] | None = None
+        self._dropout_state: list[torch.Tensor] | None = None  # a resumed run's generator, to restore
+
+    def on_train_start(self) -> None:
+        # Here, not in __init__: the generator lives on the device the model trains on.
+        if self.hparams.dropout_seed is not None and self._dropout is None:
+            self._dropout = seed_dropout(self.model, [self.hparams.dropout_seed])
+        if self._dropout is not None and self._dropout_state is not None:
+            for generator, state in zip(self._dropout, self._dropout_state):
+                generator.set_state(state.cpu())
+            self._dropout_state = None
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self._dropout is not None:
+            checkpoint["dropout_generators"] = [g.get_state() for g in self._dropout]
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._dropout_state = checkpoint.get("dropout_generators")
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -156,16 +192,8 @@ class Seq2SeqModule(L.LightningModule):
 
     def _log_sums(self) -> None:
         for split, sums in self._sums.items():
-            s = dict(zip(SUMS, sums))
-            metrics = {
-                "loss": s["loss"] / s["tokens"],
-                # Perplexity of the unsmoothed model: exp of the mean token negative log-likelihood.
-                "ppl": torch.exp(s["nll"] / s["tokens"]),
-                "seq_acc": s["exact"] / s["examples"],
-                "tok_acc": s["correct"] / s["tokens"],
-            }
-            for name, value in metrics.items():
-                self.log(f"{split}/{name}", value.float(), prog_bar=name == "loss", add_dataloader_idx=False)
+            for name, value in split_metrics(sums).items():
+                self.log(f"{split}/{name}", value, prog_bar=name == "loss", add_dataloader_idx=False)
         self._sums = {}
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
