@@ -25,8 +25,21 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from ablate.harness import compat, signals
 from ablate.harness.artifacts import BEST_CHECKPOINT, RESUME_CHECKPOINT
 
-RESUME_ATTR = "resume"  # user attr: {"step", "key", "state": artifact id, "best": artifact id or absent}
+RESUME_ATTR = "resume"  # user attr: {"step", "key", "state": artifact id, "best": artifact id or absent, "kind"}
 BEST_FILE = f"{BEST_CHECKPOINT}.ckpt"
+# The kind of a fused seed's resume checkpoint (harness/fused.py), which only a fused run resumes; a
+# record without a kind is Lightning's, which only a trial alone resumes.
+FUSED_STATE = "fused-seed"
+
+
+def resume_point(user_attrs: dict) -> tuple[str | None, int]:
+    """Where a trial resumes: (its checkpoint's kind, step); (None, 0) for a trial that starts afresh."""
+    record = user_attrs.get(RESUME_ATTR)
+    return (record.get("kind", "lightning"), record["step"]) if record else (None, 0)
+
+
+def resume_kind(user_attrs: dict) -> str | None:
+    return resume_point(user_attrs)[0]
 
 
 class Preempted(Exception):
@@ -134,8 +147,8 @@ class StoredCheckpoints:
     Each attempt writes under ids of its own, alternating between two: a worker killed while uploading
     leaves the previously recorded one whole."""
 
-    def __init__(self, store, trial):
-        self.store, self.trial = store, trial
+    def __init__(self, store, trial, kind: str | None = None):
+        self.store, self.trial, self.kind = store, trial, kind  # kind: FUSED_STATE for a fused seed
         self.key = f"resume-{uuid.uuid4().hex}"
         self.saves = 0
         self.best_id: str | None = None
@@ -144,7 +157,7 @@ class StoredCheckpoints:
     def publish(self, directory: Path, step: int) -> None:
         slot = self.saves % 2
         state = self._write(directory / RESUME_CHECKPOINT, f"{self.key}-{slot}")
-        record = {"step": step, "key": self.key, "state": state}
+        record = {"step": step, "key": self.key, "state": state, **({"kind": self.kind} if self.kind else {})}
         best = directory / BEST_FILE
         if best.is_file() and best.stat().st_mtime_ns != self.best_mtime:
             self.best_mtime = best.stat().st_mtime_ns

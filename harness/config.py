@@ -42,6 +42,8 @@ class TrainConfig(OptimConfig):
     # Steps between full-state checkpoints a retried or preempted trial resumes from; 0: none.
     checkpoint_every: int = Field(500, ge=0, strict=True)
     keep_checkpoints: bool = False  # keep a finished trial's resume checkpoint (else it is removed)
+    # The eval seeds of a variant train as one model (harness/fused.py); auto: where that pays, on a GPU.
+    fuse_seeds: bool | Literal["auto"] = "auto"
 
 
 class ExperimentConfig(BaseModel):

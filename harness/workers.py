@@ -9,6 +9,7 @@ on other machines, may join the same storage; harness/launchers start them (`loc
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import socket
@@ -17,7 +18,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,17 @@ from ablate.harness.artifacts import (
     upload_trial_files,
 )
 from ablate.harness.callbacks import ReportValidation, StepPruning, TrialFailed
-from ablate.harness.checkpoints import RESUME_ATTR, Preempted, StoredCheckpoints, fetch
+from ablate.harness.checkpoints import (
+    FUSED_STATE,
+    RESUME_ATTR,
+    Preempted,
+    StoredCheckpoints,
+    fetch,
+    resume_kind,
+    resume_point,
+)
+from ablate.harness.config import ExperimentConfig
+from ablate.harness.fused import FUSE_AT_MOST, Member, run_fused, wants_fusion, why_not_fused
 from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
 from ablate.harness.study.looks import queue_next_look
 from ablate.harness.study.queue import (
@@ -92,6 +103,30 @@ def heartbeat(storage, trial_id: int) -> Iterator[None]:
         thread.join()
 
 
+@contextmanager
+def heartbeats(storage, trial_ids: list[int]) -> Iterator[None]:
+    """Each trial's heartbeat, for a fused group's K trials at once."""
+    with ExitStack() as stack:
+        for trial_id in trial_ids:
+            stack.enter_context(heartbeat(storage, trial_id))
+        yield
+
+
+@dataclass
+class Job:
+    """A claimed trial made ready to run: its config, folder, W&B run, and the checkpoint it resumes from."""
+
+    claim: Claim
+    cfg: ExperimentConfig
+    out_dir: Path
+    name: str
+    tags: list[str]
+    resumed: dict | None
+    resume_from: Path | None
+    stored: StoredCheckpoints
+    callbacks: list[L.Callback]
+
+
 class Worker:
     """One process's share of a study: claims, runs and records trials until none is left to claim."""
 
@@ -119,11 +154,11 @@ class Worker:
             if signals.received():
                 self.stopped = f"{signals.received().name}: no trial was running; stopped"
                 return
-            claim = None
+            claims: list[Claim] = []
             try:
-                claim = self.claim()
-                if claim is not None:
-                    recorded = self.run_claimed(claim)
+                claims = self.claim()
+                if claims:
+                    recorded = self.run_claimed(claims)
                     self.finished_last = recorded and not self.anything_pending()
                 elif self.anything_pending():
                     time.sleep(POLL_S)
@@ -132,7 +167,7 @@ class Worker:
             except Exception as e:  # the storage's disk filled up between trials, or as one was recorded
                 if not no_space(e):
                     raise
-                self.stop_for_space(e, claim)
+                self.stop_for_space(e, claims)
 
     @property
     def stop_code(self) -> int:
@@ -154,9 +189,9 @@ class Worker:
         pending = (TrialState.WAITING, TrialState.RUNNING)
         return not self.tune[variant].get_trials(deepcopy=False, states=pending)
 
-    def claim(self) -> Claim | None:
+    def claim(self) -> list[Claim]:
         """Atomically takes the next WAITING trial that can run now: tune trials first, then eval trials of
-        tuned variants."""
+        tuned variants; with it, the variant's other waiting seeds that train fused with it (`fuses`)."""
         for study in self.studies():
             # A worker that died mid-trial left it RUNNING; failing it queues its retry (heartbeat).
             with quiet_experimental():
@@ -164,13 +199,41 @@ class Worker:
         for study in self.tune.values():
             claim = self._claim_from(study, TUNE)
             if claim:
-                return claim
-        return self._claim_from(self.eval, EVAL)
+                return [claim]
+        claim = self._claim_from(self.eval, EVAL)
+        if claim is None:
+            return []
+        group = [claim]
+        fused = self.fuses(claim)
+        while fused and len(group) < FUSE_AT_MOST:
+            more = self._claim_from(self.eval, EVAL, joining=claim)
+            if more is None:
+                break
+            group.append(more)
+        return group
 
-    def _claim_from(self, study: optuna.Study, phase: str) -> Claim | None:
+    def fuses(self, claim: Claim) -> bool:
+        """Whether an eval trial trains fused: its resume checkpoint is a fused seed's, or it starts afresh
+        and its variant's train.fuse_seeds asks for fusion here and allows it."""
+        if claim.phase != EVAL:
+            return False
+        kind = resume_kind(claim.trial.user_attrs)
+        if kind is not None:
+            return kind == FUSED_STATE
+        cfg = self.spec.config_for(self.variants[claim.variant], claim.seed)
+        return wants_fusion(cfg, torch.cuda.is_available()) and why_not_fused([cfg]) is None
+
+    def _claim_from(self, study: optuna.Study, phase: str, joining: Claim | None = None) -> Claim | None:
+        """The first claimable WAITING trial of `study`; with `joining`, one that trains fused with that
+        claim: its variant's, resuming from a fused seed's checkpoint of the same step or starting afresh as
+        it does."""
         for frozen in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             variant = trial_variant(frozen)
             if phase == EVAL and not self.tuning_finished(variant):
+                continue
+            if joining is not None and (
+                variant != joining.variant or resume_point(frozen.user_attrs) != resume_point(joining.trial.user_attrs)
+            ):
                 continue
             # The WAITING -> RUNNING transition succeeds for exactly one process. The list read above may
             # be stale: another worker may have claimed this trial and even finished it since.
@@ -191,88 +254,103 @@ class Worker:
                 )
         return None
 
-    def run_claimed(self, claim: Claim) -> bool:
-        """Runs the claimed trial and records its outcome; False when another worker finished it meanwhile.
-        Then this worker was paused past the heartbeat's grace (SIGSTOP, a frozen machine), the next worker
-        to look failed the trial and queued a copy under a new number, with a folder of its own, and every
-        write of this worker's result was refused: one line says so, and the result is left to the copy."""
+    def run_claimed(self, claims: list[Claim]) -> bool:
+        """Runs the claimed trials and records their outcomes; False when another worker finished them
+        meanwhile. Then this worker was paused past the heartbeat's grace (SIGSTOP, a frozen machine), the
+        next worker to look failed its trials (queuing a copy of each under a new number, with a folder of its
+        own, while retries are left) and every write of this worker's result was refused: one line each says
+        so, and the result is left to the copy, or to nobody once the retries are used up."""
         try:
-            self.run_and_record(claim)
+            self.run_and_record(claims)
         except Exception:
-            if not self.retried_elsewhere(claim):
+            if not all(self.finished_elsewhere(claim) for claim in claims):
                 raise
-            print(f"{claim.phase} trial {claim.trial.number} was retried elsewhere while this worker was "
-                  "paused (its heartbeat went stale); its result here is discarded", flush=True)  # fmt: skip
+            for claim in claims:
+                print(f"{claim.phase} trial {claim.trial.number} was failed by the heartbeat while this worker "
+                      "was paused; its result here is discarded", flush=True)  # fmt: skip
             free_device_memory()
             return False
         return True
 
-    def retried_elsewhere(self, claim: Claim) -> bool:
-        """Whether the heartbeat failed the trial this worker runs and queued a copy of it: the trial is
-        finished in the storage and a trial's retry history names it. Finished without a copy (its retries
-        used up, or finished by this worker itself before an error) is not: that error stays the worker's."""
-        if not self.storage.get_trial(compat.trial_id(claim.trial)).state.is_finished():
+    def finished_elsewhere(self, claim: Claim) -> bool:
+        """Whether the heartbeat failed the trial this worker runs: the trial is finished in the storage,
+        and either a copy's retry history names it or it failed without this worker's reason (its retries
+        used up). Finished by this worker itself before an error is not: that error stays the worker's."""
+        frozen = self.storage.get_trial(compat.trial_id(claim.trial))
+        if not frozen.state.is_finished():
             return False
+        if frozen.state == TrialState.FAIL and "fail_reason" not in frozen.user_attrs:
+            return True
         number = claim.trial.number
         trials = claim.study.get_trials(deepcopy=False)
         return any(number in t.system_attrs.get("retry_history", ()) for t in trials)
 
-    def run_and_record(self, claim: Claim) -> None:
-        trial, study = claim.trial, claim.study
+    def run_and_record(self, claims: list[Claim]) -> None:
+        """Runs one trial, or a fused group of eval trials, and records each outcome in the storage."""
         start = time.monotonic()
 
-        def say(outcome: str) -> None:
-            where = trial.user_attrs.get("grid_point", claim.variant)
-            print(f"{claim.phase} trial {trial.number} {where}: {outcome} ({time.monotonic() - start:.0f} s)",
-                  flush=True)  # fmt: skip
+        def say(claim: Claim, outcome: str) -> None:
+            where = claim.trial.user_attrs.get("grid_point", claim.variant)
+            print(f"{claim.phase} trial {claim.trial.number} {where}: {outcome} "
+                  f"({time.monotonic() - start:.0f} s)", flush=True)  # fmt: skip
 
         try:
-            with heartbeat(self.storage, compat.trial_id(trial)):
-                value = self.objective(claim)
+            with heartbeats(self.storage, [compat.trial_id(claim.trial) for claim in claims]):
+                outcomes = self.objective(claims)
         except optuna.TrialPruned:
-            study.tell(trial, state=TrialState.PRUNED)
-            say("pruned")
+            (claim,) = claims  # only tune trials are pruned, and they run alone
+            claim.study.tell(claim.trial, state=TrialState.PRUNED)
+            say(claim, "pruned")
+            return
         except (Preempted, KeyboardInterrupt, SystemExit) as stop:
-            # SIGTERM / SIGINT (or Lightning's SystemExit for them mid-validation): the trial waits again
-            # and resumes from its latest checkpoint, on this machine or another.
-            self.queue_again(trial)
+            # SIGTERM / SIGINT (or Lightning's SystemExit for them mid-validation): the trials wait again
+            # and resume from their latest checkpoints, on this machine or another.
+            for claim in claims:
+                self.queue_again(claim.trial)
             step = f"at step {stop.step}" if isinstance(stop, Preempted) else "from its last checkpoint"
             name = signals.received().name if signals.received() else type(stop).__name__
-            self.stopped = f"{name}: {claim.phase} trial {trial.number} checkpointed and queued again {step}"
-            say(f"queued again ({name})")
+            numbers = ", ".join(str(claim.trial.number) for claim in claims)
+            self.stopped = f"{name}: {claims[0].phase} trial {numbers} checkpointed and queued again {step}"
+            for claim in claims:
+                say(claim, f"queued again ({name})")
+            return
         except Exception as e:
-            if not no_space(e):
-                self.fail(claim, e)
-                say(f"FAILED, {type(e).__name__}: {e}"[:300])
+            if no_space(e):
+                self.stop_for_space(e, claims)
+                for claim in claims:
+                    say(claim, "stopped (disk full)")
                 return
-            self.stop_for_space(e, claim)
-            say("stopped (disk full)")
-        else:
-            study.tell(trial, value)
-            say(f"{self.metric_name(claim)} = {value:.4g}")
+            outcomes = [e] * len(claims)
+        for claim, outcome in zip(claims, outcomes):
+            if isinstance(outcome, BaseException):
+                self.fail(claim, outcome)
+                say(claim, f"FAILED, {type(outcome).__name__}: {outcome}"[:300])
+            else:
+                claim.study.tell(claim.trial, outcome)
+                say(claim, f"{self.metric_name(claim)} = {outcome:.4g}")
 
-    def stop_for_space(self, e: BaseException, claim: Claim | None) -> None:
-        """Every later trial would fail the same way: the claimed one waits, as it was, for space to be freed."""
+    def stop_for_space(self, e: BaseException, claims: list[Claim]) -> None:
+        """Every later trial would fail the same way: the claimed ones wait, as they were, for space to be
+        freed."""
         self.storage_full = storage_full(e)
         where = (
             f"for the storage {masked_url(self.storage.url)}" if self.storage_full else f"under {self.root}"
         )
         self.stopped = f"no space left on device {where}"
-        if claim is None:
-            return
-        try:
-            self.queue_again(claim.trial)
-            self.stopped += f"; trial {claim.trial.number} queued again"
-        except Exception as again:
-            if not no_space(again):
-                raise
-            # Not even its state could be written: its heartbeat goes stale, and a worker retries it.
-            self.stopped += f"; trial {claim.trial.number} is retried once space is freed"
+        for claim in claims:
+            try:
+                self.queue_again(claim.trial)
+                self.stopped += f"; trial {claim.trial.number} queued again"
+            except Exception as again:
+                if not no_space(again):
+                    raise
+                # Not even its state could be written: its heartbeat goes stale, and a worker retries it.
+                self.stopped += f"; trial {claim.trial.number} is retried once space is freed"
 
-    def fail(self, claim: Claim, e: Exception) -> None:
+    def fail(self, claim: Claim, e: BaseException) -> None:
         trial = claim.trial
         trial.set_user_attr("fail_reason", f"{type(e).__name__}: {e}"[:2000])
-        trial.set_user_attr("traceback", traceback.format_exc()[-4000:])
+        trial.set_user_attr("traceback", "".join(traceback.format_exception(e))[-4000:])
         claim.study.tell(trial, state=TrialState.FAIL)
         free_device_memory()
 
@@ -283,7 +361,65 @@ class Worker:
         """RUNNING -> WAITING: the same trial is claimed again, keeping its number, folder and checkpoint."""
         self.storage.set_trial_state_values(compat.trial_id(trial), TrialState.WAITING)
 
-    def objective(self, claim: Claim) -> float:
+    def objective(self, claims: list[Claim]) -> list[float | BaseException]:
+        """Each claimed trial's objective value, or the exception its trial alone failed with (a fused seed
+        that diverged); an exception of the whole run (pruned, preempted, a fault) is raised."""
+        from ablate.harness.trial import run_trial
+
+        jobs = [self.job(claim) for claim in claims]
+        if len(jobs) == 1 and not self.fuses(claims[0]):
+            (job,) = jobs
+            try:
+                with self.wandb_logger(job) as logger:
+                    result = run_trial(
+                        job.cfg, out_dir=job.out_dir, loggers=[logger] if logger else None,
+                        callbacks=job.callbacks, resume_from=job.resume_from, publish=job.stored.publish,
+                    )  # fmt: skip
+            except BaseException as failure:
+                self.keep_what_failed(job, failure)
+                raise
+            return [self.record(job, result)]
+        members = []
+        for job in jobs:
+            job.stored.kind = FUSED_STATE
+            logger = functools.partial(self.wandb_logger, job)
+            members.append(Member(job.cfg, job.out_dir, job.resume_from, job.stored.publish, self.reporter(job), logger))
+        try:
+            outcomes = run_fused(members)
+        except BaseException as failure:
+            for job in jobs:
+                self.keep_what_failed(job, failure)
+            raise
+        values: list[float | BaseException] = []
+        for job, outcome in zip(jobs, outcomes):
+            try:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                values.append(self.record(job, outcome))
+            except Exception as failure:
+                self.keep_what_failed(job, failure)
+                values.append(failure)
+        return values
+
+    def reporter(self, job: Job):
+        """A fused seed's validation rows, reported to its trial as ReportValidation reports a trial's."""
+        monitor = validation_metric(self.spec.metric).name
+
+        def report(row: dict[str, float]) -> None:
+            if monitor in row:
+                job.claim.trial.report(row[monitor], step=int(row["step"]))
+
+        return report
+
+    def wandb_logger(self, job: Job):
+        return tracking.wandb_logger(
+            self.wandb_mode, self.root, group=self.spec.name, name=job.name, job_type=job.claim.phase,
+            tags=job.tags, config=job.cfg.flat(),
+        )  # fmt: skip
+
+    def job(self, claim: Claim) -> Job:
+        """Sets a claimed trial up: its parameters (tuned, or the variant's best), user attrs and folder, and
+        the checkpoint it resumes from."""
         spec, trial, variant = self.spec, claim.trial, claim.variant
         overrides = self.variants[variant]
         callbacks: list[L.Callback] = []
@@ -315,38 +451,33 @@ class Worker:
         out_dir = trial_dir(
             self.root, claim.phase, trial.number, slugify(variant) if claim.phase == TUNE else None
         )
-        tags = tracking.run_tags(overrides)
-        from ablate.harness.trial import run_trial
-
         # Preempted, or the copy of a trial whose worker died (it inherits the user attrs): resume.
         resumed = trial.user_attrs.get(RESUME_ATTR)
         resume_from = fetch(self.store, resumed, out_dir / CHECKPOINTS) if resumed else None
         stored = StoredCheckpoints(self.store, trial)
+        return Job(claim, cfg, out_dir, name, tracking.run_tags(overrides), resumed, resume_from, stored, callbacks)
+
+    def keep_what_failed(self, job: Job, failure: BaseException) -> None:
+        """A pruned trial is final, so its resume state is waste; a failed one keeps what it wrote, for a
+        post-mortem or a retry. A trial retried elsewhere keeps nothing of this copy: its retry resumes from
+        the stored checkpoints, which must stay. Either way its own error stays the reason."""
+        trial = job.claim.trial
         try:
-            with tracking.wandb_logger(
-                self.wandb_mode, self.root, group=spec.name, name=name, job_type=claim.phase, tags=tags,
-                config=cfg.flat(),
-            ) as logger:  # fmt: skip
-                result = run_trial(
-                    cfg, out_dir=out_dir, loggers=[logger] if logger else None, callbacks=callbacks,
-                    resume_from=resume_from, publish=stored.publish,
-                )  # fmt: skip
-        except BaseException as failure:
-            # A pruned trial is final, so its resume state is waste; a failed one keeps what it wrote, for a
-            # post-mortem or a retry. A trial retried elsewhere keeps nothing of this copy: its retry resumes
-            # from the stored checkpoints, which must stay. Either way its own error stays the reason.
-            try:
-                if not self.retried_elsewhere(claim):
-                    if isinstance(failure, optuna.TrialPruned) and not cfg.train.keep_checkpoints:
-                        (out_dir / CHECKPOINTS / RESUME_CHECKPOINT).unlink(missing_ok=True)
-                        stored.discard(resumed, trial.user_attrs.get(RESUME_ATTR))
-                    self.store_artifacts(trial, out_dir)
-            except Exception as e:
-                failure.add_note(f"Its artifacts could not be stored either: {type(e).__name__}: {e}")
-            raise
-        self.store_artifacts(trial, out_dir)
+            if not self.finished_elsewhere(job.claim):
+                if isinstance(failure, optuna.TrialPruned) and not job.cfg.train.keep_checkpoints:
+                    (job.out_dir / CHECKPOINTS / RESUME_CHECKPOINT).unlink(missing_ok=True)
+                    job.stored.discard(job.resumed, trial.user_attrs.get(RESUME_ATTR))
+                self.store_artifacts(trial, job.out_dir)
+        except Exception as e:
+            failure.add_note(f"Its artifacts could not be stored either: {type(e).__name__}: {e}")
+
+    def record(self, job: Job, result) -> float:
+        """Stores a finished trial's artifacts and results (a harness.trial.TrialResult); its objective
+        value."""
+        trial, cfg = job.claim.trial, job.cfg
+        self.store_artifacts(trial, job.out_dir)
         if not cfg.train.keep_checkpoints:
-            stored.discard(resumed, trial.user_attrs.get(RESUME_ATTR))
+            job.stored.discard(job.resumed, trial.user_attrs.get(RESUME_ATTR))
         trial.set_user_attr("metrics", result.metrics)
         trial.set_user_attr("params", result.params)
         trial.set_user_attr("wall_time", result.wall_time)
@@ -354,7 +485,7 @@ class Worker:
         trial.set_user_attr("split_sizes", result.split_sizes)
         if result.signatures:  # how BLEU / chrF were computed, for the report
             trial.set_user_attr("signatures", result.signatures)
-        metric = self.metric_name(claim)
+        metric = self.metric_name(job.claim)
         value = result.metrics.get(metric)
         if value is None or not math.isfinite(value):
             raise TrialFailed(f"metric {metric} is {value!r}")

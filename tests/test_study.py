@@ -96,7 +96,8 @@ def prepared(tmp_path, **extra) -> tuple[StudySpec, str]:
 def claim_all(url: str, spec: StudySpec, results) -> None:
     """A worker process that claims eval trials as fast as it can and completes each at once."""
     worker = Worker(spec, open_storage(url), runs_root=".", wandb_mode="disabled")
-    while (claim := worker.claim()) is not None:
+    while claims := worker.claim():
+        (claim,) = claims  # on a CPU, train.fuse_seeds: auto claims one trial at a time
         variant = claim.trial.suggest_categorical("variant", list(spec.variant_overrides()))
         results.put((claim.trial.number, grid_point(variant, claim.seed)))
         claim.study.tell(claim.trial, 1.0)
@@ -174,8 +175,9 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, m
         raise KeyboardInterrupt
 
     monkeypatch.setattr(worker, "objective", interrupted)
-    claim = worker.claim()
-    worker.run_claimed(claim)
+    claims = worker.claim()
+    worker.run_claimed(claims)
+    (claim,) = claims
     assert worker.stopped.startswith(f"KeyboardInterrupt: eval trial {claim.trial.number} checkpointed")
     study = load_phase_study(spec, storage, EVAL)
     states = [t.state for t in study.trials]
@@ -198,7 +200,7 @@ def test_dead_workers_trial_is_retried_once_its_heartbeat_is_stale(tmp_path, mon
     spec, url = prepared(tmp_path, factors={}, seeds=[0])
     storage = open_storage(url, heartbeat=HeartbeatSpec(interval=1, grace=2))
     dead = Worker(spec, storage, tmp_path / "runs", "disabled")
-    lost = dead.claim()  # claimed, then the worker "dies": no heartbeat, no tell
+    (lost,) = dead.claim()  # claimed, then the worker "dies": no heartbeat, no tell
     storage.record_heartbeat(compat.trial_id(lost.trial))
     time.sleep(2.5)
     calls: list = []

@@ -1,0 +1,450 @@
+"""Seeds of one variant trained as one model: K eval trials of a variant, fused (models/ensemble.py).
+
+Each seed is prepared as its trial alone prepares it (harness/trial.py `Prepared`: its own data, sampler,
+initialisation and dropout generator), the K models are fused, and one loop trains them together: a step
+stacks each seed's own next batch (K·B rows, seed-major, padded to the longest of the K), trains on the sum
+of the K mean losses, clips each seed's gradient norm on its own and takes one AdamW step over the stacked
+parameters, which is each seed's own step. Everything else follows the Trainer of the trial alone, seed by
+seed: validation every `val_every` steps (or at each epoch's end with max_epochs) and when training stops,
+the history row of each validation, the best val/loss weights, early stopping, divergence (a seed whose loss
+or weights stop being finite fails alone, with the trial's own message) and the periodic resume checkpoint.
+A stopped seed stays frozen (`ActiveSeeds`) while the others train on. Validation and the test pass run on
+each seed's plain model with its weights (the test through Lightning, as the trial alone), so every metric,
+artifact and report row of a seed is the one it gets alone, to float rounding.
+
+A group's seeds share the wall clock: `wall_time`, `peak_mem_mb` and a `max_time` budget are the group's,
+`tokens_per_sec` a seed's own tokens over the group's training time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ablate.harness import artifacts, signals
+from ablate.harness.callbacks import TrialFailed, peak_rss_mb, reset_peak_rss
+from ablate.harness.checkpoints import FUSED_STATE, Preempted
+from ablate.harness.config import ExperimentConfig
+from ablate.harness.errors import ConfigError, RunFailed
+from ablate.harness.trial import MONITOR, Prepared, TrialResult, build_trainer
+from ablate.models.ensemble import (
+    ActiveSeeds,
+    clip_grad_norm_per_seed,
+    fuse_models,
+    fuse_state_dicts,
+    seed_axis,
+    seed_dropout,
+    seed_state_dict,
+)
+from ablate.models.module import lr_lambda, per_seed_loss, split_metrics
+from ablate.models.sequences import PAD_ID
+
+FUSE_AT_MOST = 16  # seeds in one fused model: the GPU figure's group
+
+
+def why_not_fused(cfgs: list[ExperimentConfig]) -> str | None:
+    """Why these trials' configs cannot train as one model, or None. They must be one variant (equal but
+    for the seed) with batches of a fixed number of examples (a token budget gives each seed batches of
+    its own sizes), at full precision (the fused loop has no autocast), and not compiled."""
+    first = cfgs[0]
+    train = first.train
+    if any(cfg.model_copy(update={"seed": first.seed}) != first for cfg in cfgs[1:]):
+        return "the trials are not one variant"
+    if train.batch_tokens is not None:
+        return "train.batch_tokens gives each seed batches of its own sizes"
+    if train.precision not in ("auto", "32-true"):
+        return f"train.precision={train.precision} (fused seeds train in fp32)"
+    if train.compile:
+        return "train.compile compiles one seed's model"
+    return None
+
+
+def wants_fusion(cfg: ExperimentConfig, cuda: bool) -> bool:
+    """train.fuse_seeds: true, false, or auto, which fuses where fusion pays: on a GPU, where an unfused step
+    waits on Python. On a CPU the step is compute-bound (bench figure h) and validation and testing run
+    per seed either way, so the studies' CPU runs keep one trial a model."""
+    setting = cfg.train.fuse_seeds
+    return setting is True or (setting == "auto" and cuda)
+
+
+@dataclass
+class Member:
+    """One eval trial of a fused group: its config, its folder, its resume checkpoint (a fused seed's),
+    where each new resume checkpoint is published (folder, step), who hears each validation row, and its
+    W&B run, opened once the group is trained (a context manager giving a logger or None): the run gets
+    the validation history then, with the test results."""
+
+    cfg: ExperimentConfig
+    out_dir: Path | None = None
+    resume_from: Path | None = None
+    publish: Callable[[Path, int], None] | None = None
+    report: Callable[[dict[str, float]], None] | None = None
+    logger: Callable[[], AbstractContextManager] | None = None
+
+
+@dataclass
+class SeedCost:
+    """A seed's training cost, as harness.callbacks.CostMonitor reports a trial's."""
+
+    tokens: int = 0
+    train_seconds: float = 0.0
+    peak_mem_mb: float = 0.0
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return self.tokens / max(self.train_seconds, 1e-9)
+
+
+@dataclass
+class Seed:
+    """One seed's run inside the group: what its Trainer and callbacks would hold alone."""
+
+    member: Member
+    prepared: Prepared
+    epoch: int = 0
+    batches_done: int = 0  # of the current epoch
+    history: list[dict[str, float]] = field(default_factory=list)
+    best_score: float = math.inf
+    best_step: int | None = None
+    best_state: dict[str, torch.Tensor] | None = None
+    wait: int = 0  # validations without a better val/loss (early stopping)
+    stopped: bool = False
+    failure: BaseException | None = None
+    last_loss: torch.Tensor | None = None
+    lr: float = 0.0  # at its last step, as the trial alone logs train/lr
+    nonfinite: torch.Tensor | None = None
+    tokens: torch.Tensor | int = 0
+    batches: Iterator[dict[str, torch.Tensor]] | None = None
+
+    @property
+    def cfg(self) -> ExperimentConfig:
+        return self.member.cfg
+
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        """The batch its loader gives next: epochs of the seed's own order, resumable mid-epoch."""
+        sampler = self.prepared.dm.sampler("train", shuffle=True) if self.batches is None else None
+        if sampler is not None:
+            self.batches = self.epochs(sampler)
+        return next(self.batches)
+
+    def epochs(self, sampler) -> Iterator[dict[str, torch.Tensor]]:
+        from ablate.harness.tasks.datamodule import collate
+
+        encoded = self.prepared.dm.encoded["train"]
+        while True:
+            sampler.resume_at(self.epoch, self.batches_done)
+            for indices in sampler:
+                yield collate([encoded[i] for i in indices])
+            self.epoch, self.batches_done = self.epoch + 1, 0
+
+    def state(self, fused, optimizer, scheduler, k: int, generator: torch.Generator, step: int) -> dict:
+        """The seed's resume checkpoint: its slices of the weights and AdamW moments, the shared schedule,
+        its data position, dropout generator, history, best weights and early-stopping count."""
+        seeds = fused.ensemble.k
+        moments = {
+            name: {key: seed_axis(t, seeds)[k].clone() for key, t in optimizer.state[p].items()
+                   if t.shape == p.shape}
+            for name, p in fused.named_parameters() if p in optimizer.state
+        }  # fmt: skip
+        adam_step = next((s["step"] for s in optimizer.state.values() if "step" in s), None)
+        return {
+            "format": FUSED_STATE, "step": step, "config": self.cfg.model_dump(),
+            "model": seed_state_dict(fused, k), "moments": moments, "adam_step": adam_step,
+            "param_groups": optimizer.state_dict()["param_groups"], "scheduler": scheduler.state_dict(),
+            "data": (self.epoch, self.batches_done), "dropout": generator.get_state(),
+            "history": self.history, "best": (self.best_score, self.best_step, self.best_state),
+            "wait": self.wait, "stopped": self.stopped, "tokens": int(self.tokens),
+        }  # fmt: skip
+
+    def restore(self, state: dict) -> None:
+        self.epoch, self.batches_done = state["data"]
+        self.history = list(state["history"])
+        self.best_score, self.best_step, self.best_state = state["best"]
+        self.wait, self.stopped, self.tokens = state["wait"], state["stopped"], state["tokens"]
+
+    def fail(self, e: BaseException) -> None:
+        self.failure, self.stopped = e, True
+
+
+def read_state(path: Path) -> dict:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state.get("format") != FUSED_STATE:
+        raise RunFailed(f"{path}: not a fused seed's checkpoint")
+    return state
+
+
+def stack_batches(batches: list[dict[str, torch.Tensor]], device: torch.device) -> dict[str, torch.Tensor]:
+    """K batches of B -> one of K·B, seed-major, each padded to the longest of the K."""
+    longest = {name: max(b[name].size(1) for b in batches) for name in batches[0]}
+    return {
+        name: torch.cat([F.pad(b[name], (0, longest[name] - b[name].size(1)), value=PAD_ID) for b in batches])
+        .to(device, non_blocking=True)
+        for name in batches[0]
+    }
+
+
+class FusedGroup:
+    """K eval trials of one variant trained as one model; `run` returns each seed's TrialResult, or the
+    exception its trial fails with (it diverged; it trained no step). A stop signal raises Preempted for the
+    whole group after every seed's resume checkpoint is saved."""
+
+    def __init__(self, members: list[Member]):
+        why = why_not_fused([m.cfg for m in members])
+        if why:
+            raise ConfigError(f"train.fuse_seeds: these seeds cannot train fused: {why}")
+        self.start = time.perf_counter()
+        self.seeds = [Seed(m, Prepared.of(m.cfg)) for m in members]
+        sizes = {len(s.prepared.dm.encoded["train"]) for s in self.seeds}
+        if len(sizes) > 1:  # a seed's last batch of an epoch would not line up with the others'
+            raise ConfigError(f"train.fuse_seeds: the seeds' training sets differ in size ({sorted(sizes)})")
+        self.k = len(members)
+        self.cfg = members[0].cfg
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        states = [read_state(m.resume_from) if m.resume_from else None for m in members]
+        steps = {state["step"] if state else 0 for state in states}
+        if len(steps) > 1:
+            raise RunFailed(f"a fused group resumes from one step; its seeds' checkpoints are at {sorted(steps)}")
+        self.step = self.resumed_from_step = steps.pop()
+        for seed, state in zip(self.seeds, states):
+            if state:
+                seed.prepared.module.model.load_state_dict(state["model"])
+                seed.restore(state)
+        self.model = fuse_models([s.prepared.module.model for s in self.seeds]).to(self.device)
+        self.generators = seed_dropout(self.model, [s.cfg.seed for s in self.seeds])
+        t = self.cfg.train
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(t.schedule, t.warmup_steps, t.max_steps)
+        )
+        self.active = ActiveSeeds(self.optimizer)
+        if self.step:
+            self.restore(states)
+        for k, seed in enumerate(self.seeds):
+            if seed.stopped:
+                self.active.stop(k)
+            seed.prepared.module.to(self.device)
+
+    def restore(self, states: list[dict]) -> None:
+        """The shared optimiser and schedule state, and each seed's moments and dropout generator."""
+        first = states[0]
+        named = dict(self.model.named_parameters())
+        optimizer_state = self.optimizer.state_dict()
+        ids = dict(zip(named, (i for group in optimizer_state["param_groups"] for i in group["params"])))
+        optimizer_state["state"] = {
+            ids[name]: {"step": first["adam_step"].clone(), **fuse_state_dicts([s["moments"][name] for s in states])}
+            for name in first["moments"]
+        }  # fmt: skip
+        optimizer_state["param_groups"] = [
+            {**saved, "params": group["params"]}
+            for saved, group in zip(first["param_groups"], optimizer_state["param_groups"])
+        ]
+        self.optimizer.load_state_dict(optimizer_state)
+        self.scheduler.load_state_dict(first["scheduler"])
+        for generator, state in zip(self.generators, states):
+            generator.set_state(state["dropout"])
+
+    # Training -------------------------------------------------------------------------------------------
+
+    def run(self) -> list[TrialResult | BaseException]:
+        t = self.cfg.train
+        cost = SeedCost()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            reset_peak_rss()
+        window = time.perf_counter()
+        while not all(s.stopped for s in self.seeds):
+            self.train_step()
+            epoch_end = t.max_epochs is not None and all(s.batches_done == 0 for s in self.seeds)
+            out_of_time = t.max_time is not None and time.perf_counter() - self.start >= t.max_time
+            done = (
+                self.step >= t.max_steps
+                or (t.max_epochs is not None and self.seeds[0].epoch >= t.max_epochs and epoch_end)
+                or out_of_time
+            )
+            on_schedule = epoch_end if t.max_epochs is not None else self.step % t.val_every == 0
+            stop = signals.received()
+            periodic = t.checkpoint_every and self.step % t.checkpoint_every == 0 and self.step < t.max_steps
+            if on_schedule or done:
+                cost.train_seconds += time.perf_counter() - window
+                self.validate()
+                window = time.perf_counter()
+            if stop or periodic:
+                self.save_resume()
+            if stop:
+                raise Preempted(stop, self.step)
+            if done:
+                break
+        cost.train_seconds += time.perf_counter() - window
+        cost.peak_mem_mb = (
+            torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else peak_rss_mb()
+        )
+        for seed in self.seeds:
+            if not seed.stopped:
+                self.check_divergence(seed)
+        self.save_last()
+        return [self.test(k, seed, cost) for k, seed in enumerate(self.seeds)]
+
+    def train_step(self) -> None:
+        t, k = self.cfg.train, self.k
+        self.model.train()
+        batches = [seed.next_batch() for seed in self.seeds]
+        for seed in self.seeds:
+            seed.batches_done += 1
+        batch = stack_batches(batches, self.device)
+        logits = self.model(batch["src"], batch["tgt_in"])
+        losses = per_seed_loss(logits, batch["tgt_out"], k, t.label_smoothing)  # (K,)
+        training = [i for i, seed in enumerate(self.seeds) if not seed.stopped]
+        losses[training].sum().backward()
+        for i in self.active.stopped:  # a stopped seed's slice may hold NaN: it stays out of every step
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    seed_axis(p.grad, k)[i] = 0
+        if t.grad_clip:
+            clip_grad_norm_per_seed(self.model, t.grad_clip, k)
+        lr = float(torch.tensor(self.scheduler.get_last_lr()[0]))  # logged as float32, as self.log does
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        real = [(b["src"] != PAD_ID).sum() + (b["tgt_out"] != PAD_ID).sum() for b in batches]
+        detached = losses.detach()
+        for i, seed in enumerate(self.seeds):
+            if seed.stopped:
+                continue
+            bad = ~torch.isfinite(detached[i])
+            seed.nonfinite = bad if seed.nonfinite is None else seed.nonfinite | bad
+            seed.last_loss, seed.lr = detached[i], lr
+            seed.tokens = seed.tokens + real[i]
+
+    def stop(self, k: int, failure: BaseException | None = None) -> None:
+        seed = self.seeds[k]
+        if failure is not None:
+            seed.fail(failure)
+        seed.stopped = True
+        self.active.stop(k)
+
+    def check_divergence(self, seed: Seed) -> bool:
+        """DivergenceGuard's check for one seed: its trial fails alone, with the trial's own message."""
+        k = self.seeds.index(seed)
+        if seed.nonfinite is not None and bool(seed.nonfinite):
+            self.stop(k, TrialFailed(f"diverged: train/loss is not finite (by step {self.step})"))
+            return True
+        if not all(bool(torch.isfinite(seed_axis(p, self.k)[k]).all()) for p in self.model.parameters()):
+            self.stop(k, TrialFailed(f"diverged: weights are not finite at step {self.step}"))
+            return True
+        return False
+
+    @torch.no_grad()
+    def validate(self) -> None:
+        """Each training seed's validation on its plain model: the history row, the best weights, early
+        stopping and the trial's report, in the order the Trainer alone runs them."""
+        patience = self.cfg.train.patience
+        for k, seed in enumerate(self.seeds):
+            if seed.stopped or self.check_divergence(seed):
+                continue
+            module = seed.prepared.module
+            state = seed_state_dict(self.model, k)
+            module.model.load_state_dict(state)
+            module.eval()
+            for batch in seed.prepared.dm.val_dataloader():
+                batch = {name: t.to(self.device) for name, t in batch.items()}
+                module._evaluate("val", batch, beam_size=1, need_weights=False)
+            metrics = {f"val/{name}": float(v) for name, v in split_metrics(module._sums.pop("val")).items()}
+            row = {"step": self.step, "train/loss": float(seed.last_loss), "train/lr": seed.lr, **metrics}
+            seed.history.append(row)
+            score = metrics[MONITOR]
+            if seed.best_step is None or score < seed.best_score:  # ModelCheckpoint's strict improvement
+                seed.best_score, seed.best_step, seed.best_state = score, self.step, state
+            if seed.member.report is not None:
+                seed.member.report(row)
+            if patience is not None and self.early_stop(seed, score, patience):
+                self.stop(k)
+
+    @staticmethod
+    def early_stop(seed: Seed, score: float, patience: int) -> bool:
+        """Lightning's EarlyStopping on val/loss (min_delta 0): the count of validations without a strictly
+        better score since the best; stop at `patience`, or on a score that is not finite."""
+        best = min((row[MONITOR] for row in seed.history[:-1]), default=math.inf)
+        if not math.isfinite(score):
+            return True
+        seed.wait = 0 if score < best else seed.wait + 1
+        return seed.wait >= patience
+
+    # Checkpoints ----------------------------------------------------------------------------------------
+
+    def save_resume(self) -> None:
+        """Each seed's resume checkpoint in its folder (written whole or not at all), then published."""
+        for k, seed in enumerate(self.seeds):
+            if seed.member.out_dir is None:
+                continue
+            directory = Path(seed.member.out_dir) / artifacts.CHECKPOINTS
+            self.write(directory / artifacts.RESUME_CHECKPOINT, k)
+            if seed.member.publish is not None:
+                seed.member.publish(directory, self.step)
+
+    def write(self, path: Path, k: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")  # a kill mid-write leaves the previous checkpoint whole
+        state = self.seeds[k].state(self.model, self.optimizer, self.scheduler, k, self.generators[k], self.step)
+        torch.save(state, partial)
+        os.replace(partial, path)
+
+    def save_last(self) -> None:
+        """Each seed's full state as its last checkpoint (the trial alone writes Lightning's), and no resume
+        checkpoint left behind unless train.keep_checkpoints."""
+        for k, seed in enumerate(self.seeds):
+            if seed.member.out_dir is None:
+                continue
+            directory = Path(seed.member.out_dir) / artifacts.CHECKPOINTS
+            if not seed.cfg.train.keep_checkpoints:
+                (directory / artifacts.RESUME_CHECKPOINT).unlink(missing_ok=True)
+            self.write(directory / artifacts.LAST_CHECKPOINT, k)
+
+    # Testing --------------------------------------------------------------------------------------------
+
+    def test(self, k: int, seed: Seed, cost: SeedCost) -> TrialResult | BaseException:
+        """The trial alone's test pass on the seed's best weights (its last without a validation), through
+        Lightning; the best weights are saved as the trial's best checkpoint."""
+        if seed.failure is not None:
+            return seed.failure
+        if self.step == 0:
+            budget = f" within train.max_time={self.cfg.train.max_time} s" if self.cfg.train.max_time else ""
+            return RunFailed(f"no optimizer step ran{budget}; the trial reports nothing")
+        prepared, out_dir = seed.prepared, seed.member.out_dir
+        module = prepared.module
+        module.model.load_state_dict(seed.best_state or seed_state_dict(self.model, k))
+        evaluation = prepared.evaluation()
+        with tempfile.TemporaryDirectory(prefix="trial-test-") as scratch:
+            root = str(out_dir) if out_dir is not None else scratch
+            trainer = build_trainer(seed.cfg, [evaluation], [], False, root)
+            test_metrics = trainer.test(module, datamodule=prepared.dm, verbose=False)
+            if out_dir is not None and seed.best_state is not None:
+                best = Path(out_dir) / artifacts.CHECKPOINTS / f"{artifacts.BEST_CHECKPOINT}.ckpt"
+                trainer.save_checkpoint(best, weights_only=True)
+        seed_cost = SeedCost(int(seed.tokens), cost.train_seconds, cost.peak_mem_mb)
+        result = prepared.result(
+            self.step, test_metrics, evaluation, seed.history, seed_cost, self.start, self.resumed_from_step
+        )
+        with seed.member.logger() if seed.member.logger else nullcontext() as logger:
+            loggers = [logger] if logger is not None else []
+            for row in seed.history:
+                for lg in loggers:
+                    lg.log_metrics({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+            prepared.leave(result, out_dir, loggers, self.step)
+        return result
+
+
+def run_fused(members: list[Member]) -> list[TrialResult | BaseException]:
+    """Trains and tests K eval trials of one variant as one model; see FusedGroup."""
+    return FusedGroup(members).run()
+
