@@ -24,8 +24,10 @@ from typer.testing import CliRunner
 
 import ablate as api
 from ablate.cli import app
+from ablate.harness import checkpoints
 from ablate.harness.artifacts import default_storage_url
 from ablate.harness.study import storage as storage_module
+from ablate.harness.study.attributes import USER_ATTRS
 from ablate.harness.study.queue import optuna_study_name, prepare_study
 from ablate.harness.study.storage import masked_url, open_storage, url_problem, without_secrets
 from ablate.harness.study.validate import load_study, run_problems
@@ -67,6 +69,12 @@ def refused(result) -> list[str]:
     return result.stderr.splitlines()
 
 
+def user_attr(key: str, value_json: str, table: str = "trial_user_attributes") -> str:
+    """SQL that gives trial 0 the attribute `key` holding `value_json`."""
+    return (f"INSERT INTO {table} (trial_id, key, value_json) SELECT trial_id, '{key}', '{value_json}' FROM trials "
+            "WHERE number = 0")  # fmt: skip
+
+
 # (what, SQL that does it, what the one line says after "storage <url>: ", a regular expression)
 DAMAGES = [
     ("attribute JSON", "UPDATE trial_user_attributes SET value_json = '{broken' WHERE key = 'grid_point'",
@@ -83,6 +91,24 @@ DAMAGES = [
      r"damaged data in study 'tiny:eval' \(Invalid isoformat string: 'yesterday'\)"),
     ("state", "UPDATE trials SET state = 'BOGUS'",
      r"damaged data in study 'tiny:eval' \('BOGUS' is not among the defined enum values.*\)"),
+    # Valid JSON of a shape no reader takes: the trial and the attribute named (harness/study/attributes.py).
+    ("metrics as text", user_attr("metrics", '"abc"'),
+     r"damaged data in study 'tiny:eval' \(trial 0: user attribute 'metrics' holds 'abc': input should be a "
+     r"valid dictionary\)"),
+    ("a metric as text", user_attr("metrics", '{"test/tok_acc": "high"}'),
+     r"damaged data in study 'tiny:eval' \(trial 0: user attribute 'metrics'\['test/tok_acc'\] holds 'high': "
+     r"input should be a valid number\)"),
+    ("factors as a list", "UPDATE trial_user_attributes SET value_json = '[\"model.cell\"]' WHERE key = 'factors'",
+     r"damaged data in study 'tiny:eval' \(trial 0: user attribute 'factors' holds \['model.cell'\]: input "
+     r"should be a valid dictionary\)"),
+    ("seed as text", "UPDATE trial_user_attributes SET value_json = '\"0\"' WHERE key = 'seed'",
+     r"damaged data in study 'tiny:eval' \(trial 0: user attribute 'seed' holds '0': input should be a valid "
+     r"integer\)"),
+    ("resume record without its key", user_attr("resume", '{"step": 5, "state": "a"}'),
+     r"damaged data in study 'tiny:eval' \(trial 0: user attribute 'resume' has no 'key'\)"),
+    ("retry history as a mapping", user_attr("retry_history", '{"0": 1}', table="trial_system_attributes"),
+     r"damaged data in study 'tiny:eval' \(trial 0: system attribute 'retry_history' holds \{'0': 1\}: input "
+     r"should be a valid list\)"),
     ("newer schema version", "UPDATE version_info SET schema_version = schema_version + 1, library_version = '99.0'",
      r"written by a newer Optuna: schema \d+ \(v[\w.]+\), made by Optuna 99\.0, where Optuna .* reads schema \d+ "
      r"\(v[\w.]+\); upgrade optuna to read it"),
@@ -115,6 +141,33 @@ def test_a_damaged_foreign_or_newer_storage_or_stored_spec_is_one_line_naming_it
     result = CliRunner().invoke(app, [command, *study, "--out", str(runs)])
     (line,) = refused(result)
     assert re.fullmatch(f"error: storage {re.escape(f'sqlite:///{db}')}: {message}", line), line
+
+
+def test_every_reader_of_stored_trials_refuses_an_attribute_of_the_wrong_shape(tmp_path, stored):
+    runs, db = copy_runs(stored, tmp_path, user_attr("metrics", '"abc"'))
+    line = (f"storage sqlite:///{db}: damaged data in study 'tiny:eval' (trial 0: user attribute 'metrics' holds "
+            "'abc': input should be a valid dictionary)")  # fmt: skip
+    study = str(stored[0])
+    for command in (["worker", study, "--wandb", "disabled"], ["worker", "tiny", "--stored", "--wandb", "disabled"],
+                    ["dashboard", "tiny", "--port", free_port()]):  # fmt: skip
+        proc = ablate(*command, "--out", str(runs), timeout=120)
+        assert (proc.returncode, proc.stderr.splitlines()) == (2, [f"error: {line}"]), proc.stderr[-2000:]
+    for call in ("results", "claims", "report"):
+        with pytest.raises(api.ConfigError, match=f"^{re.escape(line)}$"):
+            getattr(api.load_study(study, out=runs), call)()
+
+
+def test_every_attribute_the_project_stores_has_its_shape():
+    """Each user attribute a trial is given is held to a shape (harness/study/attributes.py) before anything
+    reads it: one given without would reach its readers unchecked."""
+    written = {checkpoints.RESUME_ATTR}
+    for path in (Path(__file__).parents[1] / "harness").rglob("*.py"):
+        text = path.read_text()
+        written |= set(re.findall(r'trial\.set_user_attr\(\s*"(\w+)"', text))  # not a study's
+        for attrs in re.findall(r"user_attrs=\{(.*?)\}", text, re.S):
+            written |= set(re.findall(r'"(\w+)":', attrs))
+    assert {"metrics", "grid_point", "seed", "resume"} <= written  # the source was read
+    assert written <= USER_ATTRS.keys(), written - USER_ATTRS.keys()
 
 
 def fingerprint(db: Path) -> tuple:

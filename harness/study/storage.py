@@ -25,6 +25,7 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, NoSuchM
 
 from ablate.harness.errors import ConfigError, RunFailed
 from ablate.harness.extras import require
+from ablate.harness.study.attributes import attribute_problem
 from ablate.harness.study.spec import HeartbeatSpec
 
 CONNECT_TIMEOUT_S = 10  # an unreachable database server is reported, not waited on
@@ -230,19 +231,21 @@ def store_problem(engine, create: bool, read_only: bool) -> str | None:
 
 def check_readable(storage, url: str, study: str | None = None) -> None:
     """Reads every study's attributes, and every trial of `study` (of all studies without one), once through
-    Optuna: damaged data (attribute JSON that does not parse; text where Optuna keeps a number, a date or a
-    state) is one ConfigError naming the storage at `url` here, not a traceback in whatever reads it next."""
+    Optuna: damaged data (attribute JSON that does not parse, or not of the shape its readers take,
+    attributes.py; text where Optuna keeps a number, a date or a state) is one ConfigError naming the
+    storage at `url` here, not a traceback in whatever reads it next."""
     where, problem = "the studies' attributes", None
     try:
         for frozen in storage.get_all_studies():
             if study is not None and not frozen.study_name.startswith(f"{study}:"):
                 continue
             where = f"study {frozen.study_name!r}"
-            study_id = storage.get_study_id_from_name(frozen.study_name)
-            numbers = [n for t in storage.get_all_trials(study_id, deepcopy=False)
-                       for n in (t.number, *(t.values or ()), *t.intermediate_values.values())]  # fmt: skip
-            problem = next((f"text {n!r} where a number belongs" for n in numbers
-                            if not isinstance(n, int | float)), None)  # fmt: skip
+            trials = storage.get_all_trials(storage.get_study_id_from_name(frozen.study_name), deepcopy=False)
+            numbers = [
+                n for t in trials for n in (t.number, *(t.values or ()), *t.intermediate_values.values())
+            ]
+            text = (f"text {n!r} where a number belongs" for n in numbers if not isinstance(n, int | float))
+            problem = next(text, None) or next(filter(None, map(attribute_problem, trials)), None)
             if problem:
                 break
     except (DatabaseError, ValueError, TypeError, LookupError) as e:  # JSON, dates and states Optuna parses
