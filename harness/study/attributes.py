@@ -22,6 +22,7 @@ class ResumeRecord(TypedDict):
     key: str
     state: str  # artifact id
     best: NotRequired[str]  # artifact id
+    kind: NotRequired[str]  # checkpoints.FUSED_STATE; none: Lightning's
 
 
 # Every user attribute a trial is given (harness/workers.py, study/queue.py, checkpoints.py), by name. A float
