@@ -1,4 +1,4 @@
-"""Scores of decoded outputs: exact match, token accuracy, accuracy by target length, BLEU / chrF
+"""Scores of decoded outputs: exact match and token accuracy by target length (`length_table`), BLEU / chrF
 (sacreBLEU, with its signatures) and BLEU by source length for text tasks, and the alignment error rate
 of attention against gold alignments; and which of them, by name, a configuration's trials report
 (`produced_metrics`, from harness.metric_registry).
@@ -22,24 +22,10 @@ from ablate.harness.config import ExperimentConfig
 from ablate.harness.metric_registry import METRICS
 from ablate.harness.tasks import ALIGNED_TASKS, CORPUS_TASKS, GENERATED_TASKS, TEXT_TASKS
 from ablate.harness.tasks.base import TaskData
-from ablate.models.sequences import SequenceScore, score, summarise
+from ablate.models.sequences import SequenceScore, summarise
 
 Row = tuple[Sequence[int], Sequence[int]]  # (prediction ids, target ids)
 Alignment = Iterable[tuple[int, int]]  # (source index, target index) pairs
-
-
-def exact_match(rows: Iterable[Row]) -> float:
-    return summarise([score(*row) for row in rows])["seq_acc"]
-
-
-def token_accuracy(rows: Iterable[Row]) -> float:
-    """Share of target positions, EOS included, where the prediction has the target token (a prediction
-    that is too short misses the rest; one that is too long is not rewarded for it)."""
-    return summarise([score(*row) for row in rows])["tok_acc"]
-
-
-def accuracy_by_length(rows: Iterable[Row], bucket_width: int = 1) -> list[dict[str, Any]]:
-    return length_table([score(*row) for row in rows], bucket_width)
 
 
 def length_table(scores: Iterable[SequenceScore], bucket_width: int = 1) -> list[dict[str, Any]]:

@@ -9,17 +9,15 @@ import torch
 
 from ablate.harness.config import build_config
 from ablate.harness.metrics import (
+    Row,
     TextScore,
-    accuracy_by_length,
     alignment_error_rate,
     bleu,
     bleu_by_length,
     chrf,
-    exact_match,
     length_buckets,
     length_table,
     produced_metrics,
-    token_accuracy,
     translation_scores,
     translations,
 )
@@ -27,7 +25,7 @@ from ablate.harness.tasks import build_task
 from ablate.harness.tasks.base import Example, TaskData, Vocab
 from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.tokenizers import WordTokenizer, build_tokenizer
-from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID, score
+from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID, score, summarise
 
 E, P = EOS_ID, PAD_ID
 # (prediction, target) as the decoder emits and the data holds them: EOS kept, then padding. The definition
@@ -42,6 +40,21 @@ ROWS = [
     ([E, P, P], [5, 5, 5, 5, 5, E]),  # empty: its EOS against the first 5: 0 of 6
 ]
 CORRECT, COUNTED = 4 + 2 + 3 + 2 + 2 + 0, 4 + 4 + 4 + 3 + 2 + 6
+
+
+# The rows' scores as the module and the evaluation sum them (models.sequences' score and summarise).
+def exact_match(rows: list[Row]) -> float:
+    return summarise([score(*row) for row in rows])["seq_acc"]
+
+
+def token_accuracy(rows: list[Row]) -> float:
+    """Share of target positions, EOS included, where the prediction has the target token (a prediction
+    that is too short misses the rest; one that is too long is not rewarded for it)."""
+    return summarise([score(*row) for row in rows])["tok_acc"]
+
+
+def accuracy_by_length(rows: list[Row], bucket_width: int = 1) -> list[dict]:
+    return length_table([score(*row) for row in rows], bucket_width)
 
 
 def test_exact_match_and_token_accuracy():
