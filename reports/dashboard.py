@@ -20,8 +20,6 @@ from ablate.harness.study.queue import optuna_study_name
 from ablate.reports.collect import StudyData
 from ablate.reports.plots import RANGE_PAD, length_accuracy
 
-FIGURES = ("metric_by_variant", "accuracy_by_length")  # graph ids on the study page
-
 
 def publish(
     data: StudyData,
