@@ -7,7 +7,6 @@ decodes with `beam_size`. Every evaluated split logs loss, perplexity, exact mat
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,30 +18,19 @@ from ablate.models import build_model
 from ablate.models.config import ModelConfig
 from ablate.models.decoding import beam_search, greedy_decode, max_target_length
 from ablate.models.ensemble import seed_dropout
-from ablate.models.optim import OptimConfig
+from ablate.models.optim import SCHEDULES, OptimConfig
 from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID, score
 
 
 def lr_lambda(schedule: str, warmup_steps: int, max_steps: int):
-    """Multiplier on the base lr at a given step (LambdaLR)."""
-    warmup = max(warmup_steps, 0)
+    """Multiplier on the base lr at a given step (LambdaLR): the schedule SCHEDULES names `schedule`."""
+    multiplier, warmup = SCHEDULES[schedule], max(warmup_steps, 0)
 
-    def constant(step: int) -> float:
-        return min(1.0, (step + 1) / warmup) if warmup else 1.0
+    # A function, not a partial: LambdaLR's checkpoints keep a callable object's attributes, a function's none.
+    def at(step: int) -> float:
+        return multiplier(step, warmup, max_steps)
 
-    def inverse_sqrt(step: int) -> float:
-        # Vaswani et al. 2017: linear warmup, then decay with 1/sqrt(step); equals 1 at the end of warmup.
-        step = step + 1
-        w = max(warmup, 1)
-        return min(step / w, math.sqrt(w / step))
-
-    def cosine(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return {"constant": constant, "inverse_sqrt": inverse_sqrt, "cosine": cosine}[schedule]
+    return at
 
 
 def token_cross_entropy(

@@ -18,6 +18,7 @@ from ablate.harness.tracking import MODES, OLD_MODES
 from ablate.models import build_model
 from ablate.models.config import ModelConfig
 from ablate.models.kinds import CELLS, FAMILIES, NORMS
+from ablate.models.optim import SCHEDULES
 
 
 @pytest.mark.parametrize("key", REGISTRIES)
@@ -45,12 +46,15 @@ def test_the_wandb_modes_are_those_tracking_runs_in(monkeypatch):
     assert run_problems(wandb=None) == [("WANDB_MODE", f"{expected} (got 'sometimes' from the environment)")]
 
 
-MODEL_REGISTRIES = {"model.arch": FAMILIES, "model.cell": CELLS, "model.norm": NORMS}
+# Keys whose registries' names form their Literal, so that pydantic's error names each.
+LITERAL_REGISTRIES = {
+    "model.arch": FAMILIES, "model.cell": CELLS, "model.norm": NORMS, "train.schedule": SCHEDULES,
+}  # fmt: skip
 
 
-@pytest.mark.parametrize("key", MODEL_REGISTRIES)
-def test_a_registry_backed_model_key_accepts_exactly_the_registrys_names(key):
-    registry = MODEL_REGISTRIES[key]
+@pytest.mark.parametrize("key", LITERAL_REGISTRIES)
+def test_a_registry_backed_model_or_train_key_accepts_exactly_the_registrys_names(key):
+    registry = LITERAL_REGISTRIES[key]
     for name in registry:
         assert build_config({}, {key: name}).flat()[key] == name
     with pytest.raises(ConfigError) as e:
