@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from optuna.artifacts import FileSystemArtifactStore, download_artifact, upload_artifact
+from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 
 STUDY_DB = "study.db"
 CONFIG = "config.json"
@@ -169,16 +169,6 @@ def upload_trial_files(trial, folder: Path, store) -> dict[str, str]:
             artifact_store=store, file_path=str(path), study_or_trial=trial
         )
     return ids
-
-
-def download_trial_files(trial, store, dest: str | Path) -> Path:
-    """Restores a finished trial's files (as they were in its folder) under `dest`."""
-    dest = Path(dest)
-    for rel, artifact_id in trial.user_attrs.get("artifacts", {}).items():
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        download_artifact(artifact_store=store, file_path=str(target), artifact_id=artifact_id)
-    return dest
 
 
 @dataclass

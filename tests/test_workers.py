@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import optuna
 import pytest
 import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
+from optuna.artifacts import download_artifact
 from optuna.trial import TrialState
 
 from ablate.harness import compat, workers
-from ablate.harness.artifacts import artifact_store, download_trial_files
+from ablate.harness.artifacts import artifact_store
 from ablate.harness.launchers import local
 from ablate.harness.study.queue import EVAL, load_phase_study, prepare_study
 from ablate.harness.study.spec import StudySpec
@@ -34,6 +36,16 @@ def tiny_study(**extra) -> dict:
 
 def tiny_spec(**extra) -> StudySpec:
     return StudySpec.model_validate(tiny_study(**extra))
+
+
+def download_trial_files(trial, store, dest: Path) -> Path:
+    """A finished trial's files as they were in its folder, restored under `dest` from the artifact store
+    alone (its 'artifacts' user attr maps each file's path to its artifact id)."""
+    for rel, artifact_id in trial.user_attrs.get("artifacts", {}).items():
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        download_artifact(artifact_store=store, file_path=str(target), artifact_id=artifact_id)
+    return dest
 
 
 def test_diverging_variant_fails_with_its_reason_and_the_rest_completes(tmp_path):
