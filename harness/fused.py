@@ -45,7 +45,7 @@ from ablate.models.ensemble import (
     seed_dropout,
     seed_state_dict,
 )
-from ablate.models.module import lr_lambda, per_seed_loss, split_metrics
+from ablate.models.module import lr_lambda, per_seed_loss
 from ablate.models.sequences import PAD_ID
 
 FUSE_AT_MOST = 16  # seeds in one fused model: the GPU figure's group
@@ -118,6 +118,7 @@ class Seed:
     best_state: dict[str, torch.Tensor] | None = None
     wait: int = 0  # validations without a better val/loss (early stopping)
     stopped: bool = False
+    steps: int | None = None  # the step it stopped at (early stopping, divergence); None while it trains
     failure: BaseException | None = None
     last_loss: torch.Tensor | None = None
     lr: float = 0.0  # at its last step, as the trial alone logs train/lr
@@ -162,14 +163,15 @@ class Seed:
             "param_groups": optimizer.state_dict()["param_groups"], "scheduler": scheduler.state_dict(),
             "data": (self.epoch, self.batches_done), "dropout": generator.get_state(),
             "history": self.history, "best": (self.best_score, self.best_step, self.best_state),
-            "wait": self.wait, "stopped": self.stopped, "tokens": int(self.tokens),
+            "wait": self.wait, "stopped": self.stopped, "steps": self.steps, "tokens": int(self.tokens),
         }  # fmt: skip
 
     def restore(self, state: dict) -> None:
         self.epoch, self.batches_done = state["data"]
         self.history = list(state["history"])
         self.best_score, self.best_step, self.best_state = state["best"]
-        self.wait, self.stopped, self.tokens = state["wait"], state["stopped"], state["tokens"]
+        self.wait, self.stopped, self.steps = state["wait"], state["stopped"], state["steps"]
+        self.tokens = state["tokens"]
 
     def fail(self, e: BaseException) -> None:
         self.failure, self.stopped = e, True
@@ -330,7 +332,7 @@ class FusedGroup:
         seed = self.seeds[k]
         if failure is not None:
             seed.fail(failure)
-        seed.stopped = True
+        seed.stopped, seed.steps = True, self.step
         self.active.stop(k)
 
     def check_divergence(self, seed: Seed) -> bool:
@@ -356,10 +358,8 @@ class FusedGroup:
             state = seed_state_dict(self.model, k)
             module.model.load_state_dict(state)
             module.eval()
-            for batch in seed.prepared.dm.val_dataloader():
-                batch = {name: t.to(self.device) for name, t in batch.items()}
-                module._evaluate("val", batch, beam_size=1, need_weights=False)
-            metrics = {f"val/{name}": float(v) for name, v in split_metrics(module._sums.pop("val")).items()}
+            loader = seed.prepared.dm.val_dataloader()
+            metrics = module.validate({name: t.to(self.device) for name, t in batch.items()} for batch in loader)
             row = {"step": self.step, "train/loss": float(seed.last_loss), "train/lr": seed.lr, **metrics}
             seed.history.append(row)
             score = metrics[MONITOR]
@@ -433,7 +433,7 @@ class FusedGroup:
                 trainer.save_checkpoint(best, weights_only=True)
         seed_cost = SeedCost(int(seed.tokens), cost.train_seconds, cost.peak_mem_mb)
         result = prepared.result(
-            self.step, test_metrics, evaluation, seed.history, seed_cost, self.start, self.resumed_from_step
+            seed.steps or self.step, test_metrics, evaluation, seed.history, seed_cost, self.start, self.resumed_from_step
         )
         with seed.member.logger() if seed.member.logger else nullcontext() as logger:
             loggers = [logger] if logger is not None else []

@@ -259,31 +259,32 @@ class Worker:
         meanwhile. Then this worker was paused past the heartbeat's grace (SIGSTOP, a frozen machine), the
         next worker to look failed its trials (queuing a copy of each under a new number, with a folder of its
         own, while retries are left) and every write of this worker's result was refused: one line each says
-        so, and the result is left to the copy, or to nobody once the retries are used up."""
+        so, and the result is left to the copy (or to nobody, once the retries are used up)."""
         try:
             self.run_and_record(claims)
         except Exception:
-            if not all(self.finished_elsewhere(claim) for claim in claims):
+            reasons = [self.finished_elsewhere(claim) for claim in claims]
+            if not all(reasons):
                 raise
-            for claim in claims:
-                print(f"{claim.phase} trial {claim.trial.number} was failed by the heartbeat while this worker "
-                      "was paused; its result here is discarded", flush=True)  # fmt: skip
+            for claim, reason in zip(claims, reasons):
+                print(f"{claim.phase} trial {claim.trial.number} {reason}; its result here is discarded", flush=True)
             free_device_memory()
             return False
         return True
 
-    def finished_elsewhere(self, claim: Claim) -> bool:
-        """Whether the heartbeat failed the trial this worker runs: the trial is finished in the storage,
-        and either a copy's retry history names it or it failed without this worker's reason (its retries
-        used up). Finished by this worker itself before an error is not: that error stays the worker's."""
+    def finished_elsewhere(self, claim: Claim) -> str | None:
+        """How the heartbeat finished the trial this worker runs, if it did: failed and queued as a copy whose
+        retry history names it, or failed for good without this worker's reason (its retries used up).
+        Finished by this worker itself before an error is not: that error stays the worker's."""
         frozen = self.storage.get_trial(compat.trial_id(claim.trial))
         if not frozen.state.is_finished():
-            return False
-        if frozen.state == TrialState.FAIL and "fail_reason" not in frozen.user_attrs:
-            return True
+            return None
         number = claim.trial.number
-        trials = claim.study.get_trials(deepcopy=False)
-        return any(number in t.system_attrs.get("retry_history", ()) for t in trials)
+        if any(number in t.system_attrs.get("retry_history", ()) for t in claim.study.get_trials(deepcopy=False)):
+            return "was retried elsewhere while this worker was paused (its heartbeat went stale)"
+        if frozen.state == TrialState.FAIL and "fail_reason" not in frozen.user_attrs:
+            return "was failed by the heartbeat while this worker was paused, with no retries left"
+        return None
 
     def run_and_record(self, claims: list[Claim]) -> None:
         """Runs one trial, or a fused group of eval trials, and records each outcome in the storage."""

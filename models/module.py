@@ -184,6 +184,13 @@ class Seq2SeqModule(L.LightningModule):
                 self.log(f"{split}/{name}", value, prog_bar=name == "loss", add_dataloader_idx=False)
         self._sums = {}
 
+    def validate(self, batches) -> dict[str, float]:
+        """val/* of a validation over `batches` outside a Trainer, as `validation_step` and `_log_sums` log
+        them (a fused seed's validation, harness/fused.py)."""
+        for batch in batches:
+            self._evaluate("val", batch, beam_size=1, need_weights=False)
+        return {f"val/{name}": float(value) for name, value in split_metrics(self._sums.pop("val")).items()}
+
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._evaluate("val", batch, beam_size=1, need_weights=False)
 

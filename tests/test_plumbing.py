@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import EarlyStopping, Timer
 from torch import nn
 
 from ablate.harness.config import ExperimentConfig, build_config
+from ablate.harness.fused import wants_fusion
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
 from ablate.harness.trial import build_module, build_trainer, run_trial
@@ -246,6 +247,11 @@ def check_keep_checkpoints(base, changed, tmp_path):
     assert checkpoints_of(changed, tmp_path / "changed") == ([2], True)
 
 
+def check_fuse_seeds(base, changed):
+    assert not wants_fusion(base.cfg, cuda=False) and wants_fusion(base.cfg, cuda=True)
+    assert wants_fusion(changed.cfg, cuda=False) and wants_fusion(changed.cfg, cuda=True)
+
+
 def check_arch(base, changed):
     assert type(base.module.model).__name__ == "Transformer"
     assert type(changed.module.model).__name__ == "RNNSeq2Seq"
@@ -343,6 +349,8 @@ def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
         "train.keep_checkpoints": Case(
             True, lambda b, c: check_keep_checkpoints(b, c, tmp_path), {"train.checkpoint_every": 2}
         ),
+        # Read where a worker decides whether a variant's seeds train fused; `auto` fuses on a GPU only.
+        "train.fuse_seeds": Case(True, check_fuse_seeds),
         "model.arch": Case("lstm", check_arch),
         "model.d_model": Case(8, model_has(lambda m: m.tgt_embed.weight.size(1) == 8)),
         "model.layers": Case(2, model_has(lambda m: len(m.decoder) == 2)),

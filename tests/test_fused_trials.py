@@ -1,0 +1,181 @@
+"""Eval trials of one variant trained fused (harness/fused.py) against the same trials run alone
+(harness/trial.py's run_trial), and the worker that claims them together.
+
+Each seed of a fused group must get the numbers it gets alone: every test metric, every validation row of
+its history, its best step, its step count, with dropout drawing masks, clipping that clips and early
+stopping that stops seeds at different steps. One seed that diverges fails alone; a group stopped by a
+signal resumes each seed from its own checkpoint to the numbers of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+
+import optuna
+import pytest
+import torch
+from optuna.trial import TrialState
+
+from ablate.harness import signals
+from ablate.harness.callbacks import TrialFailed
+from ablate.harness.checkpoints import FUSED_STATE, RESUME_ATTR, Preempted, resume_point
+from ablate.harness.config import build_config
+from ablate.harness.fused import FusedGroup, Member, run_fused, why_not_fused
+from ablate.harness.study.queue import EVAL, load_phase_study, prepare_study, queue_grid_points
+from ablate.harness.study.spec import StudySpec
+from ablate.harness.study.storage import open_storage
+from ablate.harness.trial import run_trial
+from ablate.harness.workers import Worker
+from ablate.models.ensemble import seed_axis
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+SEEDS = [3, 4, 5]
+TASK = {"name": "reverse", "min_len": 3, "max_len": 7, "test_max_len": 9, "vocab_size": 10, "n_train": 400,
+        "n_valid": 64, "n_test": 64}  # fmt: skip
+MODEL = {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "dropout": 0.2}
+# grad_clip 0.5 clips (the gradient norm starts above 1); patience 1 with a validation every 4 steps stops
+# one of the Transformer's seeds at step 32, the others at the budget.
+TRAIN = {"batch_size": 32, "lr": 0.01, "max_steps": 40, "val_every": 4, "grad_clip": 0.5, "patience": 1}
+TOL = 1e-5
+
+
+def config(seed: int, preset: str, **train):
+    return build_config({"preset": preset, "task": TASK, "model": MODEL, "train": {**TRAIN, **train},
+                         "seed": seed})  # fmt: skip
+
+
+def assert_same_trial(fused, alone) -> None:
+    assert set(fused.metrics) == set(alone.metrics)
+    for name, value in alone.metrics.items():
+        assert fused.metrics[name] == pytest.approx(value, rel=TOL, abs=TOL), name
+    assert [row["step"] for row in fused.history] == [row["step"] for row in alone.history]
+    for fused_row, alone_row in zip(fused.history, alone.history):
+        assert fused_row == pytest.approx(alone_row, rel=TOL, abs=TOL)
+    assert (fused.best_step, fused.steps, fused.params) == (alone.best_step, alone.steps, alone.params)
+    assert fused.split_sizes == alone.split_sizes
+    assert len(fused.attention) == len(alone.attention)
+
+
+@pytest.mark.parametrize("preset", ["transformer", "lstm"])
+def test_each_fused_seed_gets_the_numbers_it_gets_alone(preset, tmp_path):
+    alone = [run_trial(config(seed, preset)) for seed in SEEDS]
+    fused = run_fused([Member(config(seed, preset), tmp_path / str(seed)) for seed in SEEDS])
+    for f, a in zip(fused, alone):
+        assert_same_trial(f, a)
+    if preset == "transformer":  # early stopping ended seeds apart: the group did not move in lockstep
+        assert len({a.steps for a in alone}) > 1
+    assert (tmp_path / "3" / "checkpoints" / "best.ckpt").is_file()
+    assert (tmp_path / "3" / "metrics.json").is_file()
+
+
+def test_a_diverging_seed_fails_alone_and_the_others_train_on(monkeypatch):
+    alone = {seed: run_trial(config(seed, "transformer", patience=None)) for seed in (3, 5)}
+    step = FusedGroup.train_step
+
+    def poisoned(group: FusedGroup) -> None:
+        step(group)
+        if group.step == 10:  # seed 4's weights stop being finite, and so does its next loss
+            with torch.no_grad():
+                seed_axis(next(group.model.parameters()), group.k)[1].fill_(math.nan)
+
+    monkeypatch.setattr(FusedGroup, "train_step", poisoned)
+    first, failed, last = run_fused([Member(config(seed, "transformer", patience=None)) for seed in SEEDS])
+    assert isinstance(failed, TrialFailed)
+    assert str(failed) == "diverged: train/loss is not finite (by step 12)"
+    assert_same_trial(first, alone[3])
+    assert_same_trial(last, alone[5])
+
+
+def test_a_stopped_group_resumes_each_seed_from_its_checkpoint(tmp_path, monkeypatch):
+    train = {"checkpoint_every": 12, "patience": None}
+    whole = run_fused([Member(config(seed, "lstm", **train)) for seed in SEEDS])
+    dirs = [tmp_path / str(seed) for seed in SEEDS]
+    published: list[tuple[str, int]] = []
+    step = FusedGroup.train_step
+
+    def stopped_at_20(group: FusedGroup) -> None:
+        step(group)
+        if group.step == 20:
+            monkeypatch.setattr(signals, "received", lambda: signal.SIGTERM)
+
+    monkeypatch.setattr(FusedGroup, "train_step", stopped_at_20)
+    members = [Member(config(seed, "lstm", **train), d, publish=lambda d, s: published.append((d.parent.name, s)))
+               for seed, d in zip(SEEDS, dirs)]  # fmt: skip
+    with pytest.raises(Preempted) as stop:
+        run_fused(members)
+    assert stop.value.step == 20
+    assert sorted(published) == sorted([(str(seed), s) for seed in SEEDS for s in (12, 20)])
+    monkeypatch.undo()
+    resumed = run_fused([
+        Member(config(seed, "lstm", **train), d, resume_from=d / "checkpoints" / "resume.ckpt")
+        for seed, d in zip(SEEDS, dirs)
+    ])  # fmt: skip
+    for r, w in zip(resumed, whole):
+        assert r.resumed_from_step == 20
+        assert r.metrics == pytest.approx(w.metrics, rel=TOL, abs=TOL)
+        assert [row["step"] for row in r.history] == [row["step"] for row in w.history]
+        for a, b in zip(r.history, w.history):
+            assert a == pytest.approx(b, rel=TOL, abs=TOL)
+
+
+def test_what_cannot_train_fused_is_said():
+    base = config(0, "transformer")
+    assert why_not_fused([base, config(1, "transformer")]) is None
+    assert why_not_fused([base, config(1, "lstm")]) == "the trials are not one variant"
+    assert "batch_tokens" in why_not_fused([config(0, "transformer", batch_tokens=200)])
+    assert "precision" in why_not_fused([config(0, "transformer", precision="bf16-mixed")])
+
+
+# The worker ------------------------------------------------------------------------------------------------
+
+
+def study(tmp_path, fuse_seeds, seeds=(0, 1, 2)):
+    tree = {
+        "name": "fz", "seeds": list(seeds), "metric": {"name": "test/tok_acc", "direction": "maximize"},
+        "base": {"task": TASK, "model": MODEL, "train": {**TRAIN, "max_steps": 16, "fuse_seeds": fuse_seeds}},
+        "variants": {"transformer": {"preset": "transformer"}, "lstm": {"preset": "lstm"}},
+    }  # fmt: skip
+    spec = StudySpec.model_validate(tree)
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", create_dir=True)
+    prepare_study(spec, storage)
+    return spec, storage
+
+
+def test_a_worker_claims_a_variants_waiting_seeds_together_and_looks_fuse_theirs(tmp_path):
+    spec, storage = study(tmp_path, fuse_seeds=True)
+    worker = Worker(spec, storage, tmp_path / "runs", "disabled")
+    group = worker.claim()
+    assert [(c.variant, c.seed) for c in group] == [("transformer", 0), ("transformer", 1), ("transformer", 2)]
+    # A seed whose checkpoint is Lightning's resumes alone; fused seeds of one step resume together.
+    study_ = load_phase_study(spec, storage, EVAL)
+    lstm = [t for t in study_.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
+    storage.set_trial_user_attr(lstm[0]._trial_id, RESUME_ATTR, {"step": 8, "key": "k", "state": "s"})
+    for t in lstm[1:]:
+        storage.set_trial_user_attr(t._trial_id, RESUME_ATTR, {"step": 8, "key": "k", "state": "s",
+                                                                "kind": FUSED_STATE})  # fmt: skip
+    assert [resume_point(t.user_attrs) for t in storage.get_all_trials(study_._study_id)[3:]] == [
+        ("lightning", 8), (FUSED_STATE, 8), (FUSED_STATE, 8)]
+    assert [c.seed for c in worker.claim()] == [0]
+    assert [c.seed for c in worker.claim()] == [1, 2]
+    # An adaptive look's new seeds are queued together and claimed as one group.
+    queue_grid_points(spec, study_, {"transformer": [7, 8]})
+    assert [c.seed for c in worker.claim()] == [7, 8]
+
+
+def test_a_fused_study_records_what_an_unfused_one_records(tmp_path):
+    records = {}
+    for fuse in (True, False):
+        spec, storage = study(tmp_path / str(fuse), fuse_seeds=fuse, seeds=(0, 1))
+        worker = Worker(spec, storage, tmp_path / str(fuse) / "runs", "disabled")
+        worker.run()
+        trials = optuna.load_study(study_name="fz:eval", storage=storage).get_trials()
+        assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+        records[fuse] = {t.user_attrs["grid_point"]: t for t in trials}
+    for point, fused in records[True].items():
+        alone = records[False][point]
+        assert set(fused.user_attrs) - {"worker"} == set(alone.user_attrs) - {"worker"}
+        assert fused.user_attrs["metrics"] == pytest.approx(alone.user_attrs["metrics"], rel=TOL, abs=TOL)
+        assert fused.value == pytest.approx(alone.value, rel=TOL, abs=TOL)
+        assert sorted(fused.intermediate_values) == sorted(alone.intermediate_values)
