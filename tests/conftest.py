@@ -66,6 +66,16 @@ def single_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def short_lock_wait(monkeypatch):
+    """A storage's lock is waited for 1 s, asked for again every 0.1 s (tests/test_storage_faults.py and
+    tests/test_postgres.py)."""
+    from ablate.harness.study import storage
+
+    monkeypatch.setattr(storage, "LOCK_WAIT_S", 1)
+    monkeypatch.setattr(storage, "LOCK_POLL_S", 0.1)
+
+
 # SLURM's sbatch as tests/test_launchers.py and tests/test_injection.py meet it.
 @pytest.fixture
 def fake_sbatch(tmp_path, monkeypatch) -> Path:

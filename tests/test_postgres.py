@@ -8,7 +8,10 @@ test gets a database of its own, dropped afterwards, so reruns never collide."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -20,9 +23,12 @@ import yaml
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
 from optuna.trial import TrialState
 from test_reliability import finish, kill_mid_trial_and_recover, start_worker
+from test_storage_faults import refused, said_once_then_went_on, waited_and_gave_up
+from typer.testing import CliRunner
 
-from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study
-from ablate.harness.study.storage import masked_url, open_storage
+from ablate.cli import app
+from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, optuna_study_name, prepare_study
+from ablate.harness.study.storage import chain, connect_args, lock_held, masked_url, open_storage
 from ablate.harness.study.validate import load_study
 
 URL_VARIABLE = "ABLATE_TEST_POSTGRES_URL"
@@ -137,3 +143,73 @@ def test_status_reads_in_a_read_only_session_and_no_command_shows_the_password(t
             proc = ablate(command, "grid", "--storage", storage, "--out", str(tmp_path / "runs"))
             assert proc.returncode == 0, proc.stderr[-2000:]
             assert "Sekr1" not in proc.stdout + proc.stderr
+
+
+# The commands a lock on the trials table stops, by its mode.
+BLOCKED = {"EXCLUSIVE": ["report", "sweep"], "ACCESS EXCLUSIVE": ["status", "report", "sweep"]}
+
+
+def test_a_session_waits_for_a_lock_within_the_bound_and_keeps_the_urls_own_server_options():
+    url = "postgresql+psycopg2://ann@db/studies?options=-c%20search_path%3Dlab"
+    assert connect_args(url, read_only=True, lock_wait_s=60)["options"] == (
+        "-c search_path=lab -c lock_timeout=60000 -c default_transaction_read_only=on"
+    )
+    assert (
+        connect_args(url, read_only=False, lock_wait_s=0)["options"] == "-c search_path=lab -c lock_timeout=1"
+    )
+
+
+@contextmanager
+def table_locked(url: str, mode: str) -> Iterator[None]:
+    """Another session holding a lock on Optuna's trials table, as a psql session's LOCK TABLE does (EXCLUSIVE
+    stops writers, ACCESS EXCLUSIVE readers too), until the block ends."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as session:
+            session.exec_driver_sql(f"LOCK TABLE trials IN {mode} MODE")
+            yield
+    finally:
+        engine.dispose()
+
+
+def test_a_lock_another_session_holds_is_said_once_waited_for_and_given_up_in_one_line(
+    tmp_path, postgres_url, short_lock_wait
+):  # fmt: skip
+    """Each command takes the locks it needs as it opens the storage: one held for good is found then, not at
+    the statement it blocks. status reads past a lock that stops writers; report and sweep write."""
+    study, runs = write_study(tmp_path), str(tmp_path / "runs")
+    prepare_study(load_study(study), open_storage(postgres_url))
+    sweep = ["sweep", str(study), "--wandb", "disabled"]
+    for mode, blocked in BLOCKED.items():
+        with table_locked(postgres_url, mode):
+            for command in (["status", "grid"], ["report", "grid"], sweep):
+                result = CliRunner().invoke(app, [*command, "--storage", postgres_url, "--out", runs])
+                if command[0] in blocked:
+                    assert refused(result) == waited_and_gave_up(postgres_url, 1), (mode, command)
+                else:
+                    assert result.exit_code == 0, result.output
+    assert tables(postgres_url) and not (tmp_path / "runs" / "grid" / "report").exists()
+
+
+def test_a_statement_of_an_open_storage_gives_up_on_a_lock_after_the_bound(
+    tmp_path, postgres_url, short_lock_wait
+):
+    """PostgreSQL waits for a lock for ever unless told: every session of the storage gives up after
+    LOCK_WAIT_S (lock_timeout), as SQLite's busy timeout does."""
+    spec = prepare_study(load_study(write_study(tmp_path)), open_storage(postgres_url))
+    storage = open_storage(postgres_url, create_dir=False)
+    study_id = storage.get_study_id_from_name(optuna_study_name(spec))
+    with table_locked(postgres_url, "ACCESS EXCLUSIVE"):
+        started = time.monotonic()
+        with pytest.raises(optuna.exceptions.StorageInternalError) as gave_up:
+            storage.get_all_trials(study_id)
+        assert time.monotonic() - started < 5
+    assert any(map(lock_held, chain(gave_up.value)))  # Optuna's error, raised after the lock's
+    assert len(storage.get_all_trials(study_id)) == 12  # the same session reads once the lock is let go
+
+
+def test_a_lock_let_go_while_waiting_on_postgres_is_said_once_and_the_command_goes_on(tmp_path, postgres_url):
+    prepare_study(load_study(write_study(tmp_path)), open_storage(postgres_url))
+    locked = table_locked(postgres_url, "ACCESS EXCLUSIVE")
+    out = said_once_then_went_on(locked, postgres_url, "status", "grid", "--storage", postgres_url)
+    assert "0/4" in out  # every variant's four seeds waiting

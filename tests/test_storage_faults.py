@@ -12,7 +12,7 @@ import socket
 import sqlite3
 import subprocess
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -26,7 +26,6 @@ import ablate as api
 from ablate.cli import app
 from ablate.harness import checkpoints
 from ablate.harness.artifacts import default_storage_url
-from ablate.harness.study import storage as storage_module
 from ablate.harness.study.attributes import USER_ATTRS
 from ablate.harness.study.queue import optuna_study_name, prepare_study
 from ablate.harness.study.storage import masked_url, open_storage, url_problem, without_secrets
@@ -218,12 +217,6 @@ def test_an_empty_database_holds_no_study_and_stays_empty(tmp_path):
 # Locks ----------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def short_lock_wait(monkeypatch):
-    monkeypatch.setattr(storage_module, "LOCK_WAIT_S", 1)
-    monkeypatch.setattr(storage_module, "LOCK_POLL_S", 0.1)
-
-
 @contextmanager
 def held_exclusively(db: Path) -> Iterator[None]:
     """Another connection holding the file's exclusive lock, as a sqlite3 shell's BEGIN EXCLUSIVE does."""
@@ -235,10 +228,24 @@ def held_exclusively(db: Path) -> Iterator[None]:
             connection.execute("ROLLBACK")
 
 
-def waited_and_gave_up(db: Path, seconds: int) -> list[str]:
-    url = f"sqlite:///{db}"
-    return [f"storage {url}: another process holds its lock; waiting up to {seconds} s",
-            f"error: storage {url}: locked by another process; gave up after {seconds} s"]  # fmt: skip
+def waited_and_gave_up(url: str, seconds: int) -> list[str]:
+    """What a command says when the storage at `url` stays locked: once that it waits, then that it gave up."""
+    return [f"storage {masked_url(url)}: another process holds its lock; waiting up to {seconds} s",
+            f"error: storage {masked_url(url)}: locked by another process; gave up after {seconds} s"]  # fmt: skip
+
+
+def said_once_then_went_on(held: AbstractContextManager, url: str, *args: str) -> str:
+    """`ablate *args` started while `held` holds a lock on the storage at `url`, which is let go once the
+    command says it waits: it says so once, then goes on to exit 0; its stdout."""
+    with held:
+        proc = subprocess.Popen(
+            [ablate_exe(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        said = proc.stderr.readline()
+    out, rest = proc.communicate(timeout=120)
+    assert said == f"storage {masked_url(url)}: another process holds its lock; waiting up to 60 s\n", rest
+    assert proc.returncode == 0 and rest == "", rest
+    return out
 
 
 def test_a_lock_held_for_good_is_said_once_waited_for_and_given_up_in_one_line(
@@ -248,7 +255,7 @@ def test_a_lock_held_for_good_is_said_once_waited_for_and_given_up_in_one_line(
     with held_exclusively(db):
         for command in ("status", "report"):
             result = CliRunner().invoke(app, [command, "tiny", "--out", str(runs)])
-            assert refused(result) == waited_and_gave_up(db, 1), command
+            assert refused(result) == waited_and_gave_up(f"sqlite:///{db}", 1), command
 
 
 def test_with_a_write_ahead_log_status_reads_past_a_writers_lock_and_report_waits_for_it(
@@ -259,18 +266,14 @@ def test_with_a_write_ahead_log_status_reads_past_a_writers_lock_and_report_wait
         assert CliRunner().invoke(app, ["status", "tiny", "--out", str(runs)]).exit_code == 0
         # The report writes its notes into the storage: it takes the write lock before it reads anything.
         result = CliRunner().invoke(app, ["report", "tiny", "--out", str(runs)])
-        assert refused(result) == waited_and_gave_up(db, 1)
+        assert refused(result) == waited_and_gave_up(f"sqlite:///{db}", 1)
 
 
 def test_a_lock_let_go_while_waiting_is_said_once_and_the_command_goes_on(tmp_path, stored):
     runs, db = copy_runs(stored, tmp_path, "PRAGMA journal_mode = DELETE")
-    with held_exclusively(db):
-        proc = subprocess.Popen([ablate_exe(), "status", "tiny", "--out", str(runs)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
-        said = proc.stderr.readline()  # the lock is let go once the command says it waits
-    out, rest = proc.communicate(timeout=120)
-    assert said == f"storage sqlite:///{db}: another process holds its lock; waiting up to 60 s\n", rest
-    assert proc.returncode == 0 and rest == "", rest
+    out = said_once_then_went_on(
+        held_exclusively(db), f"sqlite:///{db}", "status", "tiny", "--out", str(runs)
+    )
     assert "1/2" in out  # lstm's seed 0 done
 
 

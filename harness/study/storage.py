@@ -30,11 +30,13 @@ from ablate.harness.study.spec import HeartbeatSpec
 
 CONNECT_TIMEOUT_S = 10  # an unreachable database server is reported, not waited on
 SCHEMA_ATTEMPTS = 10
-# Another process's lock on a SQLite file (a writer mid-transaction, a sqlite3 shell's BEGIN EXCLUSIVE) is
-# waited for this long, when opening and by every later statement; opening says once that it waits.
+# Another process's lock on a SQLite file (a writer mid-transaction, a sqlite3 shell's BEGIN EXCLUSIVE) or on
+# a PostgreSQL table (a psql session's LOCK TABLE, a schema migration) is waited for this long, when opening
+# and by every later statement (SQLite's busy timeout, PostgreSQL's lock_timeout); opening says once that
+# it waits. The drivers' codes for a lock still held then: SQLITE_BUSY, PostgreSQL's lock_not_available.
 LOCK_WAIT_S = 60
 LOCK_POLL_S = 0.5
-SQLITE_BUSY = 5
+SQLITE_BUSY, PG_LOCK_NOT_AVAILABLE = 5, "55P03"
 # Optuna storages without heartbeats (a JournalStorage's Redis backend or file, GrpcStorageProxy), as a user
 # would name them: refused for every run, since a dead worker's trial is only retried through its heartbeat.
 NO_HEARTBEAT_SCHEMES = ("grpc", "redis", "rediss")
@@ -186,8 +188,8 @@ def schema_problem(found: Schema) -> str | None:
 
 def check_store(url: str, shown_url: str, create: bool, read_only: bool) -> None:
     """ConfigError, naming `shown_url`, unless the database at `url` is one `open_storage` may open
-    (store_problem). A lock another process holds on a SQLite file is said once on stderr and waited for up
-    to LOCK_WAIT_S."""
+    (store_problem). A lock another process holds on a SQLite file or a PostgreSQL table is said once on
+    stderr and waited for up to LOCK_WAIT_S, asking again every LOCK_POLL_S."""
     engine = sa.create_engine(url, **engine_kwargs(url, read_only, busy_s=0))
     deadline = None
     try:
@@ -196,7 +198,7 @@ def check_store(url: str, shown_url: str, create: bool, read_only: bool) -> None
                 problem = store_problem(engine, create, read_only)
                 break
             except DatabaseError as e:
-                if getattr(e.orig, "sqlite_errorcode", None) != SQLITE_BUSY:
+                if not lock_held(e):
                     raise
             if deadline is None:
                 print(f"storage {masked_url(shown_url)}: another process holds its lock; waiting up to "
@@ -215,8 +217,10 @@ def check_store(url: str, shown_url: str, create: bool, read_only: bool) -> None
 def store_problem(engine, create: bool, read_only: bool) -> str | None:
     """Why the database of `engine` is no storage to open, found by reading its tables without writing: not
     an Optuna storage, one of another Optuna version (schema_problem), or empty where a study must be there
-    (without `create`). A writer also takes a SQLite file's write lock and lets it go, so that a lock held
-    for good is found now rather than at the first write; SQLITE_BUSY is raised."""
+    (without `create`). The locks the command will take are taken and let go, so that a lock another
+    process holds for good is found now rather than at the statement it blocks (lock_held is raised): a
+    writer's on a SQLite file, and on PostgreSQL each of Optuna's tables in the mode a reader or a writer
+    takes it (an EXCLUSIVE lock stops writers, an ACCESS EXCLUSIVE one readers too)."""
     with engine.connect() as connection:
         schema = read_schema(connection)
         if reason := schema_problem(schema):
@@ -226,7 +230,21 @@ def store_problem(engine, create: bool, read_only: bool) -> str | None:
         if not read_only and engine.dialect.name == "sqlite":
             connection.exec_driver_sql("BEGIN IMMEDIATE")
             connection.exec_driver_sql("ROLLBACK")
+        if schema.tables and engine.dialect.name == "postgresql":
+            tables = ", ".join(map(connection.dialect.identifier_preparer.quote, sorted(schema.tables)))
+            mode = "ACCESS SHARE" if read_only else "ROW EXCLUSIVE"
+            connection.exec_driver_sql(f"LOCK TABLE {tables} IN {mode} MODE")  # let go as the block ends
     return None
+
+
+def lock_held(e: BaseException) -> bool:
+    """The statement gave up on a lock another process holds (SQLite's busy timeout, PostgreSQL's
+    lock_timeout): the driver's error, or SQLAlchemy's around it (as `orig`)."""
+    driver = getattr(e, "orig", None) or e
+    return (
+        getattr(driver, "sqlite_errorcode", None) == SQLITE_BUSY
+        or getattr(driver, "pgcode", None) == PG_LOCK_NOT_AVAILABLE
+    )
 
 
 def check_readable(storage, url: str, study: str | None = None) -> None:
@@ -399,23 +417,28 @@ def in_memory(parsed: URL) -> bool:
 
 
 def engine_kwargs(url: str, read_only: bool, busy_s: float) -> dict[str, Any]:
-    """SQLAlchemy's create_engine options. A SQLite file waits up to `busy_s` for another process's lock;
-    read-only, sqlite3 opens it itself (SQLAlchemy would decode the escapes of a read-only URI's path)."""
+    """SQLAlchemy's create_engine options. A statement waits up to `busy_s` for another process's lock;
+    read-only, sqlite3 opens a SQLite file itself (SQLAlchemy would decode the escapes of a read-only URI's
+    path)."""
     db = sqlite_path(url)
     if db is None:
-        return {"connect_args": connect_args(url, read_only)}
+        return {"connect_args": connect_args(url, read_only, busy_s)}
     if not read_only:
         return {"connect_args": {"timeout": busy_s}}
     uri = f"{db.absolute().as_uri()}?mode=ro"
     return {"creator": lambda: sqlite3.connect(uri, uri=True, timeout=busy_s, check_same_thread=False)}
 
 
-def connect_args(url: str, read_only: bool = False) -> dict[str, Any]:
-    """A database server's driver options: connecting gives up after CONNECT_TIMEOUT_S; a `read_only`
-    PostgreSQL session refuses every write."""
+def connect_args(url: str, read_only: bool, lock_wait_s: float) -> dict[str, Any]:
+    """A database server's driver options: connecting gives up after CONNECT_TIMEOUT_S; a PostgreSQL
+    statement gives up on another session's lock after `lock_wait_s` (lock_held), and a `read_only` session
+    refuses every write. The URL's own server options (?options=-c...) are kept: these would replace them."""
     if url.startswith("postgresql"):
-        read_only_session = {"options": "-c default_transaction_read_only=on"} if read_only else {}
-        return {"connect_timeout": CONNECT_TIMEOUT_S, **read_only_session}
+        own = make_url(url).query.get("options") or ()
+        settings = [*([own] if isinstance(own, str) else own),
+                    f"-c lock_timeout={max(1, round(lock_wait_s * 1000))}",  # ms; 0 would wait for ever
+                    *(["-c default_transaction_read_only=on"] if read_only else [])]  # fmt: skip
+        return {"connect_timeout": CONNECT_TIMEOUT_S, "options": " ".join(settings)}
     if url.startswith("mysql"):
         return {"connect_timeout": CONNECT_TIMEOUT_S}
     return {}
@@ -450,7 +473,7 @@ def serialize_sqlite_transactions(engine) -> None:
     def _connect(dbapi_connection, _record) -> None:
         dbapi_connection.isolation_level = None  # pysqlite must not issue its own deferred BEGIN
         dbapi_connection.execute("PRAGMA journal_mode=WAL")
-        dbapi_connection.execute("PRAGMA busy_timeout=60000")
+        dbapi_connection.execute(f"PRAGMA busy_timeout={LOCK_WAIT_S * 1000}")
         # The log goes back into the database after every commit and the next writer reuses its file from
         # the start: on a disk that filled up, a small write (a trial queued again) still fits there.
         dbapi_connection.execute("PRAGMA wal_autocheckpoint=1")
