@@ -426,7 +426,7 @@ class Worker:
         callbacks: list[L.Callback] = []
         if claim.phase == TUNE:
             assert spec.tune is not None
-            seed = spec.seed_pool[0]
+            seed = spec.tune_seeds[0]
             extra = {key: suggest(trial, key, space) for key, space in spec.tune.params.items()}
             callbacks.append(StepPruning(trial, monitor=self.metric_name(claim)))
             name = f"{variant}-seed{seed}-tune{trial.number}"

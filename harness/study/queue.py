@@ -55,7 +55,7 @@ def tune_sampler(spec: StudySpec, variant: str):
 def tune_pruner(spec: StudySpec):
     """The pruner `tune.pruner` names (spec.PRUNERS), sized by the first variant's train settings."""
     assert spec.tune is not None
-    train = spec.config_for(next(iter(spec.variant_overrides().values())), spec.seed_pool[0]).train
+    train = spec.config_for(next(iter(spec.variant_overrides().values())), spec.tune_seeds[0]).train
     return PRUNERS[spec.tune.pruner](optuna.pruners, train)
 
 

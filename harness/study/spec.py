@@ -127,6 +127,10 @@ class TuneSpec(BaseModel):
     trials: PositiveInt = 8
     pruner: Literal[tuple(PRUNERS)] = "hyperband"  # type: ignore[valid-type]
     metric: MetricSpec | None = None  # default: the study metric measured on the validation split
+    # Seeds each candidate trains, scored on their mean (trained fused where they can be): a count (seeds
+    # right after the eval seed pool), or the seeds themselves, none of them an eval seed. Unset: the first
+    # eval seed alone.
+    seeds: PositiveInt | list[Annotated[int, Field(ge=0, lt=2**32, strict=True)]] | None = None
 
 
 class HeartbeatSpec(BaseModel):
@@ -257,6 +261,19 @@ class StudySpec(BaseModel):
         if isinstance(self.seeds, AdaptiveSeeds):
             return list(range(self.seeds.start, self.seeds.start + self.seeds.max))
         return list(self.seeds)
+
+    @property
+    def tune_seeds(self) -> list[int]:
+        """The seeds each tune trial trains: `tune.seeds` (a count: the seeds after the eval seed pool), else
+        the first eval seed."""
+        assert self.tune is not None
+        seeds = self.tune.seeds
+        if seeds is None:
+            return self.seed_pool[:1]
+        if isinstance(seeds, int):
+            after = max(self.seed_pool) + 1
+            return list(range(after, after + seeds))
+        return list(seeds)
 
     @property
     def seed_looks(self) -> list[int]:

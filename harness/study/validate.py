@@ -395,6 +395,16 @@ def tune_problems(spec: StudySpec, tune: TuneSpec) -> list[Problem]:
         problem = tuned_key_problem(spec, first, varied, key, space)
         if problem:
             problems.append((f"tune.params.{key}", problem))
+    if isinstance(tune.seeds, list):
+        # Tuning on an eval seed would choose the parameters on the very runs that then judge them.
+        shared = sorted(set(tune.seeds) & set(spec.seed_pool))
+        if shared:
+            listed = ", ".join(map(str, shared))
+            problems.append(("tune.seeds", f"{listed} {'is an eval seed' if len(shared) == 1 else 'are eval seeds'} too; tune on others"))
+        elif len(set(tune.seeds)) < len(tune.seeds):
+            problems.append(("tune.seeds", "a seed is listed twice"))
+        elif not tune.seeds:
+            problems.append(("tune.seeds", "list at least one seed, or leave it unset"))
     return problems
 
 
