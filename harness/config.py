@@ -42,7 +42,7 @@ class TrainConfig(OptimConfig):
     # Steps between full-state checkpoints a retried or preempted trial resumes from; 0: none.
     checkpoint_every: int = Field(500, ge=0, strict=True)
     keep_checkpoints: bool = False  # keep a finished trial's resume checkpoint (else it is removed)
-    # The eval seeds of a variant train as one model (harness/fused.py); auto: where that pays, on a GPU.
+    # The eval seeds of a variant train as one model (harness/fused.py); auto: where that pays, on a GPU (harness/grouping.py).
     fuse_seeds: bool | Literal["auto"] = "auto"
 
 

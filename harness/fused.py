@@ -1,4 +1,5 @@
-"""Seeds of one variant trained as one model: K eval trials of a variant, fused (models/ensemble.py).
+"""Seeds of one variant trained as one model: K eval trials of a variant, or the K seeds a tune candidate is
+scored on (tune.seeds), fused (models/ensemble.py).
 
 Each seed is prepared as its trial alone prepares it (harness/trial.py `Prepared`: its own data, sampler,
 initialisation and dropout generator), the K models are fused, and one loop trains them together: a step
@@ -35,6 +36,7 @@ from ablate.harness.callbacks import TrialFailed, peak_rss_mb, reset_peak_rss
 from ablate.harness.checkpoints import FUSED_STATE, Preempted
 from ablate.harness.config import ExperimentConfig
 from ablate.harness.errors import ConfigError, RunFailed
+from ablate.harness.grouping import why_not_fused
 from ablate.harness.trial import MONITOR, Prepared, TrialResult, build_trainer
 from ablate.models.ensemble import (
     ActiveSeeds,
@@ -47,33 +49,6 @@ from ablate.models.ensemble import (
 )
 from ablate.models.module import lr_lambda, per_seed_loss
 from ablate.models.sequences import PAD_ID
-
-FUSE_AT_MOST = 16  # seeds in one fused model: the GPU figure's group
-
-
-def why_not_fused(cfgs: list[ExperimentConfig]) -> str | None:
-    """Why these trials' configs cannot train as one model, or None. They must be one variant (equal but
-    for the seed) with batches of a fixed number of examples (a token budget gives each seed batches of
-    its own sizes), at full precision (the fused loop has no autocast), and not compiled."""
-    first = cfgs[0]
-    train = first.train
-    if any(cfg.model_copy(update={"seed": first.seed}) != first for cfg in cfgs[1:]):
-        return "the trials are not one variant"
-    if train.batch_tokens is not None:
-        return "train.batch_tokens gives each seed batches of its own sizes"
-    if train.precision not in ("auto", "32-true"):
-        return f"train.precision={train.precision} (fused seeds train in fp32)"
-    if train.compile:
-        return "train.compile compiles one seed's model"
-    return None
-
-
-def wants_fusion(cfg: ExperimentConfig, cuda: bool) -> bool:
-    """train.fuse_seeds: true, false, or auto, which fuses where fusion pays: on a GPU, where an unfused step
-    waits on Python. On a CPU the step is compute-bound (bench figure h) and validation and testing run
-    per seed either way, so the studies' CPU runs keep one trial a model."""
-    setting = cfg.train.fuse_seeds
-    return setting is True or (setting == "auto" and cuda)
 
 
 @dataclass
@@ -199,7 +174,12 @@ class FusedGroup:
     exception its trial fails with (it diverged; it trained no step). A stop signal raises Preempted for the
     whole group after every seed's resume checkpoint is saved."""
 
-    def __init__(self, members: list[Member]):
+    def __init__(
+        self, members: list[Member], on_validation: Callable[[int, list[dict[str, float]]], None] | None = None
+    ):
+        """on_validation: after each validation, the step and the rows of the seeds that validated (a tune
+        trial scored on several seeds reports their mean there, and may raise optuna.TrialPruned)."""
+        self.on_validation = on_validation
         why = why_not_fused([m.cfg for m in members])
         if why:
             raise ConfigError(f"train.fuse_seeds: these seeds cannot train fused: {why}")
@@ -351,6 +331,7 @@ class FusedGroup:
         """Each training seed's validation on its plain model: the history row, the best weights, early
         stopping and the trial's report, in the order the Trainer alone runs them."""
         patience = self.cfg.train.patience
+        rows = []
         for k, seed in enumerate(self.seeds):
             if seed.stopped or self.check_divergence(seed):
                 continue
@@ -362,6 +343,7 @@ class FusedGroup:
             metrics = module.validate({name: t.to(self.device) for name, t in batch.items()} for batch in loader)
             row = {"step": self.step, "train/loss": float(seed.last_loss), "train/lr": seed.lr, **metrics}
             seed.history.append(row)
+            rows.append(row)
             score = metrics[MONITOR]
             if seed.best_step is None or score < seed.best_score:  # ModelCheckpoint's strict improvement
                 seed.best_score, seed.best_step, seed.best_state = score, self.step, state
@@ -369,6 +351,8 @@ class FusedGroup:
                 seed.member.report(row)
             if patience is not None and self.early_stop(seed, score, patience):
                 self.stop(k)
+        if rows and self.on_validation is not None:
+            self.on_validation(self.step, rows)
 
     @staticmethod
     def early_stop(seed: Seed, score: float, patience: int) -> bool:
@@ -444,7 +428,10 @@ class FusedGroup:
         return result
 
 
-def run_fused(members: list[Member]) -> list[TrialResult | BaseException]:
-    """Trains and tests K eval trials of one variant as one model; see FusedGroup."""
-    return FusedGroup(members).run()
+def run_fused(
+    members: list[Member], on_validation: Callable[[int, list[dict[str, float]]], None] | None = None
+) -> list[TrialResult | BaseException]:
+    """Trains and tests K trials of one variant (its eval seeds, or a tune candidate's seeds) as one model;
+    see FusedGroup."""
+    return FusedGroup(members, on_validation).run()
 

@@ -8,6 +8,7 @@ on other machines, may join the same storage; harness/launchers start them (`loc
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import math
@@ -19,7 +20,6 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -48,7 +48,8 @@ from ablate.harness.checkpoints import (
     resume_point,
 )
 from ablate.harness.config import ExperimentConfig
-from ablate.harness.fused import FUSE_AT_MOST, Member, run_fused, wants_fusion, why_not_fused
+from ablate.harness.fused import Member, run_fused
+from ablate.harness.grouping import FUSE_AT_MOST, wants_fusion, why_not_fused
 from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
 from ablate.harness.study.looks import queue_next_look
 from ablate.harness.study.queue import (
@@ -67,7 +68,7 @@ from ablate.harness.study.storage import chain, masked_url, quiet_experimental, 
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
 
 
-@dataclass
+@dataclasses.dataclass
 class Claim:
     study: optuna.Study
     trial: optuna.Trial
@@ -112,7 +113,7 @@ def heartbeats(storage, trial_ids: list[int]) -> Iterator[None]:
         yield
 
 
-@dataclass
+@dataclasses.dataclass
 class Job:
     """A claimed trial made ready to run: its config, folder, W&B run, and the checkpoint it resumes from."""
 
@@ -368,6 +369,8 @@ class Worker:
         from ablate.harness.trial import run_trial
 
         jobs = [self.job(claim) for claim in claims]
+        if claims[0].phase == TUNE and len(self.spec.tune_seeds) > 1:
+            return [self.tune_on_seeds(jobs[0])]
         if len(jobs) == 1 and not self.fuses(claims[0]):
             (job,) = jobs
             try:
@@ -401,6 +404,46 @@ class Worker:
                 self.keep_what_failed(job, failure)
                 values.append(failure)
         return values
+
+    def tune_on_seeds(self, job: Job) -> float:
+        """A tune candidate scored on the mean of its tune.seeds, trained as one model, each seed in a folder of
+        its own: every validation reports the seeds' mean of the tune metric to the pruner, and the value is
+        the mean of their final ones. A seed that fails fails the candidate."""
+        trial, metric = job.claim.trial, self.metric_name(job.claim)
+
+        def prune(step: int, rows: list[dict[str, float]]) -> None:
+            values = [row[metric] for row in rows if metric in row]
+            if values:
+                trial.report(sum(values) / len(values), step=step)
+                if trial.should_prune():
+                    raise optuna.TrialPruned(f"pruned at step {step}")
+
+        seeds = self.spec.tune_seeds
+        jobs = [dataclasses.replace(job, cfg=job.cfg.model_copy(update={"seed": seed}), out_dir=job.out_dir / f"seed-{seed}",
+                                    name=f"{job.claim.variant}-seed{seed}-tune{trial.number}")
+                for seed in seeds]  # fmt: skip
+        members = [Member(j.cfg, j.out_dir, logger=functools.partial(self.wandb_logger, j)) for j in jobs]
+        try:
+            outcomes = run_fused(members, on_validation=prune)
+            failure = next((o for o in outcomes if isinstance(o, BaseException)), None)
+            if failure is not None:
+                raise failure
+        except BaseException as failure:
+            self.keep_what_failed(job, failure)
+            raise
+        self.store_artifacts(trial, job.out_dir)
+        values = [o.metrics.get(metric, math.nan) for o in outcomes]
+        names = set.intersection(*(set(o.metrics) for o in outcomes))
+        trial.set_user_attr("metrics", {name: sum(o.metrics[name] for o in outcomes) / len(outcomes)
+                                        for name in sorted(names)})  # fmt: skip
+        trial.set_user_attr("seed_values", {str(seed): value for seed, value in zip(seeds, values)})
+        trial.set_user_attr("params", outcomes[0].params)
+        trial.set_user_attr("wall_time", outcomes[0].wall_time)
+        trial.set_user_attr("split_sizes", outcomes[0].split_sizes)
+        value = sum(values) / len(values)
+        if not math.isfinite(value):
+            raise TrialFailed(f"metric {metric} is {value!r} (seeds: {dict(zip(seeds, values))})")
+        return value
 
     def reporter(self, job: Job):
         """A fused seed's validation rows, reported to its trial as ReportValidation reports a trial's."""

@@ -21,7 +21,8 @@ from ablate.harness import signals
 from ablate.harness.callbacks import TrialFailed
 from ablate.harness.checkpoints import FUSED_STATE, RESUME_ATTR, Preempted, resume_point
 from ablate.harness.config import build_config
-from ablate.harness.fused import FusedGroup, Member, run_fused, why_not_fused
+from ablate.harness.fused import FusedGroup, Member, run_fused
+from ablate.harness.grouping import why_not_fused
 from ablate.harness.study.queue import EVAL, load_phase_study, prepare_study, queue_grid_points
 from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.storage import open_storage
@@ -179,3 +180,59 @@ def test_a_fused_study_records_what_an_unfused_one_records(tmp_path):
         assert fused.user_attrs["metrics"] == pytest.approx(alone.user_attrs["metrics"], rel=TOL, abs=TOL)
         assert fused.value == pytest.approx(alone.value, rel=TOL, abs=TOL)
         assert sorted(fused.intermediate_values) == sorted(alone.intermediate_values)
+
+
+def tuned_study(tmp_path, seeds):
+    tree = {
+        "name": "tz", "seeds": [0, 1], "metric": {"name": "test/tok_acc", "direction": "maximize"},
+        "base": {"preset": "transformer", "task": TASK, "model": MODEL,
+                 "train": {**TRAIN, "max_steps": 12, "patience": None}},
+        "tune": {"params": {"train.lr": {"log_uniform": [0.001, 0.01]}}, "trials": 1, "pruner": "none",
+                 "seeds": seeds},
+    }  # fmt: skip
+    spec = StudySpec.model_validate(tree)
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", create_dir=True)
+    prepare_study(spec, storage)
+    return spec, storage
+
+
+def test_a_tune_candidate_is_scored_on_the_mean_of_its_seeds_each_as_alone(tmp_path):
+    spec, storage = tuned_study(tmp_path, seeds=2)
+    assert spec.tune_seeds == [2, 3]  # after the eval seeds: none of them tunes
+    worker = Worker(spec, storage, tmp_path / "runs", "disabled")
+    (claim,) = worker.claim()
+    assert claim.phase == "tune"
+    assert worker.run_claimed([claim])
+    (trial,) = optuna.load_study(study_name="tz:tune:base", storage=storage).get_trials()
+    assert trial.state == TrialState.COMPLETE
+    lr = trial.params["train.lr"]
+    alone = [run_trial(spec.config_for({}, seed, {"train.lr": lr})).metrics["val/tok_acc"] for seed in (2, 3)]
+    assert trial.user_attrs["seed_values"] == pytest.approx({"2": alone[0], "3": alone[1]}, rel=TOL, abs=TOL)
+    assert trial.value == pytest.approx(sum(alone) / 2, rel=TOL, abs=TOL)
+    # Each validation reported the seeds' mean, at the step it ran.
+    assert sorted(trial.intermediate_values) == [4, 8, 12]
+    assert (tmp_path / "runs" / "tz" / "trials" / "tune").is_dir()
+
+
+def test_a_tune_candidate_pruned_on_its_seeds_mean_is_pruned(tmp_path, monkeypatch):
+    spec, storage = tuned_study(tmp_path, seeds=[40, 41])
+    monkeypatch.setattr(optuna.Trial, "should_prune", lambda self: True)
+    worker = Worker(spec, storage, tmp_path / "runs", "disabled")
+    assert worker.run_claimed(worker.claim())
+    (trial,) = optuna.load_study(study_name="tz:tune:base", storage=storage).get_trials()
+    assert trial.state == TrialState.PRUNED and list(trial.intermediate_values) == [4]
+
+
+def test_tune_seeds_that_are_eval_seeds_or_cannot_fuse_are_refused(tmp_path):
+    from ablate.harness.study.validate import tune_problems
+
+    spec = StudySpec.model_validate({
+        "name": "tz", "seeds": [0, 1], "metric": {"name": "test/tok_acc", "direction": "maximize"},
+        "base": {"preset": "transformer", "task": TASK, "model": MODEL, "train": {"batch_tokens": 64}},
+        "tune": {"params": {"train.lr": {"log_uniform": [0.001, 0.01]}}, "seeds": [1, 5]},
+    })  # fmt: skip
+    assert tune_problems(spec, spec.tune) == [
+        ("tune.seeds", "1 is an eval seed too; tune on others"),
+        ("tune.seeds", "a candidate's seeds train fused, but train.batch_tokens gives each seed batches of its "
+                       "own sizes in variant 'base'"),
+    ]  # fmt: skip

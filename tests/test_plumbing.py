@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import EarlyStopping, Timer
 from torch import nn
 
 from ablate.harness.config import ExperimentConfig, build_config
-from ablate.harness.fused import wants_fusion
+from ablate.harness.grouping import wants_fusion
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
 from ablate.harness.trial import build_module, build_trainer, run_trial

@@ -30,7 +30,7 @@ class ResumeRecord(TypedDict):
 USER_ATTRS: dict[str, Any] = {
     "grid_point": str, "phase": str, "variant": str, "seed": int, "tune_trial": int,
     "factors": dict[str, Any], "tuned": dict[str, Any], "config": dict[str, Any],
-    "metrics": dict[str, float], "split_sizes": dict[str, int], "artifacts": dict[str, str],
+    "metrics": dict[str, float], "seed_values": dict[str, float], "split_sizes": dict[str, int], "artifacts": dict[str, str],
     "params": float, "wall_time": float, "tokens_per_sec": float, "peak_mem_mb": float, "steps": float,
     "resumed_from_step": int, "fail_reason": str, "traceback": str, "resume": ResumeRecord,
     "worker": Any, "hardware": Any, "versions": Any, "git_commit": Any, "signatures": Any,

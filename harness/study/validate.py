@@ -30,6 +30,7 @@ from ablate.harness.config import (
     validation_problems,
 )
 from ablate.harness.errors import ConfigError
+from ablate.harness.grouping import why_not_fused
 from ablate.harness.metric_registry import metric_info
 from ablate.harness.study.spec import (
     TUNE_KINDS,
@@ -405,6 +406,12 @@ def tune_problems(spec: StudySpec, tune: TuneSpec) -> list[Problem]:
             problems.append(("tune.seeds", "a seed is listed twice"))
         elif not tune.seeds:
             problems.append(("tune.seeds", "list at least one seed, or leave it unset"))
+    if len(spec.tune_seeds) > 1:  # a candidate's seeds train as one model
+        for variant, overrides in spec.variant_overrides().items():
+            why = why_not_fused([spec.config_for(overrides, seed) for seed in spec.tune_seeds])
+            if why:
+                problems.append(("tune.seeds", f"a candidate's seeds train fused, but {why} in variant {variant!r}"))
+                break
     return problems
 
 

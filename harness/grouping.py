@@ -1,0 +1,33 @@
+"""Which trials train as one model (harness/fused.py): the rules a worker groups eval seeds by and a study's
+checks hold `tune.seeds` to. Torch-free, so that checking a study loads no torch."""
+
+from __future__ import annotations
+
+from ablate.harness.config import ExperimentConfig
+
+FUSE_AT_MOST = 16  # seeds in one fused model: the GPU figure's group
+
+
+def why_not_fused(cfgs: list[ExperimentConfig]) -> str | None:
+    """Why these trials' configs cannot train as one model, or None. They must be one variant (equal but
+    for the seed) with batches of a fixed number of examples (a token budget gives each seed batches of
+    its own sizes), at full precision (the fused loop has no autocast), and not compiled."""
+    first = cfgs[0]
+    train = first.train
+    if any(cfg.model_copy(update={"seed": first.seed}) != first for cfg in cfgs[1:]):
+        return "the trials are not one variant"
+    if train.batch_tokens is not None:
+        return "train.batch_tokens gives each seed batches of its own sizes"
+    if train.precision not in ("auto", "32-true"):
+        return f"train.precision={train.precision} (fused seeds train in fp32)"
+    if train.compile:
+        return "train.compile compiles one seed's model"
+    return None
+
+
+def wants_fusion(cfg: ExperimentConfig, cuda: bool) -> bool:
+    """train.fuse_seeds: true, false, or auto, which fuses where fusion pays: on a GPU, where an unfused step
+    waits on Python. On a CPU the step is compute-bound (bench figure h) and validation and testing run
+    per seed either way, so the studies' CPU runs keep one trial a model."""
+    setting = cfg.train.fuse_seeds
+    return setting is True or (setting == "auto" and cuda)
