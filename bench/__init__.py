@@ -11,6 +11,7 @@ Figures (keys of the JSON object; each has a value, a unit, a target and a statu
   g_mfu                bf16 model FLOP utilisation of a d_model = 1024, 6 + 6-layer Transformer (CUDA only)
   h_fused_seeds        K seeds of the quickstart's Transformer fused into one model over the same K trained one by
                        one, seed-steps/s (K = 4 on a CPU, 16 on a GPU)
+  i_fused_trials       the same K seeds as whole trials through the harness, one fused group over K trials alone
 
 Timing: warm-up calls, then the median of several repeats, with the compared runs interleaved (ABAB...)
 so that load from other processes falls on both sides alike.
@@ -21,6 +22,6 @@ One job per file; each imports only from those above it:
   training.py   figures a, b, c, e and g: training speed against references, harness overhead, padding, MFU
   decoding.py   figures d: greedy and beam search throughput
   sweep.py      figure f: sweeps with K worker processes
-  fused.py      figure h: fused seeds against the same seeds trained apart
+  fused.py      figures h and i: fused seeds against the same seeds trained apart (a step; whole trials)
   run.py        every figure in order, the machine they ran on, the device, the table (`ablate bench`)
 """

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ablate.bench.decoding import bench_decoding
-from ablate.bench.fused import bench_fused
+from ablate.bench.fused import bench_fused, bench_fused_trials
 from ablate.bench.sweep import bench_sweep
 from ablate.bench.timing import Figure, skipped
 from ablate.bench.training import bench_lstm, bench_mfu, bench_overhead, bench_padding, bench_transformer
@@ -24,7 +24,7 @@ from ablate.bench.workload import bench_sizes
 from ablate.harness import provenance
 
 FIGURE_KEYS = ("a_transformer_step", "b_harness_overhead", "c_lstm_parallel", "d_greedy", "d_beam",
-               "e_padding", "f_sweep_scaling", "g_mfu", "h_fused_seeds")  # fmt: skip
+               "e_padding", "f_sweep_scaling", "g_mfu", "h_fused_seeds", "i_fused_trials")  # fmt: skip
 
 
 def machine(device: torch.device) -> dict[str, Any]:
@@ -81,6 +81,7 @@ def run_bench(
         ("f_sweep_scaling", "sweep throughput", lambda: bench_sweep(device, quick)),
         ("g_mfu", "MFU", lambda: bench_mfu(device, quick)),
         ("h_fused_seeds", "fused seeds", lambda: bench_fused(device, quick)),
+        ("i_fused_trials", "fused trials", lambda: bench_fused_trials(device, quick)),
     ]
     figures: list[Figure] = []
     for key, what, measure in steps:
