@@ -34,8 +34,6 @@ import torch.nn.functional as F
 from ablate.harness import artifacts, signals
 from ablate.harness.callbacks import TrialFailed, peak_rss_mb, reset_peak_rss
 from ablate.harness.checkpoints import FUSED_STATE, Preempted
-from ablate.harness.config import ExperimentConfig
-from ablate.harness.errors import ConfigError, RunFailed
 from ablate.harness.grouping import why_not_fused
 from ablate.harness.trial import MONITOR, Prepared, TrialResult, build_trainer
 from ablate.models.ensemble import (
@@ -49,6 +47,8 @@ from ablate.models.ensemble import (
 )
 from ablate.models.module import lr_lambda, per_seed_loss
 from ablate.models.sequences import PAD_ID
+from ablate.schema.config import ExperimentConfig
+from ablate.schema.errors import ConfigError, RunFailed
 
 
 @dataclass
@@ -100,6 +100,7 @@ class Seed:
     nonfinite: torch.Tensor | None = None
     tokens: torch.Tensor | int = 0
     batches: Iterator[dict[str, torch.Tensor]] | None = None
+    num_batches: int = 0  # per epoch
 
     @property
     def cfg(self) -> ExperimentConfig:
@@ -107,10 +108,18 @@ class Seed:
 
     def next_batch(self) -> dict[str, torch.Tensor]:
         """The batch its loader gives next: epochs of the seed's own order, resumable mid-epoch."""
-        sampler = self.prepared.dm.sampler("train", shuffle=True) if self.batches is None else None
-        if sampler is not None:
+        if self.batches is None:
+            sampler = self.prepared.dm.sampler("train", shuffle=True)
+            self.num_batches = len(sampler)
             self.batches = self.epochs(sampler)
-        return next(self.batches)
+        batch = next(self.batches)
+        self.batches_done += 1
+        return batch
+
+    @property
+    def epoch_ended(self) -> bool:
+        """Whether its last batch was the last of an epoch (the next one starts the next epoch)."""
+        return self.batches_done == self.num_batches
 
     def epochs(self, sampler) -> Iterator[dict[str, torch.Tensor]]:
         from ablate.harness.tasks.datamodule import collate
@@ -246,11 +255,12 @@ class FusedGroup:
         window = time.perf_counter()
         while not all(s.stopped for s in self.seeds):
             self.train_step()
-            epoch_end = t.max_epochs is not None and all(s.batches_done == 0 for s in self.seeds)
+            # Every seed's epoch has as many batches (equal training sets), so they end together.
+            epoch_end = t.max_epochs is not None and self.seeds[0].epoch_ended
             out_of_time = t.max_time is not None and time.perf_counter() - self.start >= t.max_time
             done = (
                 self.step >= t.max_steps
-                or (t.max_epochs is not None and self.seeds[0].epoch >= t.max_epochs and epoch_end)
+                or (epoch_end and self.seeds[0].epoch + 1 >= t.max_epochs)
                 or out_of_time
             )
             on_schedule = epoch_end if t.max_epochs is not None else self.step % t.val_every == 0
@@ -280,8 +290,6 @@ class FusedGroup:
         t, k = self.cfg.train, self.k
         self.model.train()
         batches = [seed.next_batch() for seed in self.seeds]
-        for seed in self.seeds:
-            seed.batches_done += 1
         batch = stack_batches(batches, self.device)
         logits = self.model(batch["src"], batch["tgt_in"])
         losses = per_seed_loss(logits, batch["tgt_out"], k, t.label_smoothing)  # (K,)

@@ -20,15 +20,16 @@ from optuna.trial import TrialState
 from ablate.harness import signals
 from ablate.harness.callbacks import TrialFailed
 from ablate.harness.checkpoints import FUSED_STATE, RESUME_ATTR, Preempted, resume_point
-from ablate.harness.config import build_config
 from ablate.harness.fused import FusedGroup, Member, run_fused
 from ablate.harness.grouping import why_not_fused
-from ablate.harness.study.queue import EVAL, load_phase_study, prepare_study, queue_grid_points
-from ablate.harness.study.spec import StudySpec
+from ablate.harness.study.queue import load_phase_study, prepare_study, queue_grid_points
 from ablate.harness.study.storage import open_storage
 from ablate.harness.trial import run_trial
 from ablate.harness.workers import Worker
 from ablate.models.ensemble import seed_axis
+from ablate.schema.config import build_config
+from ablate.schema.spec import StudySpec
+from ablate.schema.trials import EVAL
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -69,6 +70,15 @@ def test_each_fused_seed_gets_the_numbers_it_gets_alone(preset, tmp_path):
         assert len({a.steps for a in alone}) > 1
     assert (tmp_path / "3" / "checkpoints" / "best.ckpt").is_file()
     assert (tmp_path / "3" / "metrics.json").is_file()
+
+
+def test_an_epoch_budget_validates_at_each_epochs_end_as_alone():
+    train = {"max_epochs": 2, "max_steps": 1000, "patience": None}  # 400 examples: 13 batches an epoch
+    alone = [run_trial(config(seed, "transformer", **train)) for seed in SEEDS[:2]]
+    fused = run_fused([Member(config(seed, "transformer", **train)) for seed in SEEDS[:2]])
+    for f, a in zip(fused, alone):
+        assert_same_trial(f, a)
+    assert [row["step"] for row in alone[0].history] == [13, 26]
 
 
 def test_a_diverging_seed_fails_alone_and_the_others_train_on(monkeypatch):
