@@ -142,11 +142,12 @@ def test_what_cannot_train_fused_is_said():
 # The worker ------------------------------------------------------------------------------------------------
 
 
-def study(tmp_path, fuse_seeds, seeds=(0, 1, 2)):
+def study(tmp_path, fuse_seeds, seeds=(0, 1, 2), presets=("transformer", "lstm"), **train):
     tree = {
         "name": "fz", "seeds": list(seeds), "metric": {"name": "test/tok_acc", "direction": "maximize"},
-        "base": {"task": TASK, "model": MODEL, "train": {**TRAIN, "max_steps": 16, "fuse_seeds": fuse_seeds}},
-        "variants": {"transformer": {"preset": "transformer"}, "lstm": {"preset": "lstm"}},
+        "base": {"task": TASK, "model": MODEL,
+                 "train": {**TRAIN, "max_steps": 16, "fuse_seeds": fuse_seeds, **train}},
+        "variants": {preset: {"preset": preset} for preset in presets},
     }  # fmt: skip
     spec = StudySpec.model_validate(tree)
     storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", create_dir=True)
@@ -246,3 +247,37 @@ def test_tune_seeds_that_are_eval_seeds_or_cannot_fuse_are_refused(tmp_path):
         ("tune.seeds", "a candidate's seeds train fused, but train.batch_tokens gives each seed batches of its "
                        "own sizes in variant 'base'"),
     ]  # fmt: skip
+
+
+def test_a_stopped_fused_worker_queues_its_group_and_the_next_resumes_each_seed(tmp_path, monkeypatch):
+    def trials(storage):
+        return sorted(optuna.load_study(study_name="fz:eval", storage=storage).get_trials(),
+                      key=lambda t: t.user_attrs["grid_point"])  # fmt: skip
+
+    def fused_study(root):
+        return study(root, fuse_seeds=True, seeds=(0, 1), presets=("lstm",), checkpoint_every=4, patience=None)
+
+    spec, whole = fused_study(tmp_path / "whole")
+    Worker(spec, whole, tmp_path / "whole" / "runs", "disabled").run()
+
+    spec, storage = fused_study(tmp_path / "stopped")
+    step = FusedGroup.train_step
+
+    def stopped_at_10(group: FusedGroup) -> None:
+        step(group)
+        if group.step == 10:
+            monkeypatch.setattr(signals, "received", lambda: signal.SIGTERM)
+
+    monkeypatch.setattr(FusedGroup, "train_step", stopped_at_10)
+    stopped = Worker(spec, storage, tmp_path / "stopped" / "runs", "disabled")
+    stopped.run()
+    monkeypatch.undo()
+    assert stopped.stopped == "SIGTERM: eval trial 0, 1 checkpointed and queued again at step 10"
+    assert [t.state for t in trials(storage)] == [TrialState.WAITING] * 2
+    assert [resume_point(t.user_attrs) for t in trials(storage)] == [(FUSED_STATE, 10)] * 2
+
+    resumed = Worker(spec, storage, tmp_path / "stopped" / "runs", "disabled")
+    resumed.run()
+    for again, uninterrupted in zip(trials(storage), trials(whole)):
+        assert again.state == TrialState.COMPLETE and again.user_attrs["resumed_from_step"] == 10
+        assert again.user_attrs["metrics"] == pytest.approx(uninterrupted.user_attrs["metrics"], rel=TOL, abs=TOL)
