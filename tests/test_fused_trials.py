@@ -27,6 +27,7 @@ from ablate.harness.study.storage import open_storage
 from ablate.harness.trial import run_trial
 from ablate.harness.workers import Worker
 from ablate.models.ensemble import seed_axis
+from ablate.reports.render import build_report
 from ablate.schema.config import build_config
 from ablate.schema.spec import StudySpec
 from ablate.schema.trials import EVAL
@@ -177,7 +178,7 @@ def test_a_worker_claims_a_variants_waiting_seeds_together_and_looks_fuse_theirs
 
 
 def test_a_fused_study_records_what_an_unfused_one_records(tmp_path):
-    records = {}
+    records, reports = {}, {}
     for fuse in (True, False):
         spec, storage = study(tmp_path / str(fuse), fuse_seeds=fuse, seeds=(0, 1))
         worker = Worker(spec, storage, tmp_path / str(fuse) / "runs", "disabled")
@@ -185,6 +186,12 @@ def test_a_fused_study_records_what_an_unfused_one_records(tmp_path):
         trials = optuna.load_study(study_name="fz:eval", storage=storage).get_trials()
         assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
         records[fuse] = {t.user_attrs["grid_point"]: t for t in trials}
+        report = build_report(spec, storage, tmp_path / str(fuse) / "runs")
+        reports[fuse] = ({p.relative_to(report) for p in report.rglob("*")},
+                         [line.split("|")[1] for line in (report / "report.md").read_text().splitlines()
+                          if line.startswith("|")])  # fmt: skip
+    # The same files, and the same table rows (the first cell of each: variants, seeds, metrics) in order.
+    assert reports[True] == reports[False]
     for point, fused in records[True].items():
         alone = records[False][point]
         assert set(fused.user_attrs) - {"worker"} == set(alone.user_attrs) - {"worker"}
