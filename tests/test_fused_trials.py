@@ -49,6 +49,18 @@ def config(seed: int, preset: str, **train):
                          "seed": seed})  # fmt: skip
 
 
+def after_step(monkeypatch, step: int, then) -> None:
+    """Calls then(group) once a fused group's training step `step` has run."""
+    train_step = FusedGroup.train_step
+
+    def stepped(group: FusedGroup) -> None:
+        train_step(group)
+        if group.step == step:
+            then(group)
+
+    monkeypatch.setattr(FusedGroup, "train_step", stepped)
+
+
 def assert_same_trial(fused, alone) -> None:
     assert set(fused.metrics) == set(alone.metrics)
     for name, value in alone.metrics.items():
@@ -84,15 +96,12 @@ def test_an_epoch_budget_validates_at_each_epochs_end_as_alone():
 
 def test_a_diverging_seed_fails_alone_and_the_others_train_on(monkeypatch):
     alone = {seed: run_trial(config(seed, "transformer", patience=None)) for seed in (3, 5)}
-    step = FusedGroup.train_step
 
-    def poisoned(group: FusedGroup) -> None:
-        step(group)
-        if group.step == 10:  # seed 4's weights stop being finite, and so does its next loss
-            with torch.no_grad():
-                seed_axis(next(group.model.parameters()), group.k)[1].fill_(math.nan)
+    def poison(group: FusedGroup) -> None:  # seed 4's weights stop being finite, and so does its next loss
+        with torch.no_grad():
+            seed_axis(next(group.model.parameters()), group.k)[1].fill_(math.nan)
 
-    monkeypatch.setattr(FusedGroup, "train_step", poisoned)
+    after_step(monkeypatch, 10, poison)
     first, failed, last = run_fused([Member(config(seed, "transformer", patience=None)) for seed in SEEDS])
     assert isinstance(failed, TrialFailed)
     assert str(failed) == "diverged: train/loss is not finite (by step 12)"
@@ -105,14 +114,7 @@ def test_a_stopped_group_resumes_each_seed_from_its_checkpoint(tmp_path, monkeyp
     whole = run_fused([Member(config(seed, "lstm", **train)) for seed in SEEDS])
     dirs = [tmp_path / str(seed) for seed in SEEDS]
     published: list[tuple[str, int]] = []
-    step = FusedGroup.train_step
-
-    def stopped_at_20(group: FusedGroup) -> None:
-        step(group)
-        if group.step == 20:
-            monkeypatch.setattr(signals, "received", lambda: signal.SIGTERM)
-
-    monkeypatch.setattr(FusedGroup, "train_step", stopped_at_20)
+    after_step(monkeypatch, 20, lambda group: monkeypatch.setattr(signals, "received", lambda: signal.SIGTERM))
     members = [Member(config(seed, "lstm", **train), d, publish=lambda d, s: published.append((d.parent.name, s)))
                for seed, d in zip(SEEDS, dirs)]  # fmt: skip
     with pytest.raises(Preempted) as stop:
@@ -268,14 +270,7 @@ def test_a_stopped_fused_worker_queues_its_group_and_the_next_resumes_each_seed(
     Worker(spec, whole, tmp_path / "whole" / "runs", "disabled").run()
 
     spec, storage = fused_study(tmp_path / "stopped")
-    step = FusedGroup.train_step
-
-    def stopped_at_10(group: FusedGroup) -> None:
-        step(group)
-        if group.step == 10:
-            monkeypatch.setattr(signals, "received", lambda: signal.SIGTERM)
-
-    monkeypatch.setattr(FusedGroup, "train_step", stopped_at_10)
+    after_step(monkeypatch, 10, lambda group: monkeypatch.setattr(signals, "received", lambda: signal.SIGTERM))
     stopped = Worker(spec, storage, tmp_path / "stopped" / "runs", "disabled")
     stopped.run()
     monkeypatch.undo()
