@@ -28,7 +28,7 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name in ERRORS:
-        from ablate.harness import errors
+        from ablate.schema import errors
 
         return getattr(errors, name)
     raise AttributeError(f"module 'ablate' has no attribute {name!r}")

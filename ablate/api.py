@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from ablate.analysis.claims import ClaimResult
-    from ablate.harness.config import ExperimentConfig
-    from ablate.harness.study.spec import StudySpec
+    from ablate.schema.config import ExperimentConfig
+    from ablate.schema.spec import StudySpec
 
 
 def load_study(
@@ -58,7 +58,7 @@ class Study:
         self, source: str, profile: str | None, sets: dict[str, Any], options: SweepOptions, spec: StudySpec
     ) -> None:
         self.source, self.profile, self.sets, self.options = source, profile, sets, options
-        self.spec = spec  # the study file as checked (harness/study/spec.py)
+        self.spec = spec  # the study file as checked (schema/spec.py)
 
     def __repr__(self) -> str:
         return f"<Study {Console().render_str(size_line(self.spec)).plain}>"
@@ -110,7 +110,8 @@ class Study:
         """One row per eval trial, from the storage alone (analysis/table.py): trial, variant, seed, state
         (COMPLETE, FAIL, ...), the factor keys, cost columns, every metric (`test/seq_acc`, ...)."""
         from ablate.analysis.table import trials_frame
-        from ablate.harness.study.queue import EVAL, load_phase_study
+        from ablate.harness.study.queue import load_phase_study
+        from ablate.schema.trials import EVAL
 
         spec, store = self._stored("results")
         return trials_frame(spec, load_phase_study(spec, store, EVAL).get_trials(deepcopy=False))
@@ -145,7 +146,7 @@ def train(
     it does not give; `sets` overrides dotted keys ({"train.max_steps": 200}). Returns the metrics
     `ablate train --json` prints: test/seq_acc, test/tok_acc, val/..., params, wall_time, ...
     W&B: `wandb` as on the command line (default: disabled). With `out`, leaves its artifacts there."""
-    from ablate.harness.config import ExperimentConfig, config_from_tree, read_yaml
+    from ablate.schema.config import ExperimentConfig, config_from_tree, read_yaml
     from ablate.training import train_config
 
     config_file = config if isinstance(config, str | Path) else None

@@ -20,8 +20,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
 
-from ablate.harness.errors import ConfigError
 from ablate.harness.launchers import LAUNCHERS
+from ablate.schema.errors import ConfigError
 from ablate.sweep import ThreadOptions, check_artifacts, checked, is_study_file, stored_study, study_name
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
@@ -98,7 +98,7 @@ def train(
     as_json: Annotated[bool, typer.Option("--json", help="Print final metrics as one JSON line.")] = False,
 ) -> None:
     """Train and evaluate one configuration, logged to W&B as one sweep trial is."""
-    from ablate.harness.config import load_config, parse_override
+    from ablate.schema.config import load_config, parse_override
     from ablate.training import train_config
 
     configs = [a for a in args or [] if "=" not in a]
@@ -172,7 +172,7 @@ def sweep(
     Resumes what the storage holds: finished trials are kept, interrupted ones run again. With --launcher,
     a scheduler starts the workers (README: Run on a cluster)."""
     from ablate.harness import signals
-    from ablate.harness.config import parse_override
+    from ablate.schema.config import parse_override
     from ablate.sweep import SweepOptions
     from ablate.sweep import sweep as run_sweep
 
@@ -335,15 +335,10 @@ def dashboard(
     artifacts: ArtifactsOption = None,
 ) -> None:
     """optuna-dashboard on the study storage, with the trials' artifacts."""
-    from ablate.harness.artifacts import (
-        STUDY_DB,
-        artifact_location,
-        artifact_store,
-        default_storage_url,
-        slugify,
-    )
+    from ablate.harness.artifacts import STUDY_DB, artifact_location, artifact_store, default_storage_url
     from ablate.harness.extras import require
     from ablate.harness.study.storage import check_readable, check_url, masked_url, open_storage
+    from ablate.schema.names import slugify
 
     try:
         serve = checked(ServeOptions, {"host": host, "port": port}, from_text=True)
@@ -462,10 +457,10 @@ def bench(
 @app.command("list")
 def list_all() -> None:
     """Tasks, presets, bundled studies and config keys."""
-    from ablate.harness.config import ExperimentConfig, accepted_values
-    from ablate.harness.study.spec import bundled_studies_dir
-    from ablate.harness.tasks import TASKS
     from ablate.models.config import PRESETS
+    from ablate.schema.config import ExperimentConfig, accepted_values
+    from ablate.schema.spec import bundled_studies_dir
+    from ablate.schema.tasks import TASKS
 
     out = Console()
     tasks = Table(title="tasks (task.name)")
@@ -524,7 +519,7 @@ RUN_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM}
 
 def error_line(e: BaseException) -> tuple[int, str] | None:
     """(exit code, message) for an error the user can act on; None for a bug (its traceback is shown)."""
-    from ablate.harness.errors import RunFailed
+    from ablate.schema.errors import RunFailed
 
     if isinstance(e, ConfigError):
         return 2, str(e)

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.console import Console
 
-from ablate.harness.config import one_line, validation_problems
-from ablate.harness.errors import ConfigError, RunFailed
 from ablate.harness.launchers import local
+from ablate.schema.config import one_line, validation_problems
+from ablate.schema.errors import ConfigError, RunFailed
 
 if TYPE_CHECKING:
     from ablate.harness.launchers import Launch
-    from ablate.harness.study.spec import StudySpec
+    from ablate.schema.spec import StudySpec
 
 Options = TypeVar("Options", bound=BaseModel)
 
@@ -262,9 +262,10 @@ def stored_study(
     """The spec (as stored) and storage of a study, by name or file (`stored`: by name, whatever files there
     are), that exists in the storage, its data read once (check_readable); `read_only` unless the command
     writes to it (a report's notes)."""
-    from ablate.harness.artifacts import default_storage_url, slugify
+    from ablate.harness.artifacts import default_storage_url
     from ablate.harness.study.queue import load_spec_from_storage, stored_study_names
     from ablate.harness.study.storage import check_readable, masked_url, open_storage
+    from ablate.schema.names import slugify
 
     name = study if stored else study_name(study)
     url = storage or default_storage_url(slugify(name), out)

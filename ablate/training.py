@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ablate.harness.config import ExperimentConfig
     from ablate.harness.trial import TrialResult
+    from ablate.schema.config import ExperimentConfig
 
 
 def train_config(

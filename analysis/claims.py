@@ -13,7 +13,7 @@ The 95% CI is stats.diff_ci's: every variant's seeds are independent runs, each 
 respects the metric's range, and MOVER adds them up, so the CI of a difference of accuracies stays
 within [-1, 1].
 
-Scale. Losses and perplexities (scale "ratio" in harness.metric_registry) are judged on the log scale:
+Scale. Losses and perplexities (scale "ratio" in schema.metric_registry) are judged on the log scale:
 every seed's value enters as its log, so d = log(compare / to) of the sides' geometric means, its CI is the
 t-interval of logs (as stats gives losses theirs), and a margin m is a ratio: the smallest effect that
 counts is one side 1 + m times the other, d beyond ±log(1 + m). A loss of 0.002 against 0.056 is then the
@@ -77,8 +77,8 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis.stats import LEVEL, diff_ci, examples, mean_ci, seed_values, t_quantile
-from ablate.harness.metric_registry import UNBOUNDED, MetricRange, metric_info
-from ablate.harness.study.spec import ClaimSpec, StudySpec, Value, variant_settings
+from ablate.schema.metric_registry import UNBOUNDED, MetricRange, metric_info
+from ablate.schema.spec import ClaimSpec, StudySpec, Value, variant_settings
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
 # Too few completed seeds on a side while trials of the claim are still queued or running: not judged yet.

@@ -3,7 +3,7 @@ the baseline with their CIs, the p-value that inverts each CI (so p < 0.05 exact
 excludes 0), permutation p-values with their floor, Holm's correction and Hedges' g; ranks; and the
 Pareto front.
 
-Every interval respects its metric's range (harness.metric_registry, the one list of metrics plots and
+Every interval respects its metric's range (schema.metric_registry, the one list of metrics plots and
 claims read too):
 - bounded metrics (accuracies, AER and rank collapse in [0, 1]; BLEU and chrF in [0, 100]): the Wilson
   score interval with the between-seed variance kept (quasi-binomial). A seed's value is a proportion of
@@ -34,7 +34,7 @@ from scipy import optimize
 from scipy import stats as sps
 
 from ablate.analysis.table import examples_column, latest_trials
-from ablate.harness.metric_registry import UNBOUNDED, MetricRange, metric_range
+from ablate.schema.metric_registry import UNBOUNDED, MetricRange, metric_range
 
 LEVEL = 0.95
 

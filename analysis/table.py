@@ -6,8 +6,8 @@ from __future__ import annotations
 import optuna
 import pandas as pd
 
-from ablate.harness.study.queue import trial_seed, trial_variant
-from ablate.harness.study.spec import StudySpec
+from ablate.schema.spec import StudySpec
+from ablate.schema.trials import trial_seed, trial_variant
 
 # Cost figures a trial may store as user attributes next to params and wall_time.
 COST_COLUMNS = ["params", "wall_time", "tokens_per_sec", "peak_mem_mb", "steps"]

@@ -11,13 +11,13 @@ import torch
 
 from ablate.bench.timing import Figure, interleaved
 from ablate.bench.workload import Sizes, random_batch, transformer_config
-from ablate.harness.config import build_config
 from ablate.harness.fused import Member, run_fused, stack_batches
 from ablate.harness.trial import run_trial
 from ablate.models import build_model
 from ablate.models.ensemble import clip_grad_norm_per_seed, fuse_models, seed_dropout
 from ablate.models.module import per_seed_loss, token_cross_entropy
 from ablate.models.sequences import PAD_ID
+from ablate.schema.config import build_config
 
 # The quickstart study's Transformer and batches (ablations/quickstart.yaml: d_model 64, 2 + 2 layers, no
 # dropout, batch 64, reversal of 3-8 tokens), with its lr and the harness's default grad_clip.

@@ -17,7 +17,7 @@ from ablate.bench.timing import Figure, skipped
 
 
 def sweep_spec(k: int, trials: int):
-    from ablate.harness.study.spec import StudySpec
+    from ablate.schema.spec import StudySpec
 
     return StudySpec(
         name=f"bench-sweep-k{k}",

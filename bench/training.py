@@ -91,7 +91,7 @@ def bench_transformer(sizes: Sizes, device: torch.device) -> Figure:
 
 def overhead_config(quick: bool):
     """The quickstart study's trial settings (reverse, d_model 64), without validation."""
-    from ablate.harness.config import build_config
+    from ablate.schema.config import build_config
 
     steps = 20 if quick else 100
     return build_config({
@@ -200,9 +200,9 @@ def bench_lstm(sizes: Sizes, device: torch.device) -> Figure:
 
 def bench_padding(quick: bool) -> Figure:
     """Reverse with lengths 1-50: token-budget buckets against random batches of 64."""
-    from ablate.harness.config import TaskConfig
     from ablate.harness.tasks import build_task
     from ablate.harness.tasks.datamodule import Seq2SeqDataModule
+    from ablate.schema.config import TaskConfig
 
     data = build_task(TaskConfig(name="reverse", min_len=1, max_len=50, n_train=1000 if quick else 10000,
                                  n_valid=10, n_test=10), seed=0)  # fmt: skip

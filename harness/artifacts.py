@@ -1,7 +1,7 @@
 """Where a study's and a trial's outputs live, under one name each; the trial that writes them and the report
 that reads them both go through here.
 
-    runs/<study>/                   study_dir (the study's folder name: slugify, StudySpec.slug)
+    runs/<study>/                   study_dir (the study's folder name: StudySpec.slug)
         study.db                    the default SQLite storage (default_storage_url)
         artifacts/                  Optuna's artifact store: every trial's files, recorded in the storage
         report/                     report.html, report.md, results.csv, figures
@@ -26,9 +26,7 @@ Numpy only besides Optuna's artifact store: reading artifacts needs no torch."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,20 +45,8 @@ DATA = "data"
 TRANSLATIONS = "translations.jsonl"
 
 
-UNSAFE = re.compile(r"[^A-Za-z0-9_.=,-]+")  # what some filesystem would refuse, misread or fold
 S3_TIMEOUT_S = 10  # an artifact store that does not answer is reported before the first trial, not waited on
-MAX_FOLDER_BYTES = 200  # under the 255 of common filesystems, with room for what tools append
 
-
-def slugify(name: str) -> str:
-    """A study's or variant's folder name, safe on every filesystem: the name itself where it is safe as it
-    is (so existing folders stay where they are), else its readable slug plus '+' and a hash of the name.
-    No safe name holds '+', so distinct names never share a folder ('team/x' and 'team_x', two emoji-only
-    names), and names too long for the filesystem are shortened the same way."""
-    slug = UNSAFE.sub("_", name).strip("._")
-    if slug == name and 0 < len(name) <= MAX_FOLDER_BYTES:
-        return name
-    return f"{slug[: MAX_FOLDER_BYTES - 9] or 'study'}+{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def study_dir(slug: str, runs_root: str | Path = "runs") -> Path:

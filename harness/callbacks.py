@@ -16,10 +16,10 @@ from lightning.pytorch.loggers import WandbLogger
 from optuna_integration import PyTorchLightningPruningCallback
 
 from ablate.harness.compat import pruning_trial
-from ablate.harness.errors import RunFailed
 from ablate.harness.probes import Probe, capture, log_images
 from ablate.models.module import Seq2SeqModule
 from ablate.models.sequences import PAD_ID
+from ablate.schema.errors import RunFailed
 
 
 class TrialFailed(RunFailed):

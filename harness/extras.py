@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ablate.harness.errors import ConfigError
+from ablate.schema.errors import ConfigError
 
 DISTRIBUTION = "attention-ablate"  # pyproject.toml's name: what pip installs, from a clone or an index
 

@@ -3,7 +3,7 @@ checks hold `tune.seeds` to. Torch-free, so that checking a study loads no torch
 
 from __future__ import annotations
 
-from ablate.harness.config import ExperimentConfig
+from ablate.schema.config import ExperimentConfig
 
 FUSE_AT_MOST = 16  # seeds in one fused model: the GPU figure's group
 

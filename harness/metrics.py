@@ -1,7 +1,7 @@
 """Scores of decoded outputs: exact match and token accuracy by target length (`length_table`), BLEU / chrF
 (sacreBLEU, with its signatures) and BLEU by source length for text tasks, and the alignment error rate
 of attention against gold alignments; and which of them, by name, a configuration's trials report
-(`produced_metrics`, from harness.metric_registry).
+(`produced_metrics`, from schema.metric_registry).
 
 Prediction rows are (prediction ids, target ids), EOS and padding kept. Exact match and token accuracy
 are models.sequences' `score`, the one definition the module's metrics use too: token accuracy counts the
@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import sacrebleu
 
-from ablate.harness.config import ExperimentConfig
-from ablate.harness.metric_registry import METRICS
-from ablate.harness.tasks import ALIGNED_TASKS, CORPUS_TASKS, GENERATED_TASKS, TEXT_TASKS
 from ablate.harness.tasks.base import TaskData
 from ablate.models.sequences import SequenceScore, summarise
+from ablate.schema.config import ExperimentConfig
+from ablate.schema.metric_registry import METRICS
+from ablate.schema.tasks import ALIGNED_TASKS, CORPUS_TASKS, GENERATED_TASKS, TEXT_TASKS
 
 Row = tuple[Sequence[int], Sequence[int]]  # (prediction ids, target ids)
 Alignment = Iterable[tuple[int, int]]  # (source index, target index) pairs
@@ -180,7 +180,7 @@ def alignment_error_rate(
 
 def produced_metrics(cfg: ExperimentConfig) -> set[str]:
     """The `split/name` metrics a trial of `cfg` reports (run_trial): each of the registry's
-    (harness.metric_registry) whose `reported_for` holds for `cfg`, on the test splits (`test_long` only
+    (schema.metric_registry) whose `reported_for` holds for `cfg`, on the test splits (`test_long` only
     where the task makes one), and on `val` too where the module logs it at every validation."""
     task, model = cfg.task, cfg.model
     long_split = (task.name in GENERATED_TASKS and task.long_max_len > task.max_len) or (

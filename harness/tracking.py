@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.harness import chatter
-from ablate.harness.study.spec import short_name
+from ablate.schema.spec import short_name
 
 # What `--wandb` and WANDB_MODE accept: each mode `resolve_mode` and `wandb_logger` run a trial's W&B run in.
 MODES = ("online", "offline", "disabled")

@@ -36,14 +36,14 @@ from ablate.harness.callbacks import (
     ValidateOnStop,
 )
 from ablate.harness.checkpoints import BestCheckpoint, Checkpointer
-from ablate.harness.config import ExperimentConfig
-from ablate.harness.errors import ConfigError, RunFailed
 from ablate.harness.evaluation import Evaluation
 from ablate.harness.probes import log_images, select_probes
 from ablate.harness.tasks import TaskData, build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
 from ablate.models.decoding import generation_budget
 from ablate.models.module import Seq2SeqModule
+from ablate.schema.config import ExperimentConfig
+from ablate.schema.errors import ConfigError, RunFailed
 
 MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
 

@@ -32,7 +32,6 @@ from ablate.harness.artifacts import (
     CHECKPOINTS,
     RESUME_CHECKPOINT,
     artifact_store,
-    slugify,
     study_dir,
     trial_dir,
     upload_trial_files,
@@ -47,23 +46,16 @@ from ablate.harness.checkpoints import (
     resume_kind,
     resume_point,
 )
-from ablate.harness.config import ExperimentConfig
 from ablate.harness.fused import Member, run_fused
 from ablate.harness.grouping import FUSE_AT_MOST, wants_fusion, why_not_fused
 from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
 from ablate.harness.study.looks import queue_next_look
-from ablate.harness.study.queue import (
-    EVAL,
-    TUNE,
-    best_tuned_params,
-    grid_point,
-    load_phase_study,
-    suggest,
-    trial_seed,
-    trial_variant,
-)
-from ablate.harness.study.spec import StudySpec, tune_metric, validation_metric
+from ablate.harness.study.queue import best_tuned_params, load_phase_study, suggest
 from ablate.harness.study.storage import chain, masked_url, quiet_experimental, storage_full
+from ablate.schema.config import ExperimentConfig
+from ablate.schema.names import slugify
+from ablate.schema.spec import StudySpec, tune_metric, validation_metric
+from ablate.schema.trials import EVAL, TUNE, grid_point, trial_seed, trial_variant
 
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
 

@@ -1,6 +1,6 @@
 """OptimConfig: the training settings Seq2SeqModule uses (optimiser, lr schedule, loss, decoding,
 compilation), typed and validated, with the one set of defaults; and the lr schedules by name (SCHEDULES).
-harness/config.py's TrainConfig extends it with what only the Trainer reads (batches, budgets, precision),
+schema/config.py's TrainConfig extends it with what only the Trainer reads (batches, budgets, precision),
 so both read as `train.*` keys."""
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ import pandas as pd
 from ablate.analysis.table import COST_COLUMNS, trials_frame
 from ablate.harness import artifacts
 from ablate.harness.artifacts import AttentionSample
-from ablate.harness.study.queue import EVAL, TUNE, optuna_study_name, trial_seed, trial_variant
-from ablate.harness.study.spec import StudySpec
+from ablate.schema.spec import StudySpec
+from ablate.schema.trials import EVAL, TUNE, optuna_study_name, trial_seed, trial_variant
 
 PROVENANCE_ATTRS = ["hardware", "versions", "git_commit", "signatures"]
 

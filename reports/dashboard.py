@@ -15,10 +15,10 @@ import pandas as pd
 
 from ablate.analysis.stats import mean_table
 from ablate.harness import compat
-from ablate.harness.metric_registry import metric_range
-from ablate.harness.study.queue import optuna_study_name
 from ablate.reports.collect import StudyData
 from ablate.reports.plots import RANGE_PAD, length_accuracy
+from ablate.schema.metric_registry import metric_range
+from ablate.schema.trials import optuna_study_name
 
 
 def publish(

@@ -17,9 +17,9 @@ import seaborn as sns  # noqa: E402
 from ablate.analysis.stats import examples, mean_ci, mean_table, pareto_front  # noqa: E402
 from ablate.harness.artifacts import AttentionSample  # noqa: E402
 from ablate.harness.attention_maps import cross_attention, draw, probe_aer  # noqa: E402
-from ablate.harness.metric_registry import MetricRange, metric_range  # noqa: E402
 from ablate.harness.metrics import BLEU_BUCKET, BLEU_BUCKET_SENTENCES, length_buckets  # noqa: E402
 from ablate.harness.metrics import bleu_by_length as bucket_bleu  # noqa: E402
+from ablate.schema.metric_registry import MetricRange, metric_range  # noqa: E402
 
 # Variant names are user text: never parse them as mathtext.
 plt.rcParams["text.parse_math"] = False

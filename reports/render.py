@@ -26,11 +26,11 @@ from ablate.harness import artifacts, attention_maps, tracking
 from ablate.harness.metrics import BLEU_BUCKET, BLEU_BUCKET_SENTENCES
 from ablate.harness.provenance import environment
 from ablate.harness.study.queue import study_progress
-from ablate.harness.study.spec import StudySpec, short_name, tune_metric, validation_metric
-from ablate.harness.tasks import CORPUS_TASKS
 from ablate.reports import dashboard, headline, paired, plots
 from ablate.reports.collect import StudyData, collect
 from ablate.reports.formats import number, pvalue
+from ablate.schema.spec import StudySpec, short_name, tune_metric, validation_metric
+from ablate.schema.tasks import CORPUS_TASKS
 
 ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
 

@@ -18,7 +18,7 @@ NEEDS_DEBIAN = (
 def debian_bibles_missing() -> str | None:
     """Why the bible task cannot read Debian's Bibles here (a skip reason), or None."""
     from ablate.harness.tasks.bible import setup_problem
-    from ablate.harness.tasks.options import TaskConfig
+    from ablate.schema.task_config import TaskConfig
 
     problem = setup_problem(TaskConfig(name="bible"))
     return NEEDS_DEBIAN if problem and "SWORD module" in problem else problem

@@ -6,9 +6,9 @@ import pytest
 from sword_fixture import debian_bibles_missing
 
 from ablate.analysis.stats import metric_range
-from ablate.harness.study.spec import bundled_studies_dir
 from ablate.harness.study.validate import load_study
 from ablate.harness.trial import run_trial
+from ablate.schema.spec import bundled_studies_dir
 
 STUDIES = sorted(bundled_studies_dir().glob("*.yaml"))
 # Shrinks any study's trial to seconds; task sizes stay as the study sets them except where capped here.

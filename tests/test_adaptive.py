@@ -20,13 +20,14 @@ from ablate.analysis import claims
 from ablate.analysis.claims import INCONCLUSIVE, PENDING, REPRODUCED
 from ablate.cli import app
 from ablate.harness.artifacts import default_storage_url
-from ablate.harness.errors import ConfigError
 from ablate.harness.study import looks
-from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, trial_seed
-from ablate.harness.study.spec import StudySpec
+from ablate.harness.study.queue import load_phase_study, prepare_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study
 from ablate.reports.render import seeds_text
+from ablate.schema.errors import ConfigError
+from ablate.schema.spec import StudySpec
+from ablate.schema.trials import EVAL, grid_point, trial_seed
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

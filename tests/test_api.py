@@ -21,10 +21,11 @@ from typer.testing import CliRunner
 
 import ablate
 from ablate.cli import app
-from ablate.harness.config import ExperimentConfig
-from ablate.harness.study.queue import EVAL, load_phase_study
+from ablate.harness.study.queue import load_phase_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study as load_spec
+from ablate.schema.config import ExperimentConfig
+from ablate.schema.trials import EVAL
 
 CLAIM = {"text": "The Transformer scores a higher token accuracy than the LSTM.", "compare": {"preset": "transformer"},
          "to": {"preset": "lstm"}, "expect": "higher", "margin": 0.05}  # fmt: skip

@@ -13,12 +13,12 @@ import pytest
 from conftest import REPO, ablate
 from sword_fixture import DEBIAN_MODULES, NEEDS_DEBIAN, debian_bibles_missing, write_module
 
-from ablate.harness.errors import ConfigError
 from ablate.harness.study.validate import load_study
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.bible import aligned_pairs, clean_verse, read_bible, setup_problem
 from ablate.harness.tasks.bible import library as library_of
-from ablate.harness.tasks.options import TaskConfig
+from ablate.schema.errors import ConfigError
+from ablate.schema.task_config import TaskConfig
 
 
 def test_clean_verse_keeps_the_text_and_drops_markup_notes_and_headings():

@@ -10,12 +10,13 @@ import pytest
 
 from ablate.analysis import claims
 from ablate.analysis.claims import claim_sides
-from ablate.harness.config import build_config, read_yaml
 from ablate.harness.metrics import produced_metrics
-from ablate.harness.study.spec import StudySpec, bundled_studies_dir, variant_settings
 from ablate.harness.study.validate import load_study
-from ablate.harness.tasks import ALIGNED_TASKS, GENERATED_TASKS, TASKS, TEXT_TASKS
+from ablate.harness.tasks import build_task
 from ablate.harness.trial import run_trial
+from ablate.schema.config import build_config, read_yaml
+from ablate.schema.spec import StudySpec, bundled_studies_dir, variant_settings
+from ablate.schema.tasks import ALIGNED_TASKS, GENERATED_TASKS, TEXT_TASKS
 
 STUDIES = sorted(bundled_studies_dir().glob("*.yaml"))
 PROFILES = [
@@ -113,7 +114,7 @@ def test_produced_metrics_are_what_a_trial_reports(preset, task, model, single_t
 
 def test_task_traits_match_the_data_the_tasks_build():
     for name in GENERATED_TASKS:
-        data = TASKS[name].build(build_config({"task": {"name": name, "n_train": 8, "n_valid": 4, "n_test": 4,
+        data = build_task(build_config({"task": {"name": name, "n_train": 8, "n_valid": 4, "n_test": 4,
                                                      "min_len": 5, "max_len": 6}}).task, 0)  # fmt: skip
         assert data.is_text == (name in TEXT_TASKS), name
         assert all(ex.alignment is not None for ex in data.splits["test"]) == (name in ALIGNED_TASKS), name

@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 
 from ablate.analysis import claims, stats
-from ablate.harness.study.spec import StudySpec, bundled_studies_dir
 from ablate.harness.study.validate import load_study
 from ablate.reports import headline
+from ablate.schema.spec import StudySpec, bundled_studies_dir
 
 RECORDED = Path(__file__).parent / "data" / "bundled_judgments.json"
 EXAMPLES = 200  # test examples a trial scored: bounded metrics' CIs keep at least this binomial width

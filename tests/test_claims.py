@@ -20,11 +20,11 @@ from ablate.analysis.claims import (
     UNATTAINABLE,
     UNLEARNT,
 )
-from ablate.harness.errors import ConfigError
-from ablate.harness.study.spec import ClaimSpec, StudySpec, apply_profile, variant_settings
 from ablate.harness.study.validate import load_study
 from ablate.reports import headline
 from ablate.reports.render import build_report
+from ablate.schema.errors import ConfigError
+from ablate.schema.spec import ClaimSpec, StudySpec, apply_profile, variant_settings
 
 SHORT, LONG = "test/tok_acc", "test_long/tok_acc"
 SOURCE = {

@@ -46,8 +46,8 @@ def test_lightning_still_decides_validation_steps_in_its_epoch_loop():
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             seen.append((trainer.global_step, compat.validates_this_step(trainer)))
 
-    from ablate.harness.config import build_config
     from ablate.harness.trial import run_trial
+    from ablate.schema.config import build_config
     from tests.conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 
     cfg = build_config(

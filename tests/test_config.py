@@ -7,13 +7,13 @@ import re
 import pytest
 import torch
 
-from ablate.harness.config import accepted_values, build_config, load_config, parse_override
-from ablate.harness.errors import ConfigError
 from ablate.models import build_model
 from ablate.models.config import PRESETS, ModelConfig
 from ablate.models.positional import POSITIONAL
 from ablate.models.scores import SCORES
 from ablate.models.transformer_scores import TRANSFORMER_SCORES
+from ablate.schema.config import accepted_values, build_config, load_config, parse_override
+from ablate.schema.errors import ConfigError
 from tests.conftest import ablate
 
 

@@ -5,10 +5,10 @@ import json
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
-from ablate.harness.errors import ConfigError
 from ablate.harness.tasks import build_task
-from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.tokenizers import BpeTokenizer
+from ablate.schema.errors import ConfigError
+from ablate.schema.task_config import TaskConfig
 
 WORDS = ["cat", "dog", "bird", "fish", "horse"]
 FRENCH = {"cat": "chat", "dog": "chien", "bird": "oiseau", "fish": "poisson", "horse": "cheval"}

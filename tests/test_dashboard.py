@@ -32,11 +32,12 @@ from ablate.analysis import claims, stats
 from ablate.cli import app
 from ablate.harness.artifacts import AttentionSample
 from ablate.harness.attention_maps import save_probe_image
-from ablate.harness.study.queue import optuna_study_name, prepare_study
-from ablate.harness.study.spec import StudySpec
+from ablate.harness.study.queue import prepare_study
 from ablate.harness.study.storage import open_storage
 from ablate.reports import collect, dashboard, plots
 from ablate.reports.render import build_report, variant_summary
+from ablate.schema.spec import StudySpec
+from ablate.schema.trials import optuna_study_name
 
 METRIC = "test/seq_acc"
 

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from ablate.cli import app
-from ablate.harness.errors import ConfigError
 from ablate.harness.extras import require
 from ablate.harness.study.storage import with_driver
+from ablate.schema.errors import ConfigError
 
 
 def missing(monkeypatch, module: str) -> None:

@@ -23,10 +23,6 @@ from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
 from typer.testing import CliRunner
 
 from ablate.cli import app, error_line, main
-from ablate.harness.artifacts import MAX_FOLDER_BYTES, slugify
-from ablate.harness.config import ExperimentConfig, accepted_values, build_config, read_yaml
-from ablate.harness.errors import ConfigError, RunFailed
-from ablate.harness.study.spec import ClaimSpec, StudySpec
 from ablate.harness.study.storage import masked_url, open_storage
 from ablate.harness.study.validate import (
     MAX_TRIALS,
@@ -36,6 +32,10 @@ from ablate.harness.study.validate import (
     run_problems,
     trial_count,
 )
+from ablate.schema.config import ExperimentConfig, accepted_values, build_config, read_yaml
+from ablate.schema.errors import ConfigError, RunFailed
+from ablate.schema.names import MAX_FOLDER_BYTES, slugify
+from ablate.schema.spec import ClaimSpec, StudySpec
 
 FLAT = ExperimentConfig().flat()
 FLOAT_KEYS = [k for k, v in FLAT.items() if isinstance(v, float)] + ["train.max_time"]

@@ -21,8 +21,8 @@ from test_launchers import recorded_args, trials, write_study
 
 from ablate.harness.launchers import slurm
 from ablate.harness.launchers.commands import worker_args
-from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.validate import load_study
+from ablate.schema.spec import StudySpec
 
 # What shell, sbatch's #SBATCH lines or its filename patterns would misread: a line break followed by a
 # command, quotes, command substitution, blanks, comment and pattern characters, a glob, non-ASCII, a byte

@@ -21,12 +21,13 @@ from test_postgres import URL_VARIABLE, postgres_url  # noqa: F401 (a fixture)
 from test_reliability import resume_record, wait_for
 
 from ablate.harness import trial as harness_trial
-from ablate.harness.config import build_config
-from ablate.harness.errors import RunFailed
 from ablate.harness.launchers import Launch, local, plan, slurm
-from ablate.harness.study.queue import EVAL, grid_point, load_phase_study
+from ablate.harness.study.queue import load_phase_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study
+from ablate.schema.config import build_config
+from ablate.schema.errors import RunFailed
+from ablate.schema.trials import EVAL, grid_point
 
 SECRET = "not-a-real-password"
 

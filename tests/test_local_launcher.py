@@ -8,9 +8,10 @@ from conftest import ablate
 from test_sweep import write_study
 
 import ablate as api
-from ablate.harness.study.queue import EVAL, load_phase_study
+from ablate.harness.study.queue import load_phase_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study
+from ablate.schema.trials import EVAL
 
 RUN_BOUND = ("worker", "wall_time")  # which process ran a trial, and how fast
 

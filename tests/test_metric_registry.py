@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 
 from ablate.analysis import claims, stats
-from ablate.harness.config import build_config
-from ablate.harness.metric_registry import METRICS, PROPORTION, Metric, metric_info
 from ablate.harness.metrics import produced_metrics
-from ablate.harness.study.spec import MetricSpec, StudySpec, validation_metric
 from ablate.reports import headline, plots
 from ablate.reports.collect import collect
 from ablate.reports.render import build_report
+from ablate.schema.config import build_config
+from ablate.schema.metric_registry import METRICS, PROPORTION, Metric, metric_info
+from ablate.schema.spec import MetricSpec, StudySpec, validation_metric
 
 NEW = "edit_rate"  # a metric no trial reports until a test registers it
 

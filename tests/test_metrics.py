@@ -7,7 +7,6 @@ import pytest
 import sacrebleu
 import torch
 
-from ablate.harness.config import build_config
 from ablate.harness.metrics import (
     Row,
     TextScore,
@@ -23,9 +22,10 @@ from ablate.harness.metrics import (
 )
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.base import Example, TaskData, Vocab
-from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.tokenizers import WordTokenizer, build_tokenizer
 from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID, score, summarise
+from ablate.schema.config import build_config
+from ablate.schema.task_config import TaskConfig
 
 E, P = EOS_ID, PAD_ID
 # (prediction, target) as the decoder emits and the data holds them: EOS kept, then padding. The definition

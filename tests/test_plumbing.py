@@ -18,12 +18,12 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, Timer
 from torch import nn
 
-from ablate.harness.config import ExperimentConfig, build_config
 from ablate.harness.grouping import wants_fusion
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
 from ablate.harness.trial import build_module, build_trainer, run_trial
 from ablate.models.sequences import PAD_ID
+from ablate.schema.config import ExperimentConfig, build_config
 from tests.conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -27,9 +27,10 @@ from test_storage_faults import refused, said_once_then_went_on, waited_and_gave
 from typer.testing import CliRunner
 
 from ablate.cli import app
-from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, optuna_study_name, prepare_study
+from ablate.harness.study.queue import load_phase_study, prepare_study
 from ablate.harness.study.storage import chain, connect_args, lock_held, masked_url, open_storage
 from ablate.harness.study.validate import load_study
+from ablate.schema.trials import EVAL, grid_point, optuna_study_name
 
 URL_VARIABLE = "ABLATE_TEST_POSTGRES_URL"
 

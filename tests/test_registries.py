@@ -8,17 +8,17 @@ import pytest
 from pydantic import ValidationError
 from test_config import one_of
 
-from ablate.harness.config import TrainConfig, accepted_values, build_config, validation_problems
-from ablate.harness.errors import ConfigError
 from ablate.harness.study.queue import suggest
-from ablate.harness.study.spec import PRUNERS, TUNE_KINDS, TuneSpec
 from ablate.harness.study.validate import run_problems
-from ablate.harness.tasks.options import REGISTRIES
 from ablate.harness.tracking import MODES, OLD_MODES
 from ablate.models import build_model
 from ablate.models.config import ModelConfig
 from ablate.models.kinds import CELLS, FAMILIES, NORMS
 from ablate.models.optim import SCHEDULES
+from ablate.schema.config import TrainConfig, accepted_values, build_config, validation_problems
+from ablate.schema.errors import ConfigError
+from ablate.schema.spec import PRUNERS, TUNE_KINDS, TuneSpec
+from ablate.schema.task_config import REGISTRIES
 
 
 @pytest.mark.parametrize("key", REGISTRIES)
@@ -32,6 +32,15 @@ def test_a_registry_backed_task_key_accepts_exactly_the_registrys_names(key, mon
     assert accepted_values()[f"task.{key}"] == " | ".join(registry)  # what `ablate list` shows
     monkeypatch.setitem(registry, "nonsense", next(iter(registry.values())))
     assert getattr(build_config({"task": {key: "nonsense"}}).task, key) == "nonsense"
+
+
+def test_each_task_split_and_tokenizer_name_has_what_builds_it():
+    """The schema lists the names (torch- and tokenizer-free); scan.py and tokenizers.py build them."""
+    from ablate.harness.tasks.scan import SPLITTERS
+    from ablate.harness.tasks.tokenizers import TOKENIZER_CLASSES
+
+    assert list(SPLITTERS) == list(REGISTRIES["split"])
+    assert list(TOKENIZER_CLASSES) == list(REGISTRIES["tokenizer"])
 
 
 def test_the_wandb_modes_are_those_tracking_runs_in(monkeypatch):

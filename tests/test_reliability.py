@@ -35,13 +35,14 @@ from test_workers import tiny_spec
 from ablate.harness import provenance, tracking
 from ablate.harness import trial as harness_trial
 from ablate.harness import workers as harness_workers
-from ablate.harness.errors import ConfigError
-from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study
+from ablate.harness.study.queue import load_phase_study, prepare_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study
 from ablate.harness.workers import run_worker
 from ablate.models.module import Seq2SeqModule
 from ablate.reports.render import build_report
+from ablate.schema.errors import ConfigError
+from ablate.schema.trials import EVAL, grid_point
 
 
 def start_worker(study: Path, runs: Path, *extra: str) -> subprocess.Popen:

@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ablate.harness.config import load_config
-from ablate.harness.errors import ConfigError
 from ablate.models import build_model
 from ablate.models.attention import MultiHeadAttention, ScoreAttention
 from ablate.models.config import PRESETS, ModelConfig
 from ablate.models.decoding import beam_search, greedy_decode
 from ablate.models.kinds import CELLS
 from ablate.models.scores import make_score
+from ablate.schema.config import load_config
+from ablate.schema.errors import ConfigError
 
 
 @pytest.fixture(autouse=True, scope="module")

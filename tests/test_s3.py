@@ -17,9 +17,10 @@ from conftest import ablate
 from optuna.trial import TrialState
 from test_reliability import finish, start_worker, write_study
 
-from ablate.harness.study.queue import EVAL, load_phase_study
+from ablate.harness.study.queue import load_phase_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study
+from ablate.schema.trials import EVAL
 
 SECRET = "not-a-real-secret-but-never-on-disk"
 

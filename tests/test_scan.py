@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from ablate.harness.errors import ConfigError
 from ablate.harness.tasks import build_task
-from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.scan import all_commands, read_scan_file
+from ablate.schema.errors import ConfigError
+from ablate.schema.task_config import TaskConfig
 
 OFFICIAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "scan"
 needs_official = pytest.mark.skipif(

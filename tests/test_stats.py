@@ -12,7 +12,7 @@ from scipy import stats as sps
 
 from ablate.analysis import claims, stats
 from ablate.analysis.claims import CONTRADICTED, INCONCLUSIVE, REPRODUCED, UNATTAINABLE
-from ablate.harness.study.spec import StudySpec
+from ablate.schema.spec import StudySpec
 
 METRIC = "test/seq_acc"
 UNBOUNDED = "test/score"  # not in the metric registry: no range

@@ -26,10 +26,10 @@ import ablate as api
 from ablate.cli import app
 from ablate.harness import checkpoints
 from ablate.harness.artifacts import default_storage_url
-from ablate.harness.study.attributes import USER_ATTRS
-from ablate.harness.study.queue import optuna_study_name, prepare_study
+from ablate.harness.study.queue import prepare_study
 from ablate.harness.study.storage import masked_url, open_storage, url_problem, without_secrets
 from ablate.harness.study.validate import load_study, run_problems
+from ablate.schema.trials import USER_ATTRS, optuna_study_name
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ DAMAGES = [
      r"damaged data in study 'tiny:eval' \(Invalid isoformat string: 'yesterday'\)"),
     ("state", "UPDATE trials SET state = 'BOGUS'",
      r"damaged data in study 'tiny:eval' \('BOGUS' is not among the defined enum values.*\)"),
-    # Valid JSON of a shape no reader takes: the trial and the attribute named (harness/study/attributes.py).
+    # Valid JSON of a shape no reader takes: the trial and the attribute named (schema/trials.py).
     ("metrics as text", user_attr("metrics", '"abc"'),
      r"damaged data in study 'tiny:eval' \(trial 0: user attribute 'metrics' holds 'abc': input should be a "
      r"valid dictionary\)"),
@@ -157,7 +157,7 @@ def test_every_reader_of_stored_trials_refuses_an_attribute_of_the_wrong_shape(t
 
 
 def test_every_attribute_the_project_stores_has_its_shape():
-    """Each user attribute a trial is given is held to a shape (harness/study/attributes.py) before anything
+    """Each user attribute a trial is given is held to a shape (schema/trials.py) before anything
     reads it: one given without would reach its readers unchecked."""
     written = {checkpoints.RESUME_ATTR}
     for path in (Path(__file__).parents[1] / "harness").rglob("*.py"):

@@ -16,12 +16,13 @@ from typer.testing import CliRunner
 
 from ablate.cli import app
 from ablate.harness import compat
-from ablate.harness.errors import ConfigError
-from ablate.harness.study.queue import EVAL, grid_point, load_phase_study, prepare_study, study_progress
-from ablate.harness.study.spec import HeartbeatSpec, StudySpec
+from ablate.harness.study.queue import load_phase_study, prepare_study, study_progress
 from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study
 from ablate.harness.workers import Worker
+from ablate.schema.errors import ConfigError
+from ablate.schema.spec import HeartbeatSpec, StudySpec
+from ablate.schema.trials import EVAL, grid_point
 
 
 def study_tree(**extra) -> dict:

@@ -9,12 +9,12 @@ import pytest
 import yaml
 from sword_fixture import write_module
 
-from ablate.harness.config import config_from_tree
-from ablate.harness.errors import ConfigError
 from ablate.harness.study.validate import StudyError, load_study
-from ablate.harness.tasks import TASKS, build_task, ignored_task_keys, tasks_reading
-from ablate.harness.tasks.options import TaskConfig
-from ablate.harness.tasks.tokenizers import TOKENIZER_KEYS, TOKENIZERS
+from ablate.harness.tasks import build_task
+from ablate.schema.config import config_from_tree
+from ablate.schema.errors import ConfigError
+from ablate.schema.task_config import TaskConfig, ignored_task_keys
+from ablate.schema.tasks import TASKS, TOKENIZER_KEYS, TOKENIZERS, tasks_reading
 
 SIZES = {"n_train": 30, "n_valid": 5, "n_test": 5}
 PAIRS = [(f"I see {i} cats .", f"Je vois {i} chats .") for i in range(40)]
@@ -140,7 +140,7 @@ def problems(path, sets: dict | None = None) -> list[str]:
 @pytest.mark.parametrize("name, tokenizer", CONFIGURED)
 def test_a_task_key_is_refused_where_it_is_set_when_its_task_ignores_it(name, tokenizer, block, tmp_path):
     chosen = {"name": name, **({"tokenizer": tokenizer} if tokenizer else {})}
-    reads = {*chosen, *TASKS[name].reads, *(TOKENIZERS[tokenizer].reads if tokenizer else ())}
+    reads = {*chosen, *TASKS[name].reads, *(TOKENIZERS[tokenizer] if tokenizer else ())}
     where = {"variants": "variants.a", "fixed": "fixed", "base": "base"}[block]
     for key in TaskConfig.model_fields.keys() - chosen.keys():
         setting = {k: VALUES[k] for k in (key, TOGETHER.get(key)) if k}

@@ -5,11 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from ablate.harness.config import build_config
-from ablate.harness.errors import ConfigError
-from ablate.harness.tasks import TASKS, build_task
+from ablate.harness.tasks import build_task, builder
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
-from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.synth_mt import (
     ADJECTIVES,
     DETERMINERS,
@@ -20,6 +17,10 @@ from ablate.harness.tasks.synth_mt import (
     SUBJECT,
     VERBS,
 )
+from ablate.schema.config import build_config
+from ablate.schema.errors import ConfigError
+from ablate.schema.task_config import TaskConfig
+from ablate.schema.tasks import TASKS
 
 GENERATED = ["copy", "reverse", "sort", "addition", "recall", "synth_mt"]
 
@@ -146,7 +147,7 @@ def test_registry_is_the_list_of_task_names_the_config_accepts(monkeypatch):
         build_config({"task": {"name": "juggle"}})
     monkeypatch.setitem(TASKS, "echo", TASKS["copy"])  # a task added to the registry needs nothing else
     assert build_task(small("echo"), 0).splits["train"] == build_task(small("copy"), 0).splits["train"]
-    assert all(callable(task.build) and task.about and "\n" not in task.doc for task in TASKS.values())
+    assert all(callable(builder(name)) and task.about and "\n" not in task.doc for name, task in TASKS.items())
     with pytest.raises(ConfigError, match=r"^task.path: the parallel task needs a corpus"):
         build_task(TaskConfig(name="parallel"), 0)
 

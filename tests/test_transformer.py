@@ -576,8 +576,8 @@ def test_presets_are_vaswani_post_ln_and_xiong_pre_ln():
     ],
 )
 def test_bad_switch_values_fail_naming_the_key(key, value, message):
-    from ablate.harness.config import build_config
-    from ablate.harness.errors import ConfigError
+    from ablate.schema.config import build_config
+    from ablate.schema.errors import ConfigError
 
     with pytest.raises(ConfigError, match="^" + message.replace(".", r"\.")):
         build_config({"model": {**dict(d_model=16, heads=2), key: value}})
@@ -596,8 +596,8 @@ LEARN_REVERSE = {
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["transformer", "transformer-pre-ln"])
 def test_preset_learns_reverse(preset):
-    from ablate.harness.config import build_config
     from ablate.harness.trial import run_trial
+    from ablate.schema.config import build_config
 
     result = run_trial(build_config({**LEARN_REVERSE, "preset": preset}))
     assert result.metrics["test/seq_acc"] >= 0.95

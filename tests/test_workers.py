@@ -18,10 +18,11 @@ from optuna.trial import TrialState
 from ablate.harness import compat, workers
 from ablate.harness.artifacts import artifact_store
 from ablate.harness.launchers import local
-from ablate.harness.study.queue import EVAL, load_phase_study, prepare_study
-from ablate.harness.study.spec import StudySpec
+from ablate.harness.study.queue import load_phase_study, prepare_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.workers import run_worker
+from ablate.schema.spec import StudySpec
+from ablate.schema.trials import EVAL
 
 
 def tiny_study(**extra) -> dict:

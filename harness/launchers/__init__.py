@@ -57,7 +57,7 @@ def plan(
     --workers, --devices and --per-device (already checked by their schema, the local Options)."""
     from pydantic import ValidationError
 
-    from ablate.harness.config import validation_problems
+    from ablate.schema.config import validation_problems
 
     if name is None:
         options = importlib.import_module(LAUNCHERS["local"]).Options.model_validate(here or {})
@@ -93,9 +93,9 @@ def plan(
 
 def study_block(study: str, name: str) -> tuple[dict[str, Any], list[Problem]]:
     """The study file's `launcher.<name>` mapping; a file that cannot be read is load_study's to report."""
-    from ablate.harness.config import read_yaml
-    from ablate.harness.errors import ConfigError
-    from ablate.harness.study.spec import resolve_study_path
+    from ablate.schema.config import read_yaml
+    from ablate.schema.errors import ConfigError
+    from ablate.schema.spec import resolve_study_path
 
     try:
         tree = read_yaml(resolve_study_path(study))

@@ -22,10 +22,10 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
-from ablate.harness.errors import ConfigError
 from ablate.harness.extras import require
 from ablate.harness.launchers import Problem
 from ablate.harness.launchers.commands import python_command, worker_args
+from ablate.schema.errors import ConfigError
 
 CLIENT_PORT = 10001  # Ray Client's, when a ray:// address names none
 # Whether problems() connected this process to Ray, so that the sweep's end disconnects it: ray.shutdown()

@@ -34,9 +34,9 @@ from pydantic import (
     model_validator,
 )
 
-from ablate.harness.errors import RunFailed
 from ablate.harness.launchers import Problem
 from ablate.harness.launchers.commands import python_command, worker_args
+from ablate.schema.errors import RunFailed
 
 STOPPED = (128 + 10, 128 + 15)  # a worker's exit after SIGUSR1 or SIGTERM (harness.signals.exit_code)
 

@@ -17,8 +17,9 @@ from optuna.trial import TrialState
 
 from ablate.analysis import claims
 from ablate.analysis.table import trials_frame
-from ablate.harness.study.queue import EVAL, load_phase_study, optuna_study_name, queue_grid_points
-from ablate.harness.study.spec import StudySpec
+from ablate.harness.study.queue import load_phase_study, queue_grid_points
+from ablate.schema.spec import StudySpec
+from ablate.schema.trials import EVAL, optuna_study_name
 
 PENDING = (TrialState.WAITING, TrialState.RUNNING)
 

@@ -19,21 +19,11 @@ import optuna
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
-from ablate.harness.config import format_validation_error
-from ablate.harness.errors import ConfigError
-from ablate.harness.study.spec import PRUNERS, TUNE_KINDS, StudySpec, Value, tune_metric
 from ablate.harness.study.storage import masked_url
-
-EVAL, TUNE = "eval", "tune"
-
-
-def optuna_study_name(spec: StudySpec, phase: str = EVAL, variant: str | None = None) -> str:
-    return f"{spec.name}:{phase}" if variant is None else f"{spec.name}:{phase}:{variant}"
-
-
-def grid_point(variant: str, seed: int) -> str:
-    """The identity of one eval trial: retries of a grid point share it (user attr 'grid_point')."""
-    return f"{variant}/seed={seed}"
+from ablate.schema.config import format_validation_error
+from ablate.schema.errors import ConfigError
+from ablate.schema.spec import PRUNERS, TUNE_KINDS, StudySpec, Value, tune_metric
+from ablate.schema.trials import EVAL, TUNE, grid_point, optuna_study_name, trial_variant
 
 
 def suggest(trial, key: str, space: dict[str, list[Value]]) -> Value:
@@ -133,24 +123,6 @@ def name_objective(study: optuna.Study, metric: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names([metric])
-
-
-def trial_seed(trial) -> int | None:
-    """An eval trial's seed: its user attribute (a parameter or fixed parameter in studies queued before
-    seeds became attributes)."""
-    for source in (trial.user_attrs, trial.params, trial.system_attrs.get("fixed_params", {})):
-        if "seed" in source:
-            return source["seed"]
-    return None
-
-
-def trial_variant(trial) -> str | None:
-    """A trial's variant, whether it has started (params) or still waits (its fixed params, its attrs)."""
-    return (
-        trial.params.get("variant")
-        or trial.system_attrs.get("fixed_params", {}).get("variant")
-        or trial.user_attrs.get("variant")
-    )
 
 
 def best_tuned_params(spec: StudySpec, storage, variant: str) -> tuple[dict[str, Value], int]:

@@ -23,10 +23,10 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, NoSuchModuleError, ProgrammingError
 
-from ablate.harness.errors import ConfigError, RunFailed
 from ablate.harness.extras import require
-from ablate.harness.study.attributes import attribute_problem
-from ablate.harness.study.spec import HeartbeatSpec
+from ablate.schema.errors import ConfigError, RunFailed
+from ablate.schema.spec import HeartbeatSpec
+from ablate.schema.trials import attribute_problem
 
 CONNECT_TIMEOUT_S = 10  # an unreachable database server is reported, not waited on
 SCHEMA_ATTEMPTS = 10

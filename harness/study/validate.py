@@ -21,7 +21,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ablate.harness.config import (
+from ablate.harness.grouping import why_not_fused
+from ablate.harness.tracking import MODES, OLD_MODES
+from ablate.schema.config import (
     ExperimentConfig,
     build_config,
     flatten,
@@ -29,10 +31,9 @@ from ablate.harness.config import (
     read_yaml,
     validation_problems,
 )
-from ablate.harness.errors import ConfigError
-from ablate.harness.grouping import why_not_fused
-from ablate.harness.metric_registry import metric_info
-from ablate.harness.study.spec import (
+from ablate.schema.errors import ConfigError
+from ablate.schema.metric_registry import metric_info
+from ablate.schema.spec import (
     TUNE_KINDS,
     AdaptiveSeeds,
     ClaimSpec,
@@ -43,8 +44,7 @@ from ablate.harness.study.spec import (
     resolve_study_path,
     variant_settings,
 )
-from ablate.harness.tasks.options import TaskConfig
-from ablate.harness.tracking import MODES, OLD_MODES
+from ablate.schema.task_config import TaskConfig
 
 Problem = tuple[str, str]  # (where in the study file or command line, what is wrong)
 MAX_SHOWN = 20

@@ -41,11 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ablate.harness.errors import ConfigError
 from ablate.harness.extras import require
 from ablate.harness.tasks.base import TaskData
-from ablate.harness.tasks.corpora import CORPUS_KEYS, Corpus, corpus_task
-from ablate.harness.tasks.options import TaskConfig
+from ablate.harness.tasks.corpora import Corpus, corpus_task
+from ablate.schema.errors import ConfigError
+from ablate.schema.task_config import TaskConfig
 
 DEBIAN_LIBRARY = "/usr/share/sword"
 # Language code -> (SWORD module, Debian package that installs it).
@@ -203,9 +203,6 @@ def sample(pairs: list, size: int) -> list:
         return pairs
     picked = np.random.default_rng(SAMPLE_SEED).choice(len(pairs), size=size, replace=False)
     return [pairs[i] for i in sorted(picked)]
-
-
-BIBLE_KEYS = ("path", "src_lang", "tgt_lang", "n_valid", "n_test", *CORPUS_KEYS)  # what bible_task reads
 
 
 def bible_task(cfg: TaskConfig, seed: int) -> TaskData:

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ablate.harness.errors import ConfigError
 from ablate.harness.extras import require
 from ablate.harness.tasks.base import SPLITS, Example, TaskData, Vocab, longest_target
-from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.reading import read_lines, require_file
 from ablate.harness.tasks.tokenizers import build_tokenizer
+from ablate.schema.errors import ConfigError
+from ablate.schema.task_config import TaskConfig
 
 RawPair = tuple[str, str]
 Corpus = dict[str, list[RawPair]]  # split name -> (source text, target text)
@@ -222,12 +222,6 @@ def cap(examples: list[Example], limit: int | None, seed: int) -> list[Example]:
         return examples
     picked = np.random.default_rng([seed, 13]).choice(len(examples), size=limit, replace=False)
     return [examples[i] for i in sorted(picked)]
-
-
-# The task.* keys corpus_task reads (with task.tokenizer, also those its tokenizer reads: TOKENIZERS), and
-# those parallel_task reads (hf_config: for a hub dataset).
-CORPUS_KEYS = ("tokenizer", "min_tokens", "max_tokens", "max_examples")
-PARALLEL_KEYS = ("path", "src_lang", "tgt_lang", "hf_config", "n_valid", "n_test", *CORPUS_KEYS)
 
 
 def parallel_task(cfg: TaskConfig, seed: int) -> TaskData:

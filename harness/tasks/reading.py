@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from ablate.harness.errors import ConfigError
+from ablate.schema.errors import ConfigError
 
 
 def require_file(path: Path) -> Path:

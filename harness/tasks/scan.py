@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ablate.harness.errors import ConfigError
 from ablate.harness.tasks.base import Example, TaskData, Vocab, longest_target
 from ablate.harness.tasks.reading import read_lines
+from ablate.schema.errors import ConfigError
 
-if TYPE_CHECKING:  # TaskConfig reads SCAN_SPLITS from here
-    from ablate.harness.tasks.options import TaskConfig
+if TYPE_CHECKING:
+    from ablate.schema.task_config import TaskConfig
 
 PRIMITIVES = {"walk": "I_WALK", "look": "I_LOOK", "run": "I_RUN", "jump": "I_JUMP"}
 TURNS = {"left": "I_TURN_LEFT", "right": "I_TURN_RIGHT"}
@@ -97,8 +97,8 @@ def primitive_split(primitive: tuple[str, ...]) -> Split:
     return split
 
 
-# Each of the paper's splits, (train, test) of all commands: the names task.split accepts.
-SCAN_SPLITS: dict[str, Split] = {
+# Each of the paper's splits, (train, test) of all commands, by its name in schema/tasks.py's SCAN_SPLITS.
+SPLITTERS: dict[str, Split] = {
     "simple": random_split,
     "length": length_split,
     "addprim_jump": primitive_split(("jump",)),
@@ -140,16 +140,13 @@ def hold_out_valid(train: list[Pair], n_valid: int, seed: int) -> tuple[list[Pai
     return [c for c in train if c not in picked], [c for c in once if c in picked]
 
 
-SCAN_KEYS = ("split", "path", "n_valid")  # the task.* keys scan_task reads
-
-
 def scan_task(cfg: TaskConfig, seed: int) -> TaskData:
     if cfg.path:
         root = Path(cfg.path)
         train = read_scan_file(find_official_file(root, f"tasks_train_{cfg.split}.txt"))
         test = read_scan_file(find_official_file(root, f"tasks_test_{cfg.split}.txt"))
     else:
-        train, test = SCAN_SPLITS[cfg.split](all_commands(), seed)
+        train, test = SPLITTERS[cfg.split](all_commands(), seed)
     train, valid = hold_out_valid(train, cfg.n_valid, seed)
     splits = {
         name: [Example(words, actions) for words, actions in pairs]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from ablate.harness.tasks.base import Example, TaskData, Vocab, longest_target
-from ablate.harness.tasks.options import TaskConfig
 from ablate.harness.tasks.synthetic import sample_splits
+from ablate.schema.task_config import TaskConfig
 
 DETERMINERS = ("the", "a", "every", "this")
 NOUNS = {

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ablate.harness.errors import ConfigError
 from ablate.harness.tasks.base import Example, TaskData, Vocab, longest_target
-from ablate.harness.tasks.options import TaskConfig
+from ablate.schema.errors import ConfigError
+from ablate.schema.task_config import TaskConfig
 
 Sampler = Callable[[np.random.Generator, int], Example]  # one random example of the given length
 Transform = Callable[[tuple[str, ...]], tuple[tuple[str, ...], tuple[tuple[int, int], ...]]]
@@ -99,10 +99,6 @@ def _sample_split(
     return examples
 
 
-# The task.* keys sample_splits reads.
-GENERATED_KEYS = ("min_len", "max_len", "test_max_len", "n_train", "n_valid", "n_test")
-
-
 def sample_splits(name: str, sample: Sampler, cfg: TaskConfig, seed: int, shortest: int = 1) -> dict:
     """Every split of a generated task; `shortest` is the least length the task can produce."""
     if cfg.max_len < shortest:
@@ -126,9 +122,6 @@ def symbol_task(name: str, sample: Sampler, tokens: list[str], cfg: TaskConfig, 
     # The vocabulary is every symbol the task can emit, so longer test inputs never meet <unk>.
     vocab = Vocab(tokens)
     return TaskData(name, splits, vocab, vocab, train_max_len=longest_target(splits["train"]))
-
-
-SYMBOL_KEYS = (*GENERATED_KEYS, "vocab_size")  # what a task of vocab_size symbols reads
 
 
 def _symbols(cfg: TaskConfig) -> list[str]:

@@ -1,6 +1,6 @@
 """Text <-> tokens for real corpora: characters, words, or BPE learned on the training split only.
 
-TOKENIZERS, by each kind's name, is the one list of names `task.tokenizer` accepts. Each tokenizer saves to
+TOKENIZER_CLASSES holds each by its name in schema/tasks.py's TOKENIZERS (with the keys it reads). Each saves to
 one JSON file, so a run keeps exactly the segmentation it was trained with."""
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from ablate.models.sequences import UNK
 
 
 class RuleTokenizer:
-    """A tokenizer with nothing learned: training takes nothing from the texts, saving records only its
-    kind, and it reads no task.* key beyond task.tokenizer."""
+    """A tokenizer with nothing learned: training takes nothing from the texts, and saving records only its
+    kind."""
 
     kind: str
-    reads: tuple[str, ...] = ()
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> RuleTokenizer:
@@ -58,7 +57,6 @@ class BpeTokenizer:
     """Byte-pair encoding over Metaspace words ('▁' marks a word start), so decoding restores the spaces."""
 
     kind = "bpe"
-    reads = ("bpe_vocab_size",)  # the task.* keys it reads beyond task.tokenizer
 
     def __init__(self, tokenizer: HFTokenizer):
         self.tokenizer = tokenizer
@@ -84,14 +82,11 @@ class BpeTokenizer:
 
 
 Tokenizer = CharTokenizer | WordTokenizer | BpeTokenizer
-TOKENIZERS: dict[str, type[Tokenizer]] = {
+TOKENIZER_CLASSES: dict[str, type[Tokenizer]] = {
     cls.kind: cls for cls in (CharTokenizer, WordTokenizer, BpeTokenizer)
 }
-# Each task.* key a tokenizer reads -> the tokenizers that read it: a corpus task ignores it with any other.
-TOKENIZER_KEYS = {key: [name for name, cls in TOKENIZERS.items() if key in cls.reads]
-                  for cls in TOKENIZERS.values() for key in cls.reads}  # fmt: skip
 
 
 def build_tokenizer(kind: str, training_texts: list[str], bpe_vocab_size: int) -> Tokenizer:
-    """The tokenizer TOKENIZERS names `kind`, learned on the training texts (BPE: with bpe_vocab_size)."""
-    return TOKENIZERS[kind].train(training_texts, bpe_vocab_size)
+    """The tokenizer TOKENIZER_CLASSES names `kind`, learned on the training texts (BPE: with bpe_vocab_size)."""
+    return TOKENIZER_CLASSES[kind].train(training_texts, bpe_vocab_size)

@@ -14,11 +14,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
-from ablate.harness.errors import ConfigError
-from ablate.harness.tasks import TASKS, ignored_task_keys
-from ablate.harness.tasks.options import TaskConfig
 from ablate.models.config import Count, ModelConfig, preset_keys
 from ablate.models.optim import OptimConfig
+from ablate.schema.errors import ConfigError
+from ablate.schema.task_config import TaskConfig, ignored_task_keys
+from ablate.schema.tasks import TASKS
 
 
 class TrainConfig(OptimConfig):

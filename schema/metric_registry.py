@@ -2,7 +2,7 @@
 each metric's range, which way is better, the scale claims judge it on, whether it is exact match, where it
 is computed (which fixes the splits it is logged on) and which trials report it. Every reader of a metric
 name looks it up here: the metrics a configuration produces (harness.metrics), the validation metric tuning
-reads (harness.study.spec), the intervals and tables (analysis.stats), the claims' judging rules
+reads (schema.spec), the intervals and tables (analysis.stats), the claims' judging rules
 (analysis.claims), the report's figures and words (reports/).
 
 Torch-free and importing nothing of the project, so that analysis/ reads it as it reads the study's schema."""

@@ -1,7 +1,6 @@
-"""task.*: what a task builder reads. The names it accepts are the task registry's (harness/tasks/__init__.py),
-which imports the builders, which import this: so the name is checked one level up, in ExperimentConfig. The
-registry also says which keys each task reads, and so ignores (`ignored_task_keys`). `split` and `tokenizer`
-accept the names of the registries in scan.py and tokenizers.py (REGISTRIES), which need nothing of this."""
+"""task.*: what a task builder reads. The names `name`, `split` and `tokenizer` accept and the keys each task
+reads are the task registry's (tasks.py); `ignored_task_keys` gives those a configured task ignores. The name
+is checked one level up, in ExperimentConfig, so that a bad name is reported only once the rest is valid."""
 
 from __future__ import annotations
 
@@ -9,9 +8,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ablate.harness.tasks.scan import SCAN_SPLITS
-from ablate.harness.tasks.tokenizers import TOKENIZERS
 from ablate.models.config import Count
+from ablate.schema.tasks import SCAN_SPLITS, TASKS, TOKENIZER_KEYS, TOKENIZERS, tasks_reading
 
 # Each key that names one entry of a registry -> that registry: the names it accepts are the registry's keys.
 REGISTRIES: dict[str, Mapping[str, object]] = {"split": SCAN_SPLITS, "tokenizer": TOKENIZERS}
@@ -70,3 +68,19 @@ class TaskConfig(BaseModel):
     @property
     def long_max_len(self) -> int:
         return self.test_max_len if self.test_max_len is not None else 2 * self.max_len
+
+
+def ignored_task_keys(cfg: TaskConfig) -> dict[str, str]:
+    """Key -> why the task cfg configures ignores it: a key only other tasks read, or one only another
+    tokenizer reads. Changing such a key changes none of the task's data."""
+    task = TASKS[cfg.name]
+    ignored = {}
+    for key in TaskConfig.model_fields:
+        if key not in ("name", *task.keys()):
+            readers = tasks_reading(key)
+            tasks = f"task {readers[0]}" if len(readers) == 1 else f"tasks {', '.join(readers)}"
+            ignored[key] = f"a setting of {tasks}; task.name is {cfg.name}"
+        elif key in TOKENIZER_KEYS and cfg.tokenizer not in TOKENIZER_KEYS[key]:
+            tokenizers = " or ".join(TOKENIZER_KEYS[key])
+            ignored[key] = f"acts only with tokenizer {tokenizers}; task.tokenizer is {cfg.tokenizer}"
+    return ignored

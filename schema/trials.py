@@ -72,3 +72,34 @@ def shape_error(e: ValidationError) -> str:
 @functools.cache
 def adapter(shape: Any) -> TypeAdapter:
     return TypeAdapter(shape)
+
+
+# Where a trial is and what it is: one Optuna study per phase and variant (harness/study/queue.py).
+EVAL, TUNE = "eval", "tune"
+
+
+def optuna_study_name(spec: StudySpec, phase: str = EVAL, variant: str | None = None) -> str:
+    return f"{spec.name}:{phase}" if variant is None else f"{spec.name}:{phase}:{variant}"
+
+
+def grid_point(variant: str, seed: int) -> str:
+    """The identity of one eval trial: retries of a grid point share it (user attr 'grid_point')."""
+    return f"{variant}/seed={seed}"
+
+
+def trial_seed(trial) -> int | None:
+    """An eval trial's seed: its user attribute (a parameter or fixed parameter in studies queued before
+    seeds became attributes)."""
+    for source in (trial.user_attrs, trial.params, trial.system_attrs.get("fixed_params", {})):
+        if "seed" in source:
+            return source["seed"]
+    return None
+
+
+def trial_variant(trial) -> str | None:
+    """A trial's variant, whether it has started (params) or still waits (its fixed params, its attrs)."""
+    return (
+        trial.params.get("variant")
+        or trial.system_attrs.get("fixed_params", {}).get("variant")
+        or trial.user_attrs.get("variant")
+    )

@@ -26,10 +26,11 @@ from pydantic import (
     model_validator,
 )
 
-from ablate.harness.config import ExperimentConfig, TrainConfig, build_config
-from ablate.harness.errors import ConfigError
-from ablate.harness.metric_registry import metric_info
 from ablate.models.config import PRESETS
+from ablate.schema.config import ExperimentConfig, TrainConfig, build_config
+from ablate.schema.errors import ConfigError
+from ablate.schema.metric_registry import metric_info
+from ablate.schema.names import checked_name, slugify
 
 Value = str | int | float | bool
 
@@ -175,22 +176,6 @@ SeedsField = Annotated[
 ]
 
 
-MAX_NAME_BYTES = 200  # in UTF-8; ablate then meets no file name limit (NAME_MAX is 255 bytes)
-
-
-def checked_name(name: str) -> str:
-    """A study's or variant's name: it names folders, Optuna studies (`<study>:tune:<variant>`), W&B groups
-    and runs, and a worker's command line, so it is one non-empty printable line of bounded length."""
-    if not name.strip():
-        raise ValueError("must not be empty")
-    if not name.isprintable():
-        raise ValueError("must be one line of printable characters")
-    size = len(name.encode())
-    if size > MAX_NAME_BYTES:
-        raise ValueError(f"{size} bytes long; a name is at most {MAX_NAME_BYTES} bytes (UTF-8)")
-    return name
-
-
 class StudySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -243,11 +228,7 @@ class StudySpec(BaseModel):
 
     @property
     def slug(self) -> str:
-        """The study's folder name under runs/ (artifacts.slugify): distinct names get distinct folders."""
-        from ablate.harness.artifacts import (
-            slugify,  # Optuna's artifact store is imported there: not to read a spec
-        )
-
+        """The study's folder name under runs/ (names.slugify): distinct names get distinct folders."""
         return slugify(self.name)
 
     @property

@@ -1,0 +1,108 @@
+"""The task registry: each task's name, what it is, the task.* keys its builder reads, and where the builder
+is. TASKS is the one list of names `task.name` accepts and the one statement of which keys a task reads:
+`ablate list` shows it, and `ignored_task_keys` (task_config.py) refuses the others where they are set, as
+a model key the model ignores is. SCAN_SPLITS and TOKENIZERS are the names `task.split` and `task.tokenizer`
+accept.
+
+Names and keys only: a builder is named as 'module:function' of harness/tasks/ and imported when a task is
+built (harness/tasks/__init__.py), so reading a config or a study loads no task module and no tokenizer
+library. tests/test_task_keys.py records what each builder reads against what its entry declares."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# The task.* keys each family's builder reads. Generated tasks (synthetic.py's sample_splits): lengths and
+# split sizes; a task of vocab_size symbols also its vocabulary size.
+GENERATED_KEYS = ("min_len", "max_len", "test_max_len", "n_train", "n_valid", "n_test")
+SYMBOL_KEYS = (*GENERATED_KEYS, "vocab_size")
+SCAN_KEYS = ("split", "path", "n_valid")
+# corpus_task (corpora.py), and with task.tokenizer also the keys its tokenizer reads (TOKENIZERS).
+CORPUS_KEYS = ("tokenizer", "min_tokens", "max_tokens", "max_examples")
+PARALLEL_KEYS = ("path", "src_lang", "tgt_lang", "hf_config", "n_valid", "n_test", *CORPUS_KEYS)
+BIBLE_KEYS = ("path", "src_lang", "tgt_lang", "n_valid", "n_test", *CORPUS_KEYS)
+
+# task.split: SCAN's splits, each built by its function in scan.py (SPLITTERS), with what it holds out.
+SCAN_SPLITS = {
+    "simple": "a seeded 80/20 split of all commands",
+    "length": "train on the shorter action sequences, test on the longer ones",
+    "addprim_jump": "jump alone in train, every other command with it in test",
+    "addprim_turn_left": "turn left alone in train, every other command with it in test",
+}
+# task.tokenizer: each tokenizer (its class in tokenizers.py, TOKENIZER_CLASSES) -> the task.* keys it reads
+# beyond task.tokenizer.
+TOKENIZERS: dict[str, tuple[str, ...]] = {"char": (), "word": (), "bpe": ("bpe_vocab_size",)}
+# Each task.* key a tokenizer reads -> the tokenizers that read it: a corpus task ignores it with any other.
+TOKENIZER_KEYS = {key: [name for name, reads in TOKENIZERS.items() if key in reads]
+                  for reads in TOKENIZERS.values() for key in reads}  # fmt: skip
+
+
+class Task(NamedTuple):
+    """A task family in the registry: where its builder is, what it is, and which task.* keys it reads."""
+
+    build: str  # 'module:function' of harness/tasks/: function(TaskConfig, seed) -> TaskData
+    about: str  # what the task is, in one line
+    # The task.* keys `build` reads besides task.name; with task.tokenizer, also those its tokenizer reads.
+    reads: tuple[str, ...]
+
+    def keys(self) -> tuple[str, ...]:
+        """Every task.* key the task reads under some configuration: its own and, with task.tokenizer, every
+        tokenizer's."""
+        return (*self.reads, *(TOKENIZER_KEYS if "tokenizer" in self.reads else ()))
+
+    @property
+    def doc(self) -> str:
+        """The line `ablate list` shows: what the task is and the keys it reads."""
+        keys = [key if key in self.reads else f"{key} (tokenizer {' | '.join(TOKENIZER_KEYS[key])})"
+                for key in self.keys()]  # fmt: skip
+        return f"{self.about}; reads {', '.join(keys)}"
+
+
+TASKS: dict[str, Task] = {
+    "copy": Task("synthetic:copy_task", "output = input; symbols 0..vocab_size-1", SYMBOL_KEYS),
+    "reverse": Task("synthetic:reverse_task", "output = input reversed", SYMBOL_KEYS),
+    "sort": Task("synthetic:sort_task", "output = input sorted (stable)", SYMBOL_KEYS),
+    "addition": Task(
+        "synthetic:addition_task", "a + b -> digits of the sum, with carries; lengths in digits", GENERATED_KEYS
+    ),
+    "recall": Task(
+        "synthetic:recall_task",
+        "k1 v1 ... kn vn ? k -> value of k; lengths in pairs (at most 26), vocab_size values",
+        SYMBOL_KEYS,
+    ),
+    "synth_mt": Task(
+        "synth_mt:synth_mt_task",
+        "SVO -> SOV toy translation with gold alignments; lengths in source words (at least 5)",
+        GENERATED_KEYS,
+    ),
+    "scan": Task(
+        "scan:scan_task", "SCAN commands -> actions; path: a folder of the official files (optional)", SCAN_KEYS
+    ),
+    "parallel": Task(
+        "corpora:parallel_task",
+        "sentence pairs; path: TSV | JSONL | Moses prefix | save_to_disk folder | hub name",
+        PARALLEL_KEYS,
+    ),
+    "bible": Task(
+        "bible:bible_task",
+        "World English Bible -> Reina-Valera 1909 verses (apt-get install sword-text-web sword-text-sparv); "
+        "src_lang/tgt_lang: en | es | a SWORD module; path: the SWORD library (default $SWORD_PATH, else "
+        "/usr/share/sword)",
+        BIBLE_KEYS,
+    ),
+}
+
+
+def tasks_reading(key: str) -> list[str]:
+    """The tasks that read task.`key` under some configuration, in registry order."""
+    return [name for name, task in TASKS.items() if key in task.keys()]
+
+
+# What a task's data carries beyond token pairs, known before any is built (the metrics a study may name
+# depend on it): text scored with BLEU / chrF (TaskData.is_text), gold word alignments (Example.alignment).
+TEXT_TASKS = frozenset({"synth_mt", "parallel", "bible"})
+ALIGNED_TASKS = frozenset({"copy", "reverse", "sort", "recall", "synth_mt"})
+# Tasks whose lengths come from task.min_len / max_len / test_max_len (test_long beyond max_len).
+GENERATED_TASKS = frozenset(tasks_reading("test_max_len"))
+# Corpus tasks: test pairs longer than task.max_tokens form test_long.
+CORPUS_TASKS = frozenset(tasks_reading("max_tokens"))
