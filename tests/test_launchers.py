@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
@@ -25,7 +28,7 @@ from ablate.harness.launchers import Launch, local, plan, slurm
 from ablate.harness.study.queue import load_phase_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study
-from ablate.schema.config import build_config
+from ablate.schema.config import build_config, read_yaml
 from ablate.schema.errors import RunFailed
 from ablate.schema.trials import EVAL, grid_point
 
@@ -128,15 +131,15 @@ def test_slurm_refuses_a_sqlite_file_unless_told_every_task_runs_on_one_node(tmp
 def test_launcher_settings_come_from_the_study_file_then_the_command_line(tmp_path):
     block = {"slurm": {"tasks": 2, "partition": "debug", "sbatch": ["--mem=1G"]}, "ray": {"workers": 3}}
     study = str(write_study(tmp_path / "cluster.yaml", launcher=block))
-    launch, problems = plan("slurm", study, ["tasks=8", "sbatch=--qos=low", "single_node=true"])
+    launch, problems = plan("slurm", study, ["tasks=8", "sbatch=--qos=low", "single_node=true"], launchers=block)
     assert problems == [] and launch.name == "slurm"
     assert launch.options == slurm.Options(tasks=8, partition="debug", sbatch=["--mem=1G", "--qos=low"],
                                            single_node=True)  # fmt: skip
-    assert plan("ray", study, [])[0].options.workers == 3
+    assert plan("ray", study, [], launchers=block)[0].options.workers == 3
     # Without a name, the local launcher with `ablate sweep`'s own flags; the study's blocks are not read.
     assert plan(None, study, [], {"workers": 2}) == (Launch("local", local.Options(workers=2)), [])
 
-    _, problems = plan("slurm", study, ["tasks=0", "bogus=1", "nokey"])
+    _, problems = plan("slurm", study, ["tasks=0", "bogus=1", "nokey"], launchers=block)
     assert ("--launch tasks", "Input should be greater than or equal to 1 (got '0')") in problems
     assert ("--launch bogus", f"unknown setting (known: {', '.join(slurm.Options.model_fields)})") in problems
     assert ("--launch", "'nokey': expected key=value, e.g. tasks=4") in problems
@@ -147,7 +150,7 @@ def test_launcher_settings_come_from_the_study_file_then_the_command_line(tmp_pa
     # YAML reads an unquoted 4:00:00 as 14400: said, not submitted as 14400 minutes.
     unquoted = tmp_path / "unquoted.yaml"
     unquoted.write_text((tmp_path / "cluster.yaml").read_text().replace("partition: debug", "time: 4:00:00"))
-    _, problems = plan("slurm", str(unquoted), [])
+    _, problems = plan("slurm", str(unquoted), [], launchers=read_yaml(unquoted)["launcher"])
     quote = 'quote it, e.g. "4:00:00" (got the number 14400; YAML reads 4:00:00 as 14400)'
     assert problems == [(f"{unquoted}: launcher.slurm.time", quote)]
 
@@ -262,6 +265,91 @@ def test_a_ray_address_with_nothing_there_is_one_line_within_its_timeout(
     ((where, what),) = ray_launcher.problems(ray_launcher.Options(), url, out)
     assert where == "RAY_ADDRESS" and what.startswith(f"127.0.0.1:{closed_port}: nothing answers")
     assert not ray.is_initialized()
+
+
+@pytest.fixture
+def no_ray_here(tmp_path, monkeypatch) -> Path:
+    """Ray's temporary folder of this test's own (where "auto" reads the address of the cluster last started),
+    with no cluster in it; skips when a Ray cluster runs on this machine, which "auto" would find anyway.
+    Its processes, and theirs, carry RAY_TMPDIR: started_with finds any left behind."""
+    running = [p for p in Path("/proc").glob("[0-9]*/cmdline") if b"gcs_server" in read_or_empty(p)]
+    if running:
+        pytest.skip("a Ray cluster runs on this machine: address=auto would connect to it")
+    temp_dir = tmp_path / "ray-tmp"
+    (temp_dir / "ray").mkdir(parents=True)
+    monkeypatch.setenv("RAY_TMPDIR", str(temp_dir))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return temp_dir
+
+
+def read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # ended meanwhile, or not ours to read
+        return b""
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port on loopback that accepts connections (the system completes them) and never says a word: an
+    address that answers, where no Ray cluster is."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield listener.getsockname()[1]
+
+
+def test_an_address_that_answers_but_is_no_ray_cluster_is_one_line_within_its_timeout(
+    ray_launcher, no_ray_here, silent_port, monkeypatch
+):  # fmt: skip
+    """ray.init retried there for minutes, printing C++ warnings: a host:port of another service, or "auto"
+    where the cluster last started on this machine is gone and its port taken. The whole check, Ray's own
+    connection included, is bounded by `timeout`, and leaves no process behind."""
+    import ray
+
+    address, reason = f"127.0.0.1:{silent_port}", "no Ray cluster answers there within 2 s"
+    (no_ray_here / "ray" / "ray_current_cluster").write_text(address)  # a cluster that was, and is gone
+    for given in (address, "auto"):
+        options = ray_launcher.Options(address=given, timeout=2)
+        assert problems_within(3.5, options) == [("--launch address", f"{given}: {reason}")]
+    monkeypatch.setenv("RAY_ADDRESS", address)  # none given: Ray's own variable, named
+    assert problems_within(3.5, ray_launcher.Options(timeout=2)) == [("RAY_ADDRESS", f"{address}: {reason}")]
+    assert not ray.is_initialized()
+    assert started_with(f"RAY_TMPDIR={no_ray_here}") == []
+
+
+def test_address_auto_with_no_cluster_is_one_line_at_once(ray_launcher, no_ray_here):
+    import ray
+
+    # Within the default timeout: the probe's start and its import of Ray, then Ray's answer at once.
+    ((where, what),) = problems_within(5, ray_launcher.Options(address="auto"))
+    assert where == "--launch address"
+    assert what.startswith("auto: no Ray cluster there (Could not find any running Ray instance.")
+    assert not ray.is_initialized() and started_with(f"RAY_TMPDIR={no_ray_here}") == []
+
+
+def problems_within(seconds: float, options) -> list[tuple[str, str]]:
+    """The Ray launcher's problems with `options` (no SQLite file), found within `seconds`."""
+    from ablate.harness.launchers import ray as ray_launcher
+
+    started = time.monotonic()
+    said = ray_launcher.problems(options, "postgresql://db/x", Path("runs"))
+    assert time.monotonic() - started < seconds, said
+    return said
+
+
+def test_a_sweep_to_an_address_with_no_ray_cluster_stops_in_one_line_before_the_study_exists(
+    tmp_path, ray_launcher, no_ray_here, silent_port
+):  # fmt: skip
+    study, runs = write_study(tmp_path / "cluster.yaml"), tmp_path / "runs"
+    address = f"127.0.0.1:{silent_port}"
+    launch = ["--launcher", "ray", "--launch", f"address={address}", "--launch", "timeout=2"]
+    proc = ablate("sweep", str(study), "--out", str(runs), "--wandb", "disabled", *launch, timeout=60)
+    assert (proc.returncode, proc.stderr.splitlines()) == (
+        2, [f"error: --launch address: {address}: no Ray cluster answers there within 2 s"]
+    )  # fmt: skip
+    assert not runs.exists()
+    assert started_with(f"RAY_TMPDIR={no_ray_here}") == []
 
 
 def started_with(variable: str) -> list[str]:

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -44,13 +45,13 @@ class Options(BaseModel):
     workers: PositiveInt = 1  # worker processes, in all
     cpus: PositiveFloat = 1.0  # CPUs each (num_cpus); its torch threads are this, rounded up
     gpus: float = Field(0.0, ge=0, le=1)  # each worker's share of a GPU (num_gpus): 1/K puts K on a GPU
-    timeout: float = Field(5.0, gt=0, le=600)  # seconds the cluster's address has to accept a connection
+    timeout: float = Field(5.0, gt=0, le=600)  # seconds the cluster has to take a Ray connection, in all
 
 
 def problems(options: Options, url: str, out: Path) -> list[Problem]:
-    """Connects to the cluster (or starts a local one) once its address answers: an address with no
-    cluster is bad input, and a SQLite file is shared only when the cluster is this one machine. Ray's
-    workers take `out` as it is."""
+    """Connects to the cluster (or starts a local one) once Ray has connected to its address within
+    `timeout` (connection_problem): an address with no cluster is bad input, and a SQLite file is shared
+    only when the cluster is this one machine. Ray's workers take `out` as it is."""
     from ablate.harness.study.storage import sqlite_path
 
     global _connected_here
@@ -61,14 +62,13 @@ def problems(options: Options, url: str, out: Path) -> list[Problem]:
     if not ray.is_initialized():
         address = cluster_address(options.address)
         where = "--launch address" if address == options.address else "RAY_ADDRESS"
-        silent = unreachable(address, options.timeout) if address else None
+        silent = connection_problem(address, options.timeout) if address not in (None, "local") else None
         if silent:
             return [(where, f"{address}: {silent}")]
         try:
-            ray.init(address=options.address, include_dashboard=False, configure_logging=False)
+            connect(options.address)
         except (ConnectionError, ValueError, RuntimeError) as e:
-            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            return [(where, f"{address or 'a new local cluster'}: no Ray cluster there ({reason})")]
+            return [(where, f"{address or 'a new local cluster'}: no Ray cluster there ({first_line(e)})")]
         _connected_here = True
     nodes = [node for node in ray.nodes() if node["Alive"]]
     db = sqlite_path(url)
@@ -83,6 +83,58 @@ def cluster_address(address: str | None) -> str | None:
     """The address ray.init connects to: RAY_ADDRESS stands in for none and "auto", as in ray.init."""
     environment = os.environ.get("RAY_ADDRESS")
     return environment if environment and address in (None, "auto") else address
+
+
+def connect(address: str | None) -> None:
+    """ray.init as the sweep calls it: no dashboard, Ray's logging left as it is."""
+    import ray
+
+    ray.init(address=address, include_dashboard=False, configure_logging=False)
+
+
+def first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def connection_problem(address: str, timeout: float) -> str | None:
+    """Why Ray does not connect to the cluster at `address` within `timeout` seconds in all, or None. A
+    plain connection first (unreachable: nothing there is said at once, with the system's reason), then
+    ray.init itself, in a child process killed at the bound: at an address that answers but is no Ray
+    cluster ("auto" naming a dead cluster's, another service's host:port) ray.init retries for minutes,
+    printing C++ warnings, and no call of Ray's bounds it. The child's warnings go nowhere; its reason comes
+    on its stdout (probe)."""
+    deadline = time.monotonic() + timeout
+    if reason := unreachable(address, timeout):
+        return reason
+    from ablate.harness import signals
+
+    child = subprocess.Popen(
+        [sys.executable, "-P", "-c", "from ablate.harness.launchers.ray import probe; probe()", address],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        preexec_fn=signals.die_with_parent(),
+    )  # fmt: skip
+    try:
+        said, _ = child.communicate(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return f"no Ray cluster answers there within {timeout:g} s"
+    finally:  # on time, or interrupted: no probe outlives the check
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return None if child.returncode == 0 else f"no Ray cluster there ({said.strip() or child.returncode})"
+
+
+def probe() -> None:
+    """connection_problem's child: connects to the address its command line names and lets go; exit 1, with
+    the reason on stdout, when it cannot."""
+    import ray
+
+    try:
+        connect(sys.argv[1])
+    except Exception as e:  # whatever stops ray.init is the reason: this process exists to say it
+        print(first_line(e), flush=True)
+        sys.exit(1)
+    ray.shutdown()
 
 
 def unreachable(address: str, timeout: float) -> str | None:
