@@ -60,17 +60,32 @@ class ClaimVersus(BaseModel):
     within: dict[str, Value] | None = None
 
 
+class ClaimControl(BaseModel):
+    """The positive control of a `similar` or `not_worse` claim: two sides of the same study, selected as a
+    claim's are, that are designed to differ on the claim's metric by more than its margin. Where they do
+    not, the metric could not have told the claim's sides apart either (analysis.claims)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    compare: dict[str, Value]
+    to: dict[str, Value]
+
+
 class ClaimSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     text: str
+    # A test of a paper's finding, or a check of a mechanism that holds by construction (kept as a guard on
+    # the code); the report counts and shows them apart.
+    kind: Literal["test", "check"] = "test"
     compare: dict[str, Value]
     to: dict[str, Value]
     metric: str | None = None
     within: dict[str, Value] = Field(default_factory=dict)  # both sides within this sub-grid
     versus: ClaimVersus | None = None  # an interaction: (compare - to) minus (compare - to) on versus
-    expect: Literal["lower", "higher", "similar"]
+    # not_worse: non-inferiority, compare at most the margin worse than to in the metric's direction.
+    expect: Literal["lower", "higher", "similar", "not_worse"]
     margin: float = 0.0
     chance: float | None = None  # the metric's value for a model that learned nothing of the task
+    control: ClaimControl | None = None  # a `similar` or `not_worse` claim's positive control
     source: ClaimSource | None = None
     confounds: str = ""  # what the study cannot separate from the claimed factor
 
@@ -79,6 +94,15 @@ class ClaimSpec(BaseModel):
         v = self.versus
         if v is not None and v.metric in (None, self.metric) and v.within in (None, self.within):
             raise ValueError("versus: give another metric or another within (both differences are the same)")
+        return self
+
+    @model_validator(mode="after")
+    def _control(self) -> ClaimSpec:
+        # Only agreement can hold because the metric does not move; a reproduced difference shows it moves.
+        if self.control is not None and self.expect not in ("similar", "not_worse"):
+            raise ValueError(f"control: only a similar or not_worse claim takes one (expect is {self.expect})")
+        if self.control is not None and self.versus is not None:
+            raise ValueError("control: a positive control is one difference; an interaction takes none")
         return self
 
     def arms(self, study_metric: str) -> list[tuple[str, dict[str, Value]]]:
