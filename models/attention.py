@@ -7,7 +7,8 @@ and keys and gives the factor on q·k, so both paths serve every score.
 
 The recurrent family's score functions (models/scores.py lists them by name) are small modules behind
 `ScoreAttention`, which masks with the same `masked_softmax` and splits heads with the same `split_heads`;
-with `scaled_dot` it is MultiHeadAttention without projections.
+with `scaled_dot` it is MultiHeadAttention without projections. Its window (models/scores.py's WINDOWS)
+says which source positions a query attends to: all of them (global), or Luong et al.'s local windows.
 
 In a model of K fused seeds (models/ensemble.py) the batch axis is K·B and every parameter has a leading
 seed axis: the scores are built once per seed and stacked, and read K off their parameters' shapes.
@@ -309,14 +310,92 @@ class CosineScore(Score):
         return beta * (k @ h.transpose(-2, -1))
 
 
-class ScoreAttention(nn.Module):
-    """Attention over encoder states with a pluggable score: weights = masked softmax of the scores,
-    context = per head the weighted sum of that head's slice of the states. With `scaled_dot` this is
-    MultiHeadAttention without projections (qkv_projections=False)."""
+# Windows of the recurrent family: window(scores (B, H, T, S), query (B, T, D), steps (B or 1, T), padding
+# (B, S)) -> weights (B, H, T, S): which source positions each query (at decoder step `steps`) attends to,
+# and its weights from its scores.
 
-    def __init__(self, score: nn.Module, heads: int):
+
+class GlobalWindow(nn.Module):
+    """Global attention (Bahdanau et al. 2015; Luong et al. 2015, Sec. 3.1): the softmax of the scores over
+    every real source position."""
+
+    def forward(
+        self, scores: torch.Tensor, query: torch.Tensor, steps: torch.Tensor, padding: torch.Tensor | None
+    ) -> torch.Tensor:
+        mask = build_mask(padding, scores.size(2), scores.size(3), causal=False, device=scores.device)
+        return masked_softmax(scores, mask)
+
+
+class LocalWindow(nn.Module):
+    """Luong et al. 2015, Sec. 3.2: the softmax of the scores over the window [p_t - D, p_t + D] around an
+    aligned source position p_t (eq. 7 within the window), clipped to the real source, padding excluded,
+    and exactly 0 elsewhere; `centre` says where p_t is, `favour` what the weights become around it.
+    Positions count from 0 on both sides. The window is the 2D + 1 positions ⌊p_t⌋ - D .. ⌊p_t⌋ + D (the
+    paper's a_t ∈ R^{2D+1}; p_t is real for local-p), as OpenNMT's CenteredWindow takes them."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.width = width  # D
+
+    def centre(self, query: torch.Tensor, steps: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """p_t (B, 1 or H, T) of each query; lengths (B,): each source's real length S."""
+        raise NotImplementedError
+
+    def favour(self, weights: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        """The weights given each position's distance s - p_t: local-m keeps the window's softmax."""
+        return weights
+
+    def forward(
+        self, scores: torch.Tensor, query: torch.Tensor, steps: torch.Tensor, padding: torch.Tensor | None
+    ) -> torch.Tensor:
+        real = torch.ones_like(scores[:, 0, 0], dtype=torch.bool) if padding is None else padding  # (B, S)
+        # S, padding trailing; in float32 at least, where positions past 256 stay whole (not so in bf16).
+        lengths = real.sum(-1).to(torch.promote_types(scores.dtype, torch.float32))
+        p = self.centre(query, steps, lengths)  # (B, 1 or H, T)
+        positions = torch.arange(scores.size(-1), device=scores.device)
+        near = (positions - p.floor()[..., None]).abs() <= self.width  # (B, 1 or H, T, S)
+        weights = masked_softmax(scores, near & real[:, None, None])
+        return self.favour(weights, positions - p[..., None])
+
+
+class MonotonicWindow(LocalWindow):
+    """local-m: p_t = t, the query's decoder step. Past the source's end the paper's window would hold no
+    position and the step no context: there p_t stops at the last position, S - 1."""
+
+    def centre(self, query: torch.Tensor, steps: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(steps, lengths[:, None] - 1)[:, None]  # (B, 1, T), all heads
+
+
+class PredictiveWindow(LocalWindow):
+    """local-p (eq. 9-10): p_t = S · sigmoid(v_pᵀ tanh(W_p h_t)) in [0, S], one v_p per head, and
+    a_t(s) = align(h_t, h_s) · exp(-(s - p_t)² / (2σ²)), σ = D / 2: the window's softmax times a Gaussian
+    around p_t, not renormalised (rows sum to less than 1). p_t learns through the Gaussian alone: the
+    window's edges (⌊p_t⌋) carry no gradient."""
+
+    def __init__(self, d_model: int, heads: int, width: int):
+        super().__init__(width)
+        self.w = nn.Linear(d_model, d_model, bias=False)  # W_p
+        self.v = nn.Linear(d_model, heads, bias=False)  # v_p, one row per head
+
+    def centre(self, query: torch.Tensor, steps: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        aligned = torch.sigmoid(self.v(torch.tanh(self.w(query))))  # (B, T, H)
+        return lengths[:, None, None] * aligned.transpose(1, 2)  # (B, H, T)
+
+    def favour(self, weights: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        sigma = self.width / 2
+        return weights * torch.exp(-(distance**2) / (2 * sigma**2)).to(weights.dtype)
+
+
+class ScoreAttention(nn.Module):
+    """Attention over encoder states with a pluggable score and window: weights = the window's masked
+    softmax of the scores (GlobalWindow: over every real position), context = per head the weighted sum of
+    that head's slice of the states. With `scaled_dot` and the global window this is MultiHeadAttention
+    without projections (qkv_projections=False)."""
+
+    def __init__(self, score: nn.Module, heads: int, window: nn.Module | None = None):
         super().__init__()
         self.score, self.heads = score, heads
+        self.window = window if window is not None else GlobalWindow()
 
     def prepare(self, keys: torch.Tensor) -> torch.Tensor:
         return self.score.prepare(keys)
@@ -327,12 +406,15 @@ class ScoreAttention(nn.Module):
         keys: torch.Tensor,
         key_padding: torch.Tensor | None = None,
         prepared: torch.Tensor | None = None,
+        steps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """query (B, T, D), keys = values (B, S, D), key_padding (B, S) True for real tokens; prepared:
-        `prepare(keys)`, when the caller keeps it across decoder steps.
+        `prepare(keys)`, when the caller keeps it across decoder steps; steps (B, T): each query's decoder
+        step, which a local-m window centres on (None: 0..T-1).
 
         Returns the context (B, T, D) and the weights (B, H, T, S)."""
+        if steps is None:  # a call outside a decoder: its queries are steps 0..T-1
+            steps = torch.arange(query.size(1), device=query.device)[None]
         scores = self.score(query, self.prepare(keys) if prepared is None else prepared)
-        mask = build_mask(key_padding, scores.size(2), scores.size(3), causal=False, device=scores.device)
-        weights = masked_softmax(scores, mask)
+        weights = self.window(scores, query, steps, key_padding)
         return merge_heads(weights @ split_heads(keys, self.heads)), weights

@@ -1,8 +1,8 @@
 """ModelConfig: every architectural switch of both model families, typed and validated.
 
 The names a switch accepts come from its registry: `pos_encoding` from models/positional.py, `attention`
-from models/scores.py, `score` from models/transformer_scores.py, `arch`, `cell` and `norm` from
-models/kinds.py. Each switch belongs to a family
+and `attention_window` from models/scores.py, `score` from models/transformer_scores.py, `arch`, `cell`
+and `norm` from models/kinds.py. Each switch belongs to a family
 (LSTM_KEYS, TRANSFORMER_KEYS), and some act only through a part the model may lack (input feeding needs
 attention): `ignored_keys` says which ones the configured model ignores, so a study cannot count two variants that build one model as two. Presets are
 named configs; `preset_keys(name, overrides)` gives one's keys with changes (the harness validates them
@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ablate.models.kinds import CELLS, FAMILIES, NORMS
 from ablate.models.positional import POSITIONAL, check_fits, positional_kind
-from ablate.models.scores import SCORES
+from ablate.models.scores import SCORES, WINDOWS
 from ablate.models.transformer_scores import TRANSFORMER_SCORES, check_scale
 
 Scale = Literal["sqrt", "none"] | float
@@ -41,6 +41,8 @@ class ModelConfig(BaseModel):
     attention_query: Literal["previous", "current"] = "previous"
     input_feeding: bool = False
     attention_heads: Count = 1
+    attention_window: Literal[tuple(WINDOWS)] = "global"  # type: ignore[valid-type]
+    attention_width: Count = 10  # D of a local window, [p_t - D, p_t + D]: Luong et al. 2015's choice
 
     # transformer family
     heads: Count = 4
@@ -99,6 +101,10 @@ class ModelConfig(BaseModel):
             ignored = dict.fromkeys(TRANSFORMER_KEYS, "a Transformer setting; model.arch is lstm")
             if self.attention == "none":
                 ignored |= dict.fromkeys(ATTENTION_KEYS, "acts only with attention; model.attention is none")
+            elif not WINDOWS[self.attention_window].reads_width:
+                ignored["attention_width"] = (
+                    f"acts only with a local window; model.attention_window is {self.attention_window}"
+                )
         else:
             ignored = dict.fromkeys(LSTM_KEYS, "an LSTM setting; model.arch is transformer")
             if not self.ffn:
@@ -140,9 +146,11 @@ class ModelConfig(BaseModel):
 
 
 # The switches of one family, which the other ignores; the rest (d_model, layers, ...) both read.
-LSTM_KEYS = ("cell", "bidirectional", "attention", "attention_query", "input_feeding", "attention_heads")
+LSTM_KEYS = ("cell", "bidirectional", "attention", "attention_query", "input_feeding", "attention_heads",
+             "attention_window", "attention_width")  # fmt: skip
 # An LSTM's switches that act only with attention.
-ATTENTION_KEYS = ("attention_query", "input_feeding", "attention_heads")
+ATTENTION_KEYS = ("attention_query", "input_feeding", "attention_heads", "attention_window",
+                  "attention_width")  # fmt: skip
 TRANSFORMER_KEYS = ("heads", "d_ff", "scale", "score", "pos_encoding", "pos_base", "residual", "ffn", "norm",
                     "causal_mask", "cross_attention", "embed_scale", "qkv_projections")  # fmt: skip
 

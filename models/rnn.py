@@ -3,7 +3,9 @@
 `attention: none` is the fixed-length bottleneck: the decoder sees the source only through the encoder's
 final state. Otherwise three independent switches shape the decoder step (Bahdanau et al. 2015; Luong et
 al. 2015):
-- `attention`: the score function (models/attention.py), over `attention_heads` heads;
+- `attention`: the score function (models/attention.py), over `attention_heads` heads, within the window
+  `attention_window` (global: every source position; Luong's local-m and local-p: 2·`attention_width` + 1
+  positions around an aligned one);
 - `attention_query`: `previous` scores with s_{t-1} and feeds the context into the RNN input (Bahdanau),
   `current` scores with the new h_t (Luong);
 - `input_feeding`: the previous attentional state h~_{t-1} enters the RNN input (Luong).
@@ -26,7 +28,7 @@ from ablate.models.attention import ScoreAttention
 from ablate.models.config import ModelConfig
 from ablate.models.ensemble import Ensemble
 from ablate.models.kinds import CELLS
-from ablate.models.scores import make_score
+from ablate.models.scores import make_score, make_window
 
 
 class RNN(nn.Module):
@@ -161,10 +163,12 @@ class RNNSeq2Seq(nn.Module):
         self.tgt_embed = ens.embedding(tgt_vocab, d, padding_idx=pad_id)
 
         attends = cfg.attention != "none"
+        heads = cfg.attention_heads
         self.attention = (
             ScoreAttention(
-                ens.stacked(lambda: make_score(cfg.attention, d, cfg.attention_heads, cfg.max_positions)),
-                cfg.attention_heads,
+                ens.stacked(lambda: make_score(cfg.attention, d, heads, cfg.max_positions)),
+                heads,
+                ens.stacked(lambda: make_window(cfg.attention_window, d, heads, cfg.attention_width)),
             )
             if attends
             else None
@@ -194,10 +198,11 @@ class RNNSeq2Seq(nn.Module):
         (B, H, T, S) or None, next state. T > 1 only when self.parallel; the step loop calls this with
         T = 1."""
         memory, padding = state["memory"], state["padding"]
+        steps = state["step"] + torch.arange(x.size(1), device=x.device)  # (B, T): the step of each query
         inputs = [x]
         weights = None
         if self.query_previous:  # Bahdanau: score with s_{t-1} (top layer); the context enters the RNN
-            context, weights = self.attention(state["h"][:, -1:], memory, padding, state["prepared"])
+            context, weights = self.attention(state["h"][:, -1:], memory, padding, state["prepared"], steps)
             inputs.append(context)
         if self.input_feeding:  # Luong: h~_{t-1} enters the RNN
             inputs.append(state["feed"])
@@ -207,9 +212,10 @@ class RNNSeq2Seq(nn.Module):
         out = h
         if self.attention is not None:
             if self.query_current:  # Luong: score with h_t
-                context, weights = self.attention(h, memory, padding, state["prepared"])
+                context, weights = self.attention(h, memory, padding, state["prepared"], steps)
             out = self.attentional(torch.cat([context, h], -1))
         next_state = {**state, **{n: s.transpose(0, 1) for n, s in zip(self.state_names, rnn_state)}}
+        next_state["step"] = state["step"] + x.size(1)
         if self.input_feeding:
             next_state["feed"] = out
         return out, weights, next_state
@@ -245,7 +251,9 @@ class RNNSeq2Seq(nn.Module):
         padding = src != self.pad_id
         self.ensemble.measure("src", padding)
         memory, final = self.encoder(src, padding.sum(1))
-        state = {"memory": memory, "padding": padding}
+        # step (B, 1): the decoder step of the next query, which local-m attention centres on; a batch-first
+        # tensor, so beams reorder it like the rest (they are all at one step).
+        state = {"memory": memory, "padding": padding, "step": src.new_zeros(src.size(0), 1)}
         if self.attention is not None:
             state["prepared"] = self.attention.prepare(memory)  # once per source, not once per step
         state.update({n: s.transpose(0, 1) for n, s in zip(self.state_names, final)})  # (B, layers, D)

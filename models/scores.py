@@ -1,8 +1,9 @@
 """The recurrent family's score functions by name: the one list `model.attention` accepts (besides `none`,
-the fixed-length bottleneck), each with how it is built from its class in models/attention.py.
+the fixed-length bottleneck), each with how it is built from its class in models/attention.py; and its
+windows, the list `model.attention_window` accepts: which source positions a step attends to.
 
-Adding a score: its class in models/attention.py and one entry in SCORES. This module imports no torch
-(config checks read it); `make_score` loads the classes.
+Adding a score: its class in models/attention.py and one entry in SCORES; a window likewise in WINDOWS. This
+module imports no torch (config checks read it); `make_score` and `make_window` load the classes.
 """
 
 from __future__ import annotations
@@ -43,3 +44,25 @@ def make_score(kind: str, d_model: int, heads: int, max_positions: int) -> nn.Mo
     from ablate.models import attention  # torch: kept out of config checks
 
     return SCORES[kind].build(attention, d_model, heads, max_positions)
+
+
+@dataclass(frozen=True)
+class WindowKind:
+    # (models.attention, d_model, heads, width) -> the window module; width is model.attention_width
+    build: Callable[[ModuleType, int, int, int], nn.Module]
+    reads_width: bool = True  # the config refuses model.attention_width where this is False
+
+
+WINDOWS: dict[str, WindowKind] = {
+    "global": WindowKind(lambda a, d, h, w: a.GlobalWindow(), reads_width=False),  # every source position
+    # Luong et al. 2015, Sec. 3.2: local-m centres the window on the step, local-p predicts its centre.
+    "local-m": WindowKind(lambda a, d, h, w: a.MonotonicWindow(w)),
+    "local-p": WindowKind(lambda a, d, h, w: a.PredictiveWindow(d, h, w)),
+}
+
+
+def make_window(kind: str, d_model: int, heads: int, width: int) -> nn.Module:
+    """The window module named by `model.attention_window`."""
+    from ablate.models import attention  # torch: kept out of config checks
+
+    return WINDOWS[kind].build(attention, d_model, heads, width)

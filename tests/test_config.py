@@ -10,7 +10,7 @@ import torch
 from ablate.models import build_model
 from ablate.models.config import PRESETS, ModelConfig
 from ablate.models.positional import POSITIONAL
-from ablate.models.scores import SCORES
+from ablate.models.scores import SCORES, WINDOWS
 from ablate.models.transformer_scores import TRANSFORMER_SCORES
 from ablate.schema.config import accepted_values, build_config, load_config, parse_override
 from ablate.schema.errors import ConfigError
@@ -105,6 +105,7 @@ def test_accepted_values_name_every_key_with_its_choices():
     assert set(accepts) == set(build_config({}).flat())
     assert accepts["model.norm"] == "post | pre | none | rms_pre"
     assert accepts["model.attention"] == " | ".join(["none", *SCORES])
+    assert accepts["model.attention_window"] == " | ".join(WINDOWS) == "global | local-m | local-p"
     assert accepts["model.score"] == " | ".join(TRANSFORMER_SCORES)
     assert accepts["model.pos_encoding"].startswith(" | ".join(POSITIONAL) + ", or kinds")
     assert (accepts["model.scale"], accepts["task.test_max_len"]) == (
@@ -214,14 +215,27 @@ def test_a_key_the_model_ignores_is_refused_on_the_command_line():
         load_config(None, "lstm", ["model.input_feeding=true"])
     with pytest.raises(ConfigError, match=r"^model.attention: has no effect \(an LSTM setting"):
         load_config(None, None, ["model.attention=dot"])
+    # A local window's width, without a local window; a window without attention.
+    with pytest.raises(ConfigError) as info:
+        load_config(None, "lstm-luong-dot", ["model.attention_width=3"])
+    assert str(info.value) == (
+        "model.attention_width: has no effect (acts only with a local window; model.attention_window is global)"
+    )
+    with pytest.raises(ConfigError, match=r"^model.attention_window: has no effect \(acts only with"):
+        load_config(None, "lstm", ["model.attention_window=local-p"])
+    with pytest.raises(ConfigError, match=r"^model.attention_width: has no effect \(an LSTM setting"):
+        load_config(None, None, ["model.attention_width=3"])
+    local = ["model.attention_window=local-p", "model.attention_width=3"]
+    assert load_config(None, "lstm-luong-dot", local).model.attention_width == 3
     # What the preset sets is not the user's doing; a key the model reads is always welcome.
     assert load_config(None, "lstm-luong-dot", ["model.input_feeding=false"]).model.input_feeding is False
 
 
 # A value other than the default for every key a model may ignore.
 CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention_query": "current",
-           "input_feeding": True, "attention_heads": 2, "heads": 2, "d_ff": 8, "scale": "none", "score": "cosine",
-           "pos_encoding": "rope", "pos_base": 100.0, "residual": False, "ffn": True, "norm": "pre",
+           "input_feeding": True, "attention_heads": 2, "attention_window": "local-m", "attention_width": 3,
+           "heads": 2, "d_ff": 8, "scale": "none", "score": "cosine", "pos_encoding": "rope",
+           "pos_base": 100.0, "residual": False, "ffn": True, "norm": "pre",
            "causal_mask": False, "cross_attention": False, "embed_scale": False, "qkv_projections": False,
            "max_positions": 9}  # fmt: skip
 

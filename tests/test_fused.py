@@ -77,6 +77,11 @@ SWITCHES = {
         *({"attention": score, "attention_query": "previous"} for score in SCORES),
         *({"attention_query": query, "input_feeding": True} for query in values("attention_query")),
         {"attention_heads": 2}, {"attention": "additive", "attention_heads": 2},
+        # Windows narrower than most sources, so that each seed's lengths place and clip its own.
+        *({"attention_window": window, "attention_width": 1} for window in ("local-m", "local-p")),
+        {"attention_window": "local-p", "attention": "general", "attention_query": "current",
+         "attention_heads": 2},
+        {"attention_window": "local-m", "attention_query": "current", "attention_width": 2},
         *({"cell": cell, "attention_query": "previous"} for cell in values("cell")),
         flipped("bidirectional"), flipped("tie_embeddings"),
     ],
@@ -301,8 +306,10 @@ def test_a_stopped_seed_stays_where_it_stopped_while_the_others_train_on():
 @pytest.mark.parametrize(
     "switches",
     [TRANSFORMER, {**TRANSFORMER, "causal_mask": False, "pos_encoding": "learned", "score": "cosine"},
-     {**LSTM, "attention": "additive", "input_feeding": True}, {**LSTM, "attention": "none", "cell": "gru"}],
-    ids=["transformer", "transformer-no-cache", "lstm-feeding", "gru-bottleneck"],
+     {**LSTM, "attention": "additive", "input_feeding": True}, {**LSTM, "attention": "none", "cell": "gru"},
+     *({**LSTM, "attention_window": window, "attention_width": 1} for window in ("local-m", "local-p"))],
+    ids=["transformer", "transformer-no-cache", "lstm-feeding", "gru-bottleneck", "lstm-local-m",
+         "lstm-local-p"],
 )  # fmt: skip
 @pytest.mark.parametrize("beam", [1, 3])
 def test_decoding_a_fused_model_decodes_each_seed_as_alone(switches, beam):

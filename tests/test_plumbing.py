@@ -297,6 +297,15 @@ def model_has(part: Callable[[nn.Module], bool]):
     return check
 
 
+def check_attention_width(base, changed):
+    # D = 10 takes in every position of these sources; D = 1 only ⌊p_t⌋ ± 1 (local-m: p_t = t at step 0).
+    for built, attended in ((base, 5), (changed, 2)):
+        with torch.no_grad():
+            (cross,) = built.module.model.eval()(SRC, TGT_IN, need_weights=True)[1]["cross"]
+        assert int((cross[0, 0, 0] > 0).sum()) == attended
+    outputs_differ(base, changed)
+
+
 def check_causal_mask(base, changed):
     # Only without the mask does the first target position's output depend on later target tokens.
     later = TGT_IN.clone()
@@ -365,6 +374,12 @@ def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
         "model.attention_query": Case("current", model_has(lambda m: m.decoder.input_size == 16), LSTM),
         "model.input_feeding": Case(True, model_has(lambda m: m.decoder.input_size == 48), LSTM),
         "model.attention_heads": Case(2, weight_heads("cross", 2), LSTM),
+        "model.attention_window": Case(
+            "local-p", model_has(lambda m: type(m.attention.window).__name__ == "PredictiveWindow"), LSTM
+        ),
+        "model.attention_width": Case(
+            1, check_attention_width, {**LSTM, "model.attention_window": "local-m"}
+        ),
         "model.heads": Case(4, weight_heads("decoder", 4)),
         "model.d_ff": Case(8, model_has(lambda m: m.decoder[0].ff.fn.net[0].out_features == 8)),
         "model.ffn": Case(False, model_has(lambda m: not any(isinstance(x, nn.ReLU) for x in m.modules()))),

@@ -7,6 +7,10 @@ Either way the output layer reads the attentional vector h~_t = tanh(W_c [c_t; h
 feeding h~_{t-1} (h~_0 = 0) is appended to the RNN input. The encoder's final states initialise the
 decoder: layer l's is [forward final state; backward final state] of encoder layer l.
 
+Luong's local attention (Sec. 3.2) takes that softmax over the positions s within D of an aligned position
+p_t instead (|s - floor(p_t)| <= D, 0 elsewhere): local-m p_t = t, local-p p_t = S sigmoid(v_p^T tanh(W_p
+h_t)) (eq. 9) with the weights times exp(-(s - p_t)^2 / (2 (D/2)^2)) (eq. 10).
+
 Nothing here calls the code under test to compute an expected value: the LSTM cell, the scores, the
 softmax and the encoder are written out below. Tolerance: 1e-10 absolute in float64 (the computations
 differ only in summation order).
@@ -15,12 +19,15 @@ differ only in summation order).
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
 
 from ablate.models import build_model
+from ablate.models.attention import ScoreAttention
 from ablate.models.config import ModelConfig
+from ablate.models.scores import make_score, make_window
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -100,19 +107,42 @@ def score(kind: str, net, s: torch.Tensor, states: torch.Tensor) -> torch.Tensor
     raise AssertionError(kind)
 
 
-def attend(kind, net, s, states):
-    """a_t = softmax(e_t) over the real positions only; c_t = sum_j a_tj h_j."""
+def aligned_position(window: str, predictor, s: torch.Tensor, length: int, t: int) -> float:
+    """p_t for the query s (D,) of step t over a source of `length` real positions, counted from 0."""
+    if window == "local-m":  # p_t = t, stopping at the source's last position past its end
+        return min(t, length - 1)
+    return float(length * torch.sigmoid(predictor.v.weight @ torch.tanh(predictor.w.weight @ s))[0])  # eq. 9
+
+
+def local_alignment(e: torch.Tensor, p: float, width: int, gaussian: bool) -> torch.Tensor:
+    """a_t over one source's real positions from its scores e (S,): the softmax over the window's positions
+    s, |s - floor(p_t)| <= D (2D + 1 of them, clipped to 0..S-1), and 0 elsewhere; local-p times the
+    Gaussian exp(-(s - p_t)^2 / (2 sigma^2)), sigma = D / 2, not renormalised (eq. 10)."""
+    inside = [j for j in range(len(e)) if abs(j - math.floor(p)) <= width]
+    exp = {j: math.exp(float(e[j])) for j in inside}
+    a = [exp[j] / sum(exp.values()) if j in exp else 0.0 for j in range(len(e))]
+    if gaussian:
+        a = [a_j * math.exp(-((j - p) ** 2) / (2 * (width / 2) ** 2)) for j, a_j in enumerate(a)]
+    return torch.tensor(a, dtype=torch.float64)
+
+
+def attend(kind, net, s, states, t=0, window="global"):
+    """a_t = softmax(e_t) over the real positions only, or a local window of them; c_t = sum_j a_tj h_j."""
     e = score(kind, net, s, states)
-    a = torch.exp(e - e.max()) / torch.exp(e - e.max()).sum()
+    if window == "global":
+        a = torch.exp(e - e.max()) / torch.exp(e - e.max()).sum()
+    else:
+        p = aligned_position(window, net.attention.window, s, len(states), t)
+        a = local_alignment(e, p, net.attention.window.width, gaussian=window == "local-p")
     return a, a @ states
 
 
-def decoder_step(net, kind, query, feeding, y, state, states):
-    """One step for one sentence: returns logits, attention weights and the state for step t+1."""
+def decoder_step(net, kind, query, feeding, y, state, states, t=0, window="global"):
+    """One step (the t-th) for one sentence: returns logits, attention weights and the state for step t+1."""
     hs, cs, feed = state
     inputs = [net.tgt_embed.weight[y]]
     if query == "previous":
-        a, context = attend(kind, net, hs[-1], states)  # s_{t-1}: the top layer's previous state
+        a, context = attend(kind, net, hs[-1], states, t, window)  # s_{t-1}: the top layer's previous state
         inputs.append(context)
     if feeding:
         inputs.append(feed)
@@ -123,21 +153,21 @@ def decoder_step(net, kind, query, feeding, y, state, states):
         new_c.append(c)
         x = h
     if query == "current":
-        a, context = attend(kind, net, x, states)  # h_t: the top layer's new state
+        a, context = attend(kind, net, x, states, t, window)  # h_t: the top layer's new state
     w_c = net.attentional[0]
     attentional = torch.tanh(torch.cat([context, x]) @ w_c.weight.T + w_c.bias)  # h~_t = tanh(W_c [c_t; h_t])
     logits = attentional @ net.generator.weight.T + net.generator.bias
     return logits, a, (new_h, new_c, attentional)
 
 
-def reference(net, kind, query, feeding, sentence: int):
+def reference(net, kind, query, feeding, sentence: int, window="global", tgt_in=TGT_IN):
     """Teacher-forced logits (T, V), weights (T, S) and the state after the first step."""
     tokens = [int(t) for t in SRC[sentence] if t != PAD]
     states, finals = encode(net, tokens)
     state = ([h for h, _ in finals], [c for _, c in finals], torch.zeros(D, dtype=torch.float64))
     logits, weights, handed_on = [], [], []
-    for y in TGT_IN[sentence].tolist():
-        step_logits, a, state = decoder_step(net, kind, query, feeding, y, state, states)
+    for t, y in enumerate(tgt_in[sentence].tolist()):
+        step_logits, a, state = decoder_step(net, kind, query, feeding, y, state, states, t, window)
         logits.append(step_logits)
         weights.append(a)
         handed_on.append(state)
@@ -167,6 +197,70 @@ def test_decoder_steps_equal_the_equations(kind, query, feeding):
                 torch.testing.assert_close(state["feed"][i, 0], feed1, atol=TOL, rtol=0)
             else:
                 assert "feed" not in state
+
+
+# Local attention. D = 2, so windows of 5 positions: the first source (3 positions) is shorter than one, and
+# the second's (5) is clipped at its start and, from step 3 on, at its end. The targets run past both
+# sources' ends, where local-m's p_t stops at the last position.
+WIDTH = 2
+LONG_TGT_IN = torch.tensor([[1, 5, 8, 4, 6, 7], [1, 6, 7, 5, 4, 8]])
+LOCAL_CASES = list(
+    itertools.product(["local-m", "local-p"], ["dot", "general"], ["previous", "current"], [False, True])
+)
+
+
+@pytest.mark.parametrize("window, kind, query, feeding", LOCAL_CASES)
+def test_local_decoder_steps_equal_the_equations(window, kind, query, feeding):
+    net = model(attention=kind, attention_query=query, input_feeding=feeding, attention_window=window,
+                attention_width=WIDTH)  # fmt: skip
+    with torch.no_grad():
+        if window == "local-p":  # v_p larger than its initialisation's: p_t away from S / 2, steps apart
+            net.attention.window.v.weight.mul_(20)
+        logits, attention = net(SRC, LONG_TGT_IN, need_weights=True)
+        for i in range(len(SRC)):
+            ref_logits, ref_weights, _ = reference(net, kind, query, feeding, i, window, LONG_TGT_IN)
+            length = len(ref_weights[0])
+            torch.testing.assert_close(logits[i], ref_logits, atol=TOL, rtol=0)
+            weights = attention["cross"][0][i, 0]  # (T, S), one head
+            torch.testing.assert_close(weights[:, :length], ref_weights, atol=TOL, rtol=0)
+            assert torch.all(weights[:, length:] == 0)
+
+
+def test_local_windows_by_hand():
+    """The weights of both local windows on a small example with given numbers: a dot score, D = 2, two
+    sources of 6 and 2 positions (the second's padding keys large: they must get nothing), five queries;
+    local-p with W_p = I and v_p = (4, 0), so p_t = S sigmoid(4 tanh(q_1)): for the first source 0.11,
+    1.08, 3.59, 5.61, 5.89 from the queries' first features -3, -0.4, 0.1, 0.8, 3."""
+    keys = torch.tensor([
+        [[0.5, -1.0], [1.0, 0.2], [-0.3, 0.8], [0.9, 0.9], [-1.2, 0.1], [0.4, -0.6]],
+        [[0.7, 0.3], [-0.5, 1.1], [9.0, 9.0], [9.0, 9.0], [9.0, 9.0], [9.0, 9.0]],
+    ], dtype=torch.float64)  # fmt: skip
+    padding = torch.tensor([[True] * 6, [True] * 2 + [False] * 4])
+    first = torch.tensor([-3.0, -0.4, 0.1, 0.8, 3.0], dtype=torch.float64)
+    queries = torch.stack([torch.stack([first, torch.linspace(-1, 1, 5, dtype=torch.float64)], -1)] * 2)
+    # The positions each step attends to (nonzero weights), the windows clipped at both ends; the second
+    # source, shorter than a window, is attended whole at every step.
+    windows = {
+        "local-m": [[0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3, 4], [1, 2, 3, 4, 5], [2, 3, 4, 5]],  # p_t = t
+        "local-p": [[0, 1, 2], [0, 1, 2, 3], [1, 2, 3, 4, 5], [3, 4, 5], [3, 4, 5]],  # floor(p_t) above
+    }
+    for window, attended in windows.items():
+        attention = ScoreAttention(make_score("dot", 2, 1, 8), 1, make_window(window, 2, 1, WIDTH)).double()
+        attention.requires_grad_(False)
+        if window == "local-p":
+            attention.window.w.weight.copy_(torch.eye(2))
+            attention.window.v.weight.copy_(torch.tensor([[4.0, 0.0]]))
+        weights = attention(queries, keys, padding)[1][:, 0]  # (B, T, S), the T queries steps 0..4
+        for i, length in enumerate([6, 2]):
+            for t, q in enumerate(queries[i]):
+                p = aligned_position(window, attention.window, q, length, t)
+                expected = local_alignment(keys[i, :length] @ q, p, WIDTH, gaussian=window == "local-p")
+                torch.testing.assert_close(weights[i, t, :length], expected, atol=1e-12, rtol=0)
+            assert torch.all(weights[i, :, length:] == 0)
+        assert [row.nonzero().flatten().tolist() for row in weights[0]] == attended, window
+        assert all(row.nonzero().flatten().tolist() == [0, 1] for row in weights[1]), window
+        if window == "local-m":
+            torch.testing.assert_close(weights.sum(-1), torch.ones(2, 5, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])

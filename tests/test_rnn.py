@@ -1,5 +1,6 @@
-"""The LSTM family: score functions against their formulas, attention weights, the parallel path against the
-step loop, padding invariance, every switch value, parameter counts, and (slow) every preset learning copy."""
+"""The LSTM family: score functions against their formulas, attention weights, local windows, the parallel
+path against the step loop, padding invariance, every switch value, parameter counts, and (slow) every
+preset learning copy."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from ablate.models.attention import MultiHeadAttention, ScoreAttention
 from ablate.models.config import PRESETS, ModelConfig
 from ablate.models.decoding import beam_search, greedy_decode
 from ablate.models.kinds import CELLS
-from ablate.models.scores import make_score
+from ablate.models.scores import WINDOWS, make_score
 from ablate.schema.config import load_config
 from ablate.schema.errors import ConfigError
 
@@ -29,6 +30,7 @@ def one_thread():
 
 
 SCORES = ["additive", "dot", "general", "concat", "location", "cosine", "scaled_dot"]
+LOCAL = ["local-m", "local-p"]
 RNN_PRESETS = [name for name, preset in PRESETS.items() if preset["arch"] == "lstm"]
 VOCAB = 12
 
@@ -141,6 +143,37 @@ def test_weights_are_zero_on_padding_and_rows_sum_to_one(kind, query):
     torch.testing.assert_close(cross.sum(-1), torch.ones(3, 2, 6))
 
 
+@pytest.mark.parametrize("kind", ["dot", "general", "location"])
+@pytest.mark.parametrize("query", ["previous", "current"])
+def test_local_m_whose_window_covers_the_source_is_global_attention(kind, query):
+    # D >= S - 1 puts every source position within D of p_t (at most S - 1): the same softmax as global's.
+    src, tgt_in = batch([7, 3, 5]), batch([9, 6, 2], seed=1)
+    switches = dict(attention=kind, attention_query=query, attention_heads=2)
+    global_logits, global_weights = rnn(**switches)(src, tgt_in, need_weights=True)
+    local = rnn(**switches, attention_window="local-m", attention_width=6)
+    logits, weights = local(src, tgt_in, need_weights=True)
+    assert torch.equal(logits, global_logits)
+    assert torch.equal(weights["cross"][0], global_weights["cross"][0])
+    # One position narrower, the first step's window misses the longest source's last position.
+    narrower = rnn(**switches, attention_window="local-m", attention_width=5)
+    assert torch.all(narrower(src, tgt_in, need_weights=True)[1]["cross"][0][0, :, 0, 6] == 0)
+
+
+@pytest.mark.parametrize("window", LOCAL)
+def test_local_weights_stay_inside_the_window_and_the_source(window):
+    """Zero outside ⌊p_t⌋ ± D and on padding; local-m's rows sum to 1, local-p's (times a Gaussian) less."""
+    model = rnn(attention="general", attention_query="current", attention_window=window, attention_width=1)
+    src, tgt_in = batch([7, 3, 5]), batch([9, 6, 2], seed=1)
+    (cross,) = model(src, tgt_in, need_weights=True)[1]["cross"]
+    assert torch.all(cross[(src == 0)[:, None, None, :].expand_as(cross)] == 0)
+    assert torch.all((cross > 0).sum(-1) <= 3)
+    sums = cross.sum(-1)
+    if window == "local-m":
+        torch.testing.assert_close(sums, torch.ones_like(sums))
+    else:
+        assert torch.all((sums > 0) & (sums < 1))
+
+
 def test_bottleneck_sees_the_source_only_through_the_final_state():
     src, prev = batch([6, 4]), torch.tensor([5, 6])
     for attention, depends_on_memory in [("none", False), ("dot", True)]:
@@ -211,6 +244,17 @@ def test_every_combination_decodes_step_by_step_as_it_trains(attention, query, f
     torch.testing.assert_close(model(src, tgt_in), step_loop(model, src, tgt_in), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("window", LOCAL)
+@pytest.mark.parametrize(("query", "feeding"), [("previous", False), ("current", False), ("current", True)])
+def test_local_windows_decode_step_by_step_as_they_train(window, query, feeding):
+    # Targets past the sources' ends, and a window narrower than the longest source: each step's window
+    # must sit where training put it (local-m: on the step's own position, carried in the decoder state).
+    model = rnn(attention="dot", attention_query=query, input_feeding=feeding, attention_window=window,
+                attention_width=1, layers=2)  # fmt: skip
+    src, tgt_in = batch([7, 2, 4]), batch([8, 3, 6], seed=1)
+    torch.testing.assert_close(model(src, tgt_in), step_loop(model, src, tgt_in), atol=1e-5, rtol=0)
+
+
 SWITCHES = [
     ("cell", list(CELLS)),
     ("bidirectional", [True, False]),
@@ -219,6 +263,8 @@ SWITCHES = [
     ("attention_query", ["previous", "current"]),
     ("input_feeding", [False, True]),
     ("attention_heads", [1, 2, 4]),
+    ("attention_window", list(WINDOWS)),
+    ("attention_width", [1, 10]),
     ("tie_embeddings", [False, True]),
 ]
 
@@ -226,6 +272,8 @@ SWITCHES = [
 @pytest.mark.parametrize(("key", "value"), [(k, v) for k, values in SWITCHES for v in values])
 def test_every_switch_value_trains_a_step(key, value):
     base = {"arch": "lstm", "d_model": 16, "layers": 1, "attention": "additive", "dropout": 0.1}
+    if key == "attention_width":  # a width acts only in a local window
+        base["attention_window"] = "local-p"
     torch.manual_seed(0)
     model = build_model(ModelConfig(**{**base, key: value}), VOCAB, VOCAB, 0)
     src, tgt = batch([6, 2, 4, 5]), batch([5, 3, 4, 6], seed=1)
@@ -245,10 +293,12 @@ def test_every_switch_value_trains_a_step(key, value):
     assert loss() < before
 
 
+@pytest.mark.parametrize("window", ["global", *LOCAL])
 @pytest.mark.parametrize("preset", ["lstm-bahdanau", "lstm-luong-general"])
-def test_search_runs_over_the_step_interface(preset):
-    # Every state tensor is batch-first, so beam search can reorder them (the input-feeding one included).
-    model = rnn(**PRESETS[preset], attention_heads=2)
+def test_search_runs_over_the_step_interface(preset, window):
+    # Every state tensor is batch-first, so beam search can reorder them (the input-feeding one included,
+    # and the step that local-m centres its window on).
+    model = rnn(**PRESETS[preset], attention_heads=2, attention_window=window, attention_width=1)
     src = batch([5, 2, 7])
     greedy = greedy_decode(model, src, bos_id=1, eos_id=2, pad_id=0, max_len=6)
     assert torch.equal(beam_search(model, src, 1, 2, 0, beam_size=1, max_len=6), greedy)
@@ -281,6 +331,8 @@ def test_parameter_counts_follow_the_formulas():
     assert count(attention="concat") == count(attention="additive")  # W on [s; h] has the same size
     assert count(attention="location") - dot == positions * (d // heads + 1)  # W shared by heads, bias
     assert count(attention="cosine") - dot == d * d + d + heads * (d + 1)  # key W, strength per head
+    assert count(attention="dot", attention_window="local-m") == dot  # p_t = t: nothing learned
+    assert count(attention="dot", attention_window="local-p") - dot == d * d + heads * d  # W_p, v_p per head
     lstm_input_weights = 4 * d * d  # one more d-wide input to the decoder LSTM's first layer
     assert count(attention="dot", attention_query="previous") - dot == lstm_input_weights
     assert count(attention="dot", input_feeding=True) - dot == lstm_input_weights
@@ -293,6 +345,8 @@ def test_parameter_counts_follow_the_formulas():
         ("model.d_model=15", "model.d_model: must be even for a bidirectional encoder"),
         ("model.attention=bilinear", "model.attention: "),
         ("model.attention_query=next", "model.attention_query: "),
+        ("model.attention_window=local", "model.attention_window: "),
+        ("model.attention_width=0", "model.attention_width: "),
     ],
 )
 def test_config_errors_name_the_key(override, message):
