@@ -84,12 +84,24 @@ def load_sweep(
 ) -> tuple[StudySpec, Launch]:
     """The study file (or bundled name) with its profile and `sets` added to its fixed keys, and the
     launcher that starts its workers with its options, checked together with the options: every problem in
-    one ConfigError, before anything is created. Local worker processes are checked against this machine."""
+    one ConfigError, before anything is created. Local worker processes are checked against this machine.
+    The file is read once, for its launcher block and its study."""
     from ablate.harness.launchers import plan
-    from ablate.harness.study.validate import MAX_TRIALS, capacity_problems, load_study, run_problems
+    from ablate.harness.study.validate import (
+        MAX_TRIALS,
+        capacity_problems,
+        load_study,
+        read_study,
+        run_problems,
+    )
 
+    path, tree, unread = study, {}, None
+    try:
+        path, tree = read_study(study)
+    except ConfigError as e:
+        unread = e  # raised after the command line's own checks, as the study's other problems are
     here = options.model_dump(include=set(local.Options.model_fields))
-    launch, problems = plan(options.launcher, str(study), list(options.launch), here)
+    launch, problems = plan(options.launcher, str(study), list(options.launch), here, tree.get("launcher"))
     # The local processes' options, wherever they were given; any other launcher refuses the flags.
     processes = launch.options if launch is not None and launch.name == "local" else options
     if processes.workers and processes.devices:
@@ -100,7 +112,9 @@ def load_sweep(
                 *problems]  # fmt: skip
     if options.launcher and (options.workers or options.devices):
         problems.append(("--workers", "local processes only; with --launcher, --launch workers=N"))
-    spec = load_study(study, profile, sets, None if options.allow_large else MAX_TRIALS, problems)
+    if unread is not None:
+        raise unread
+    spec = load_study(path, profile, sets, None if options.allow_large else MAX_TRIALS, problems, tree=tree)
     return spec, launch
 
 

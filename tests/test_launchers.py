@@ -29,7 +29,7 @@ from ablate.harness.study.queue import load_phase_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study
 from ablate.schema.config import build_config, read_yaml
-from ablate.schema.errors import RunFailed
+from ablate.schema.errors import ConfigError, RunFailed
 from ablate.schema.trials import EVAL, grid_point
 
 SECRET = "not-a-real-password"
@@ -182,6 +182,26 @@ def test_a_launcher_block_does_not_change_the_stored_study(tmp_path):
     """Where the workers run is not part of the study: changing it keeps the stored study the same one."""
     plain = load_study(write_study(tmp_path / "a.yaml"))
     assert load_study(write_study(tmp_path / "b.yaml", launcher={"slurm": {"tasks": 9}})) == plain
+
+
+def test_a_sweep_reads_its_study_file_once_and_says_the_command_lines_problems_first(tmp_path, monkeypatch):
+    """The launcher's block and the study come from one read; a file that cannot be read is said after
+    --workers / --devices, as before."""
+    from ablate.harness.study import validate
+    from ablate.schema import config
+    from ablate.sweep import SweepOptions, load_sweep
+
+    read = []
+    for module in (config, validate):
+        monkeypatch.setattr(module, "read_yaml", lambda path: read.append(path) or read_yaml(path))
+    study = write_study(tmp_path / "cluster.yaml", launcher={"slurm": {"tasks": 2}})
+    _, launch = load_sweep(study, None, None, SweepOptions(out=tmp_path / "runs", launcher="slurm"))
+    assert read == [study] and launch.options.tasks == 2
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(ConfigError, match="^--workers: give either --workers"):
+        load_sweep(missing, None, None, SweepOptions(workers=1, devices="0"))
+    with pytest.raises(ConfigError, match=f"^{missing}: no such study file$"):
+        load_sweep(missing, None, None, SweepOptions(launcher="slurm", launch=("tasks=0",)))
 
 
 # A scheduler or cluster that does not answer ----------------------------------------------------------

@@ -50,11 +50,12 @@ class Launch:
 
 
 def plan(
-    name: str | None, study: str, sets: list[str], here: dict[str, Any] | None = None
+    name: str | None, study: str, sets: list[str], here: dict[str, Any] | None = None, launchers: Any = None
 ) -> tuple[Launch | None, list[Problem]]:
-    """The launcher `name` with its options (the study file's `launcher.<name>` block, then `sets`), and
-    what is wrong with them; without a name, the local launcher with `here`, `ablate sweep`'s own
-    --workers, --devices and --per-device (already checked by their schema, the local Options)."""
+    """The launcher `name` with its options (the `launcher.<name>` block of `launchers`, the study file's
+    `launcher` as the sweep read it, then `sets`), and what is wrong with them; without a name, the local
+    launcher with `here`, `ablate sweep`'s own --workers, --devices and --per-device (already checked by
+    their schema, the local Options). `study` names the file in the problems."""
     from pydantic import ValidationError
 
     from ablate.schema.config import validation_problems
@@ -70,7 +71,7 @@ def plan(
         for key, field in options.model_fields.items()
         if getattr(field.annotation, "__origin__", None) is list
     }
-    block, problems = study_block(study, name)
+    block, problems = study_block(launchers, study, name)
     given, where = dict(block), {key: f"{study}: launcher.{name}.{key}" for key in block}
     for item in sets:
         key, sep, value = item.partition("=")
@@ -91,17 +92,10 @@ def plan(
         return None, problems + found
 
 
-def study_block(study: str, name: str) -> tuple[dict[str, Any], list[Problem]]:
-    """The study file's `launcher.<name>` mapping; a file that cannot be read is load_study's to report."""
-    from ablate.schema.config import read_yaml
-    from ablate.schema.errors import ConfigError
-    from ablate.schema.spec import resolve_study_path
-
-    try:
-        tree = read_yaml(resolve_study_path(study))
-    except ConfigError:
-        return {}, []
-    launchers = tree.get("launcher") or {}
+def study_block(launchers: Any, study: str, name: str) -> tuple[dict[str, Any], list[Problem]]:
+    """The `launcher.<name>` mapping of the study file's `launcher` block (None: the file has none, or could
+    not be read, which load_study reports)."""
+    launchers = launchers or {}
     if not isinstance(launchers, dict) or not isinstance(launchers.get(name) or {}, dict):
         return {}, [(f"{study}: launcher", f"expected a mapping like {{{name}: {{...}}}}")]
     unknown = [(f"{study}: launcher.{other}", f"unknown launcher (known: {', '.join(LAUNCHERS)})")

@@ -556,17 +556,26 @@ def os_reason(e: OSError) -> str:
     return (e.strerror or str(e)).lower().replace("not a directory", "not a folder")
 
 
+def read_study(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """A study file (or a bundled study's name) and its YAML, read once."""
+    path = resolve_study_path(path)
+    return path, read_yaml(path)
+
+
 def load_study(
     path: str | Path, profile: str | None = None, sets: dict[str, Any] | None = None,
     max_trials: int | None = None, also: list[tuple[str, str]] = (), *, read_data: bool = True,
+    tree: dict[str, Any] | None = None,
 ) -> StudySpec:  # fmt: skip
     """Reads a study file (with one of its profiles, and --set keys added to `fixed`) and checks all of it
     (below), together with the command line's own problems `also`; StudyError (a
     ConfigError) lists every problem. `max_trials` refuses a bigger grid before any variant is built.
     `read_data=False` leaves out what only running the study needs, its data on this machine (each local
-    corpus, the bible task's SWORD modules): checks of the file itself, its claims and its structure."""
-    path = resolve_study_path(path)
-    tree = apply_profile(read_yaml(path), profile, str(path))
+    corpus, the bible task's SWORD modules): checks of the file itself, its claims and its structure.
+    `tree`: the file at `path` as read_study read it (a sweep reads it once, for its launcher too)."""
+    if tree is None:
+        path, tree = read_study(path)
+    tree = apply_profile(tree, profile, str(path))
     tree.pop("launcher", None)  # where its workers run (harness/launchers), not what the study is
     if sets:
         tree = {**tree, "fixed": {**(tree.get("fixed") or {}), **sets}}
