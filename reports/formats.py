@@ -1,7 +1,10 @@
 """How the report writes a number, the same in its tables and in its sentences: three decimals by default,
-a dash for a missing value, a p-value below P_FLOOR as below it."""
+a dash for a missing value, a p-value below P_FLOOR as below it; and user text in a Markdown table cell."""
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 import numpy as np
 
@@ -22,3 +25,13 @@ def number(x, digits: int = 3) -> str:
 def pvalue(p) -> str:
     """A p-value for a table cell: '0.012', '<0.001', or a dash without one."""
     return "–" if p is None or not np.isfinite(p) else f"<{P_FLOOR}" if p < P_FLOOR else f"{p:.3f}"
+
+
+_ENTITY = re.compile(r"&(?=#?\w+;)")
+
+
+def md_cell(text: Any) -> str:
+    """A Markdown table cell: no pipes, newlines or raw HTML from user text. A bare `&` stays as it is so
+    the raw file reads well; only one that would start an entity (`&lt;`) is escaped."""
+    s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    return _ENTITY.sub("&amp;", s).replace("<", "&lt;").replace(">", "&gt;")

@@ -7,9 +7,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
-import re
-import secrets
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -28,7 +25,8 @@ from ablate.harness.provenance import environment
 from ablate.harness.study.queue import study_progress
 from ablate.reports import dashboard, headline, paired, plots
 from ablate.reports.collect import StudyData, collect
-from ablate.reports.formats import number, pvalue
+from ablate.reports.files import write_whole
+from ablate.reports.formats import md_cell, number, pvalue
 from ablate.schema.spec import StudySpec, short_name, tune_metric, validation_metric
 from ablate.schema.tasks import CORPUS_TASKS
 
@@ -40,16 +38,6 @@ def _png(fig) -> bytes:
     fig.savefig(buf, format="png", dpi=110)
     plots.plt.close(fig)
     return buf.getvalue()
-
-
-def _atomic_write(path: Path, data: bytes | str) -> None:
-    """Write to a temporary file beside `path`, then rename: a report is never half-written. open() creates
-    it, not mkstemp (always 0600), so that its mode follows the umask and others can read what the
-    umask lets them (classmates on a shared server)."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    with open(tmp, "xb") if isinstance(data, bytes) else open(tmp, "x", encoding="utf-8") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def variant_summary(data: StudyData) -> pd.DataFrame:
@@ -264,21 +252,11 @@ def seeds_run(spec: StudySpec, df: pd.DataFrame) -> str:
     return ", ".join(f"{v} {n}" for v, n in counts.items()) + " seeds"
 
 
-_ENTITY = re.compile(r"&(?=#?\w+;)")
-
-
-def _md_cell(text: Any) -> str:
-    """A Markdown table cell: no pipes, newlines or raw HTML from user text. A bare `&` stays as it is so
-    the raw file reads well; only one that would start an entity (`&lt;`) is escaped."""
-    s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
-    return _ENTITY.sub("&amp;", s).replace("<", "&lt;").replace(">", "&gt;")
-
-
 def _environment(html: bool) -> Environment:
     env = Environment(
         loader=PackageLoader("ablate.reports", "templates"), autoescape=html, trim_blocks=True, lstrip_blocks=True
     )
-    env.filters.update(num=number, pvalue=pvalue, md=_md_cell)
+    env.filters.update(num=number, pvalue=pvalue, md=md_cell)
     return env
 
 
@@ -325,10 +303,10 @@ def build_report(
         "bleu_bucket_sentences": BLEU_BUCKET_SENTENCES,
     }
     for name, (png, _) in figs.items():
-        _atomic_write(out_dir / f"{name}.png", png)
-    _atomic_write(out_dir / "results.csv", data.trials.to_csv(index=False))
-    _atomic_write(out_dir / "report.md", _environment(False).get_template("report.md.j2").render(**context))
-    _atomic_write(
+        write_whole(out_dir / f"{name}.png", png)
+    write_whole(out_dir / "results.csv", data.trials.to_csv(index=False))
+    write_whole(out_dir / "report.md", _environment(False).get_template("report.md.j2").render(**context))
+    write_whole(
         out_dir / "report.html", _environment(True).get_template("report.html.j2").render(**context)
     )
     markdown = _environment(False)

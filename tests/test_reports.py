@@ -26,8 +26,8 @@ from ablate.harness.study.spec import StudySpec
 from ablate.harness.study.storage import open_storage
 from ablate.harness.workers import run_worker
 from ablate.reports import collect, headline, plots
+from ablate.reports.formats import md_cell
 from ablate.reports.render import (
-    _md_cell,
     build_report,
     importance_evaluator,
     importance_frame,
@@ -234,7 +234,7 @@ def test_user_text_is_escaped(synthetic, tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in html
     # Markdown keeps a bare "&" readable and escapes only one that would start an entity.
     assert "&lt;script&gt;alert(1)&lt;/script&gt; & co" in md
-    assert _md_cell("R&D: a &lt; b, &#60;") == "R&D: a &amp;lt; b, &amp;#60;"
+    assert md_cell("R&D: a &lt; b, &#60;") == "R&D: a &amp;lt; b, &amp;#60;"
     assert "Without positions &lt;b&gt;reversal&lt;/b&gt; fails." in html
 
     # Named variants are user text too; a study with no eval trial done renders its tables.

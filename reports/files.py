@@ -1,0 +1,17 @@
+"""A report's files, and `ablate compare`'s Markdown, are written whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+
+def write_whole(path: Path, data: bytes | str) -> None:
+    """Write to a temporary file beside `path`, then rename: a report is never half-written. open() creates
+    it, not mkstemp (always 0600), so that its mode follows the umask and others can read what the
+    umask lets them (classmates on a shared server)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    with open(tmp, "xb") if isinstance(data, bytes) else open(tmp, "x", encoding="utf-8") as f:
+        f.write(data)
+    os.replace(tmp, path)
