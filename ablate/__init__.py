@@ -1,8 +1,8 @@
 """attention-ablate: ablation studies of attention models, swept with Optuna and reported with statistics.
 
 The Python API (ablate/api.py): `load_study(...)` -> Study (`.run()`, `.results()`, `.claims()`,
-`.report()`, `.report_path`), and `train(config)` -> metrics; ConfigError for bad input, RunFailed for a
-fault during a run.
+`.report()`, `.report_path`, `.compare(other)`), `compare(first, second)` of two stored runs, and
+`train(config)` -> metrics; ConfigError for bad input, RunFailed for a fault during a run.
 
 The repository's folders models/, harness/, analysis/, reports/, ablations/ and bench/ install as
 ablate.models, ablate.harness, ablate.analysis, ablate.reports, ablate.ablations and ablate.bench
@@ -16,7 +16,7 @@ _checkout = Path(__file__).resolve().parent.parent
 if (_checkout / "pyproject.toml").is_file() and (_checkout / "harness" / "trial.py").is_file():
     __path__.append(str(_checkout))
 
-API = ("load_study", "Study", "train")
+API = ("load_study", "Study", "train", "compare")
 ERRORS = ("ConfigError", "RunFailed")
 __all__ = [*API, *ERRORS]
 

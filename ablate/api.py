@@ -5,11 +5,12 @@
     study.results()                          # the trial table, a pandas DataFrame
     study.claims()                           # each claim's verdict, as the report gives it
     study.report_path                        # runs/quickstart/report/report.html
+    study.compare(rerun)                     # as `ablate compare`: two runs' verdicts and means side by side
     ablate.train({"preset": "lstm"}, sets={"train.max_steps": 100})   # as `ablate train --json`
 
-Each call runs the command line's own code (ablate/sweep.py, ablate/training.py), so the checks and
-their messages are the same: bad input raises ConfigError (one line per problem, naming what and where)
-before anything is created; a fault during a run raises RunFailed."""
+Each call runs the command line's own code (ablate/sweep.py, ablate/training.py, ablate/comparison.py),
+so the checks and their messages are the same: bad input raises ConfigError (one line per problem, naming
+what and where) before anything is created; a fault during a run raises RunFailed."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from ablate.analysis.claims import ClaimResult
+    from ablate.analysis.compare import Comparison
     from ablate.schema.config import ExperimentConfig
     from ablate.schema.spec import StudySpec
 
@@ -130,6 +132,39 @@ class Study:
         spec, store = self._stored("report", read_only=False)  # the report writes its notes there
         folder = build_report(spec, store, self.options.out, artifact_location=self.options.artifacts)
         return folder / "report.html"
+
+    def compare(self, other: Study | str) -> Comparison:
+        """This run beside `other`, as `ablate compare`: another Study (its own out and storage: a re-run on
+        fresh seeds under another out, another profile), or the name of a study stored where this one's out
+        and storage say. See `compare` below for what it holds."""
+        from ablate.comparison import compare_stored
+
+        here = (self.name, self.options.storage, self.options.out)
+        if isinstance(other, Study):
+            there = (other.name, other.options.storage, other.options.out)
+        else:
+            there = (other, self.options.storage, self.options.out)
+        names, storages, outs = zip(here, there)
+        return compare_stored("compare", names, storages, outs)
+
+
+def compare(
+    first: str | Path,
+    second: str | Path,
+    *,
+    storage: str | tuple[str | None, str | None] | None = None,
+    out: str | Path | tuple[str | Path, str | Path] = "runs",
+) -> Comparison:
+    """Two stored runs side by side, as `ablate compare FIRST SECOND`: each a study's name or file, found in
+    `storage` (default: SQLite under `out`/<study>/); `storage` and `out` are one value for both runs or a
+    pair, the first run's and the second's. Returns analysis/compare.py's Comparison: `claims` (per claim
+    its `text`, each run's ClaimResult or None in `results`, and `changed`) and `variants` (per variant
+    each run's `means`: mean, ci_low, ci_high, seeds of the study metric). ConfigError when a study is not
+    stored, a storage cannot be read, or both name one run."""
+    from ablate.comparison import compare_stored, per_run
+
+    studies = (str(first), str(second))
+    return compare_stored("compare", studies, per_run("storage", storage), per_run("out", out))
 
 
 def train(

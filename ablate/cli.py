@@ -418,6 +418,46 @@ def report(
 
 
 @app.command()
+def compare(
+    first: Annotated[str, typer.Argument(help="A study's name or file: the first run.")],
+    second: Annotated[str, typer.Argument(help="The second run: the same study elsewhere, or another.")],
+    storage: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--storage",
+            envvar="ABLATE_STORAGE",
+            help="SQLAlchemy URL, once for both runs or twice: the first's, then the second's.",
+        ),
+    ] = None,
+    out: Annotated[
+        list[Path] | None,
+        typer.Option("--out", help="Root folder of study outputs, once for both runs or twice, one each."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as one JSON object.")] = False,
+    markdown: Annotated[
+        Path | None, typer.Option("--markdown", metavar="FILE", help="Also write the tables as Markdown.")
+    ] = None,
+) -> None:
+    """Two runs side by side (a study and its re-run on fresh seeds, its CPU and GPU profiles): each claim's
+    verdict, Δ with its CI, margin and seeds in each run and whether the verdict changed; each variant's
+    mean of the study metric."""
+    from ablate.comparison import compare_stored, per_run
+    from ablate.reports import compare as written
+
+    try:
+        storages, outs = per_run("--storage", storage), per_run("--out", out, Path("runs"))
+        result = compare_stored("compare", (first, second), storages, outs)
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    if markdown is not None:  # before anything is printed: a file that cannot be written is one line
+        written.write_markdown(result, markdown)
+    if as_json:
+        print(json.dumps(written.as_json(result)))
+    else:
+        written.show(result, Console())
+
+
+@app.command()
 def bench(
     device: Annotated[
         str | None, typer.Option("--device", help="cpu | cuda (default: cuda if present).")
