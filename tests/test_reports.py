@@ -21,8 +21,7 @@ from scipy import stats as sps
 
 from ablate.analysis import stats
 from ablate.harness.artifacts import AttentionSample, study_dir
-from ablate.harness.study.queue import optuna_study_name, prepare_study
-from ablate.harness.study.spec import StudySpec
+from ablate.harness.study.queue import prepare_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.workers import run_worker
 from ablate.reports import collect, headline, plots
@@ -35,6 +34,8 @@ from ablate.reports.render import (
     train_max_len,
     variant_summary,
 )
+from ablate.schema.spec import StudySpec
+from ablate.schema.trials import optuna_study_name
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -562,6 +563,6 @@ def test_study_spec_reads_without_optuna():
     import subprocess
     import sys
 
-    check = "import sys, harness.study.spec; assert 'optuna' not in sys.modules, 'optuna imported'"
+    check = "import sys, schema.spec; assert 'optuna' not in sys.modules, 'optuna imported'"
     proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
