@@ -563,6 +563,6 @@ def test_study_spec_reads_without_optuna():
     import subprocess
     import sys
 
-    check = "import sys, schema.spec; assert 'optuna' not in sys.modules, 'optuna imported'"
+    check = "import sys, ablate.schema.spec; assert 'optuna' not in sys.modules, 'optuna imported'"
     proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
