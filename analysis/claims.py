@@ -1,5 +1,9 @@
 """Verdicts on a study's claims: reproduced, contradicted or inconclusive, with the numbers behind them.
 
+Kinds. A claim is a `test` of a paper's finding (the default) or a `check` of a mechanism that holds by
+construction (a Transformer without positions cannot reverse), kept as a guard on the code. Both are judged
+by the rules below; the report, `ablate status` and the API count and show them apart (by_kind).
+
 Matching. A claim's `compare` and `to` select the variants whose overrides contain every given key/value
 (for named variants the overrides include 'preset'). Variants selected by `compare` are removed from
 the `to` side, so `to: {preset: transformer}` means "the transformers that are not the compared one".
@@ -21,17 +25,22 @@ factor 28 it is, not 0.054 of a nat that no margin fixed in nats could foresee. 
 on its own scale, d = compare - to, with a margin in its units.
 
 Verdict, with d = compare - to, CI [lo, hi] and margin m >= 0 (the smallest effect that counts):
-  expect lower:   reproduced if hi < -m; contradicted if lo > -m; inconclusive otherwise.
-  expect higher:  reproduced if lo > m;  contradicted if hi < m;  inconclusive otherwise.
-  expect similar: reproduced if -m <= lo and hi <= m; contradicted if lo > m or hi < -m;
-                  inconclusive otherwise.
+  expect lower:     reproduced if hi < -m; contradicted if lo > -m; inconclusive otherwise.
+  expect higher:    reproduced if lo > m;  contradicted if hi < m;  inconclusive otherwise.
+  expect similar:   reproduced if -m <= lo and hi <= m; contradicted if lo > m or hi < -m;
+                    inconclusive otherwise.
+  expect not_worse: non-inferiority, compare at most m worse than to in the metric's direction (the
+                    registry's): where higher is better reproduced if lo > -m, contradicted if hi < -m;
+                    where lower is better reproduced if hi < m, contradicted if lo > m. Not superiority: a
+                    CI that holds 0 can reproduce it.
 So a claim is reproduced only when the whole CI clears the margin in the claimed direction, and
 contradicted when the whole CI lies on the other side of it (the data rule out an effect that large).
-A side with fewer than two seeds has no CI, so its claim is inconclusive; on exact match (`seq_acc`,
-exact_match in the registry) a side needs three (MIN_SEEDS_EXACT): a model either learns a task's rule or
-does not, so exact match splits between seeds (0.24 in one, 0.98 in the next), and two seeds that happen to
-agree give a spread, and an interval, that says nothing of that split. Pending instead of inconclusive while
-trials of the claim are still queued or running.
+A variant with fewer than two completed seeds gives no CI, so its claim is inconclusive; on exact match
+(`seq_acc`, exact_match in the registry) every variant needs three (MIN_SEEDS_EXACT): a model either learns
+a task's rule or does not, so exact match splits between seeds (0.24 in one, 0.98 in the next), and two seeds
+that happen to agree give a spread, and an interval, that says nothing of that split. The floor counts seeds
+of each variant, not the values a side pools: two variants of two seeds each are still two seeds of either.
+Pending instead of inconclusive while trials of the claim are still queued or running.
 
 Looks. With adaptive seeds (`seeds: {min, max, step}`) a claim is judged at up to K looks, after min,
 min + step, ..., max seeds per variant; the first look whose verdict is not inconclusive (reproduced,
@@ -40,8 +49,8 @@ claims, do not reopen it. Each look's CI has level 1 - 0.05/K (Bonferroni over t
 advance), so the chance that any look's CI misses the true effect, and with it the chance of a wrong
 verdict at whichever look stops, is at most 0.05 whatever the stopping rule. A study with a list of seeds
 has one look at level 0.95. The sweep asks `seeds_wanted` which variants need the next look's seeds:
-those of claims still open; the report and the sweep both read these verdicts, so the queue stops exactly
-where the report says a claim was decided.
+those of claims still open (a control's variants with its claim's); the report and the sweep both read
+these verdicts, so the queue stops exactly where the report says a claim was decided.
 
 Selectors match a variant's settings: its overrides plus the model keys its preset sets (the variant's
 preset, else the study base's), so `model.arch: lstm` selects the variants of `preset: lstm-bahdanau`.
@@ -55,18 +64,41 @@ formed per seed and its CI is the Student t CI of their mean (stats.mean_ci): pa
 seeds share their data. Otherwise the cells are independent groups and the CI is Welch's
 (stats.diff_ci of the pairs (compare, to) and (to', compare'), doubled). Either CI is cut to the range a
 difference of differences can take: ±2 (high - low) for a metric in [low, high] (judged_range). The
-verdict rule is the one above.
+verdict rule is the one above. Δ is also each side's change between the arms, (compare - compare') -
+(to - to'): the report's means of an interaction, which the bound rules below read.
 
-Uninformative. Some outcomes say nothing about the claim, whatever the CI:
-  unattainable margin: on a metric in [low, high], a `lower` claim whose `to` side's mean lies within
-    the margin of `low` (no compare side could lie m below it), or a `higher` one within m of `high`,
-    unless the CI lies wholly on the other side of 0 (then the claim is contradicted, margin or not);
-  ceiling / floor: a `similar` claim whose two sides both have means within the margin of the metric's
-    upper (lower) bound (judged_range): they are similar because neither can move;
+Uninformative. Some outcomes say nothing about the claim, whatever the CI. The bounds are the metric's on
+the scale it is judged on (judged_bounds): its range, or for a ratio metric the logs of its range, so a
+perplexity's 1 is a bound (log 0) and a loss's 0 is none (a ratio of two small losses can be anything).
+  unattainable margin: a `lower` claim whose `to` side lies within the margin of the lower bound (no
+    compare side could lie m below it), or a `higher` one within m of the upper bound, unless the CI lies
+    wholly on the other side of 0 (then the claim is contradicted, margin or not). For an interaction the
+    `to` side is its change to - to', bounded by [low - high', high - low'] of the two arms' metrics:
+    where the to side itself falls from the top to the bottom, no compare side can fall m further;
+  ceiling / floor: a `similar` claim whose bounds alone hold Δ within the margin: both means within the
+    margin of one bound of the metric (for an interaction, each arm's two means within half the margin of
+    a bound of its metric: neither difference can move). A `not_worse` claim whose `to` side lies within
+    the margin of the metric's worse bound (the lower where higher is better): no compare side can be
+    worse by more than the margin, so the claim cannot fail;
+  insensitive: a `similar` or `not_worse` claim that would be reproduced, whose positive control (two
+    sides of the same study designed to differ, `control`, judged on the claim's metric at its level as a
+    `similar` claim within the same margin) does not move the metric beyond the margin: its CI lies
+    within ±m. Agreement then says nothing, since the metric does not move where a difference is designed
+    in. A control whose CI straddles ±m leaves the claim inconclusive (pending while its trials run), so
+    adaptive looks give it more seeds; one that clears ±m lets the verdict stand and is named in the
+    reason. A reproduced agreement without a control says so in its reason;
   cannot learn: with `chance` given, a side whose 95% CI of the mean lies wholly on the chance side of it
     (upper bound below chance for metrics where higher is better, lower bound above it for those the
     registry minimizes: loss, perplexity and AER): a comparison against a model that learned nothing of
-    the task."""
+    the task.
+
+Failed seeds. With `chance` given, a seed of a variant whose value is at or on the chance side of it (at
+or below chance where higher is better, at or above where lower is) failed to train, and the claim is not
+decided by it: failed seeds are left out, the claim is judged on the seeds that trained (each variant
+still needs its two, or three, trained seeds, else it is inconclusive, or pending), and the reason says how
+many seeds failed on each side, so that a failure rate that differs between the sides is seen, not
+averaged into Δ. In an interaction paired by seed, a seed that failed in any cell leaves all four, so the
+contrast stays paired."""
 
 from __future__ import annotations
 
@@ -85,6 +117,8 @@ REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclu
 PENDING = "pending"
 CEILING, FLOOR, UNLEARNT = "uninformative (ceiling)", "uninformative (floor)", "uninformative (cannot learn)"
 UNATTAINABLE = "uninformative (margin unattainable)"
+INSENSITIVE = "uninformative (insensitive)"
+AGREEMENT = ("similar", "not_worse")  # the expects that hold where the metric cannot move: controls, bounds
 MIN_SEEDS = 2
 MIN_SEEDS_EXACT = 3  # exact match: see the module docstring
 MAX_PROJECTED_SEEDS = 1000  # seeds_to_decide looks no further
@@ -101,13 +135,23 @@ def judged_range(metric: str) -> MetricRange:
     return UNBOUNDED if on_ratio_scale(metric) else metric_info(metric).range
 
 
+def judged_bounds(metric: str) -> MetricRange:
+    """The bounds the uninformative rules read, on the scale claims judge `metric` on: its range, or the logs
+    of a ratio metric's (a perplexity's 1 is log 0; a loss's 0 has no log, so no bound)."""
+    rng = metric_info(metric).range
+    if not on_ratio_scale(metric):
+        return rng
+    log = lambda x: math.log(x) if x > 0 else -math.inf  # noqa: E731
+    return MetricRange(log(rng.low), log(rng.high))
+
+
 def effect_name(metric: str) -> str:
     """What Δ is on `metric`'s scale, in the report's words."""
     return "log(compare / to)" if on_ratio_scale(metric) else "compare - to"
 
 
 def min_seeds(metric: str) -> int:
-    """The seeds a side needs for a verdict on `metric` (module docstring)."""
+    """The seeds each variant needs for a verdict on `metric` (module docstring)."""
     return MIN_SEEDS_EXACT if metric_info(metric).exact_match else MIN_SEEDS
 
 
@@ -121,6 +165,23 @@ def on_scale(values: pd.Series, metric: str) -> pd.Series:
     """Values of `metric` on the scale claims judge them: logs for a ratio metric (a value of 0 or less has
     no log: NaN, and the claim stays inconclusive)."""
     return np.log(values.where(values > 0)) if on_ratio_scale(metric) else values
+
+
+def one_sided(expect: str, m: float, direction: str) -> tuple[str, float] | None:
+    """Where a one-sided claim's CI must lie to reproduce it, as ('below', edge) or ('above', edge); None
+    for `similar`. not_worse lets compare trail by m in the metric's worse direction."""
+    if expect == "lower":
+        return ("below", 0 - m)  # 0 - m: a margin of 0 reads 'below 0', not 'below -0'
+    if expect == "higher":
+        return ("above", m)
+    if expect == "not_worse":
+        return ("above", 0 - m) if direction == "maximize" else ("below", m)
+    return None
+
+
+def failed_seeds(values: pd.Series, metric: str, chance: float) -> pd.Series:
+    """Which seeds failed to train: a value at or on the chance side of `chance` (module docstring)."""
+    return values >= chance if metric_info(metric).direction == "minimize" else values <= chance
 
 
 @dataclass
@@ -152,15 +213,22 @@ class ClaimResult:
     running: bool = False  # the look's trials have not all finished: a provisional verdict
     looks: int = 1  # how many looks the study plans
     seeds: int = 0  # seeds per variant at this look
+    # With `chance`: (side, seeds failed, seeds) for each side (each cell of an interaction).
+    failed: list[tuple[str, int, int]] = field(default_factory=list)
+    control: ClaimResult | None = None  # a similar / not_worse claim's positive control, where judged
+
+    @property
+    def kind(self) -> str:
+        """'test' (of a paper's finding) or 'check' (of a mechanism that holds by construction)."""
+        return self.claim.kind
 
     @property
     def expected(self) -> str:
         """The outcome the claim expects, on Δ's own scale: 'below -0.3', or 'below -0.693' for a ratio
         margin of 1 on a loss (Δ is then log(compare / to))."""
         m = threshold(self.claim, self.metric)
-        return {"lower": f"below {0 - m:.3g}", "higher": f"above {m:.3g}", "similar": f"within ±{m:.3g}"}[
-            self.claim.expect
-        ]  # 0 - m: a margin of 0 reads 'below 0', not 'below -0'
+        side = one_sided(self.claim.expect, m, metric_info(self.metric).direction)
+        return f"within ±{m:.3g}" if side is None else f"{side[0]} {side[1]:.3g}"
 
     @property
     def margin_text(self) -> str:
@@ -170,6 +238,17 @@ class ClaimResult:
         if not on_ratio_scale(self.metric) or m == 0:
             return f"{m:g}"
         return f"ratio {1 + m:g} (log {threshold(self.claim, self.metric):.3g})"
+
+    @property
+    def failures(self) -> str:
+        """How many seeds failed on each side, where any did: 'failed seeds (at or below chance 0.05), left
+        out: compare 2 of 5, to 0 of 5'; empty otherwise."""
+        if not any(n for _, n, _ in self.failed):
+            return ""
+        side = "above" if metric_info(self.metric).direction == "minimize" else "below"
+        counts = ", ".join(f"{label} {n} of {total}" for label, n, total in self.failed)
+        paired = "; a seed failed in one cell is left out of all four" if self.paired_by_seed else ""
+        return f"failed seeds (at or {side} chance {self.claim.chance:g}), left out: {counts}{paired}"
 
     @property
     def decision(self) -> str:
@@ -190,6 +269,11 @@ class ClaimResult:
         )
 
 
+def by_kind(results: list[ClaimResult]) -> tuple[list[ClaimResult], list[ClaimResult]]:
+    """The tests of published findings, then the checks of mechanisms, each in the study's order."""
+    return [r for r in results if r.kind == "test"], [r for r in results if r.kind == "check"]
+
+
 def seeds_to_decide(r: ClaimResult) -> int | None:
     """Seeds per variant at which an undecided claim's CI would clear its margin if Δ and the spread
     between seeds stayed as they are: the half-width scales as t(k - 1)/sqrt(k) at the claim's level, k the
@@ -197,9 +281,9 @@ def seeds_to_decide(r: ClaimResult) -> int | None:
     (Δ on, or too near, the margin)."""
     k, half = max(r.seeds, min(r.n_compare, r.n_to)), (r.ci_high - r.ci_low) / 2
     m = threshold(r.claim, r.metric)
-    edge = {"lower": -m, "higher": m}.get(r.claim.expect)
+    side = one_sided(r.claim.expect, m, metric_info(r.metric).direction)
     # Distance from Δ to the nearest edge its CI must clear (for "similar": to ±m from inside or outside).
-    distance = abs(r.diff - edge) if edge is not None else abs(m - abs(r.diff))
+    distance = abs(r.diff - side[1]) if side is not None else abs(m - abs(r.diff))
     if k < MIN_SEEDS or not (np.isfinite(half) and half > 0 and distance > 0):
         return None
     width = lambda n: t_quantile(r.level, n - 1) / math.sqrt(n)  # noqa: E731
@@ -222,18 +306,31 @@ def claim_sides(
     return compare, [v for v in matching_variants(settings, {**claim.to, **within}) if v not in compare]
 
 
-def verdict(lo: float, hi: float, expect: str, margin: float) -> str:
-    """See the module docstring; NaN bounds are inconclusive."""
+def control_claim(claim: ClaimSpec, metric: str) -> ClaimSpec | None:
+    """A claim's positive control as a claim of its own: its two sides on the claim's metric, `similar`
+    within the claim's margin, so that 'contradicted' means the control moved the metric beyond it. No
+    `chance`: a control that fails outright has moved the metric all the way."""
+    if claim.control is None:
+        return None
+    return ClaimSpec(text=f"control of: {claim.text}", compare=claim.control.compare, to=claim.control.to,
+                     metric=metric, expect="similar", margin=claim.margin)  # fmt: skip
+
+
+def verdict(lo: float, hi: float, expect: str, margin: float, direction: str = "maximize") -> str:
+    """See the module docstring; NaN bounds are inconclusive. `direction`: the metric's, which not_worse
+    reads."""
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return INCONCLUSIVE
     m = abs(margin)
-    if expect == "lower":
-        return REPRODUCED if hi < -m else CONTRADICTED if lo > -m else INCONCLUSIVE
-    if expect == "higher":
-        return REPRODUCED if lo > m else CONTRADICTED if hi < m else INCONCLUSIVE
-    if -m <= lo and hi <= m:
-        return REPRODUCED
-    return CONTRADICTED if lo > m or hi < -m else INCONCLUSIVE
+    side = one_sided(expect, m, direction)
+    if side is None:
+        if -m <= lo and hi <= m:
+            return REPRODUCED
+        return CONTRADICTED if lo > m or hi < -m else INCONCLUSIVE
+    where, edge = side
+    if where == "below":
+        return REPRODUCED if hi < edge else CONTRADICTED if lo > edge else INCONCLUSIVE
+    return REPRODUCED if lo > edge else CONTRADICTED if hi < edge else INCONCLUSIVE
 
 
 def _pairs(
@@ -251,60 +348,114 @@ def _pairs(
     return pairs
 
 
-def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float = LEVEL) -> ClaimResult:
-    """The claim's verdict on the completed trials in `df`, with CIs at `level`."""
-    if claim.versus is not None:
-        return evaluate_interaction(spec, claim, df, level)
-    ((metric, within),) = claim.arms(spec.metric.name)
-    overrides = variant_settings(spec)
-    compare, to = claim_sides(overrides, claim, within)
-    result = ClaimResult(claim, metric, INCONCLUSIVE, "", compare, to, level=level)
-    if not compare or not to:
-        side = "compare" if not compare else "to"
-        result.reason = f"no variant matches {side}: {getattr(claim, side)}"
-        return result
-    raw = seed_values(df, metric)
-    values = {v: on_scale(x, metric).to_numpy() for v, x in raw.items()}
-    empty = np.array([])
-    pairs = _pairs(overrides, compare, to, claim)
-    result.paired = pairs is not None and len(pairs) > 1
-    if pairs is not None:
-        groups = [(values.get(c, empty), values.get(t, empty)) for c, t in pairs]
-    else:
-        groups = [tuple(np.concatenate([values.get(v, empty) for v in side]) for side in (compare, to))]
-    pooled_c, pooled_t = (np.concatenate([g[i] for g in groups]) for i in (0, 1))
+def _difference(
+    result: ClaimResult, groups: list[tuple[list[str], list[str]]], values: dict[str, pd.Series], df
+) -> tuple[float, float]:
+    """Fills in the claim's seeds, means, Δ and CI from `values` (variant -> its values by seed): Δ averaged
+    over `groups`, each a (compare variants, to variants) pair of the CI (the pairs, or the pooled sides).
+    Returns the two sides' means on the judged scale (logs for a ratio metric)."""
+    metric, empty = result.metric, np.array([])
+    scaled = lambda variants: np.concatenate(  # noqa: E731
+        [on_scale(values[v], metric).to_numpy() for v in variants if v in values] or [empty]
+    )
+    arrays = [(scaled(c), scaled(t)) for c, t in groups]
+    pooled_c, pooled_t = (np.concatenate([a[i] for a in arrays]) for i in (0, 1))
     result.n_compare, result.n_to = len(pooled_c), len(pooled_t)
     # On the log scale the means shown are geometric, so that Δ is the log of their ratio.
     unscale = np.exp if on_ratio_scale(metric) else float
     result.mean_compare = unscale(pooled_c.mean()) if len(pooled_c) else np.nan
     result.mean_to = unscale(pooled_t.mean()) if len(pooled_t) else np.nan
     result.diff, result.ci_low, result.ci_high = diff_ci(
-        groups, judged_range(metric), examples(df, metric), level
+        arrays, judged_range(metric), examples(df, metric), result.level
     )
-    fewest, needed = min(min(len(a), len(b)) for a, b in groups), min_seeds(metric)
-    if fewest < needed:
-        result.reason = f"a variant has {fewest} completed seed(s) of {metric}; a verdict needs {needed}"
-        result.verdict = PENDING if unfinished(df, compare + to) else INCONCLUSIVE
-        return result
-    result.verdict = verdict(result.ci_low, result.ci_high, claim.expect, threshold(claim, metric))
-    result.reason = _reason(result)
-    sides = [(label, side, np.concatenate([raw[v].to_numpy() for v in side if v in raw] or [empty]))
-             for label, side in (("compare", compare), ("to", to))]  # fmt: skip
-    if not _uninformative(result, sides):
-        _at_bound(result)
-        _unattainable(result)
+    return (pooled_c.mean() if len(pooled_c) else np.nan, pooled_t.mean() if len(pooled_t) else np.nan)
+
+
+def _too_few(result: ClaimResult, fewest: int, needed: int, df, variants: list[str], what: str) -> bool:
+    """Marks the claim pending (trials of it still to run) or inconclusive when `what` (a variant, a cell)
+    has fewer than `needed` seeds of the claim's metric: completed ones, or those that trained."""
+    if fewest >= needed:
+        return False
+    done, of = (
+        "trained" if result.failures else "completed",
+        f" of {result.metric}" if what == "a variant" else "",
+    )
+    result.reason = f"{what} has {fewest} {done} seed(s){of}; a verdict needs {needed}"
+    result.verdict = PENDING if unfinished(df, variants) else INCONCLUSIVE
+    return True
+
+
+def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float = LEVEL) -> ClaimResult:
+    """The claim's verdict on the completed trials in `df`, with CIs at `level`."""
+    result = (evaluate_interaction if claim.versus is not None else evaluate_difference)(
+        spec, claim, df, level
+    )
+    _sensitivity(spec, result, df)
+    if result.failures:
+        result.reason += f"; {result.failures}"
     return result
 
 
+def evaluate_difference(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float) -> ClaimResult:
+    """A claim of one difference, compare - to, before its control (evaluate)."""
+    ((metric, within),) = claim.arms(spec.metric.name)
+    settings = variant_settings(spec)
+    compare, to = claim_sides(settings, claim, within)
+    result = ClaimResult(claim, metric, INCONCLUSIVE, "", compare, to, level=level)
+    if not compare or not to:
+        side = "compare" if not compare else "to"
+        result.reason = f"no variant matches {side}: {getattr(claim, side)}"
+        return result
+    values = {v: s for v, s in seed_values(df, metric).items() if v in compare + to}
+    pairs = _pairs(settings, compare, to, claim)
+    result.paired = pairs is not None and len(pairs) > 1
+    groups = [([c], [t]) for c, t in pairs] if pairs is not None else [(compare, to)]
+    judged = _difference(result, groups, values, df)
+    # Seeds of each variant, not values of a side: two variants pooled have no more seeds of either.
+    count = lambda by_variant: min(len(by_variant.get(v, ())) for v in compare + to)  # noqa: E731
+    needed = min_seeds(metric)
+    if _too_few(result, count(values), needed, df, compare + to, "a variant"):
+        return result
+    sides = [(label, side, np.concatenate([values[v].to_numpy() for v in side if v in values]))
+             for label, side in (("compare", compare), ("to", to))]  # fmt: skip
+    if _uninformative(result, sides):
+        return result
+    if claim.chance is not None:
+        trained = {v: s[~failed_seeds(s, metric, claim.chance)] for v, s in values.items()}
+        result.failed = [(label, sum(len(values[v]) - len(trained[v]) for v in side if v in values),
+                          sum(len(values[v]) for v in side if v in values))
+                         for label, side in (("compare", compare), ("to", to))]  # fmt: skip
+        if result.failures:
+            values = trained
+            judged = _difference(result, groups, values, df)
+            if _too_few(result, count(values), needed, df, compare + to, "a variant"):
+                return result
+    _decide(result)
+    rng = judged_bounds(metric)
+    _at_bounds(result, [(*judged, rng)])
+    _no_room(result, judged[1], rng, result.mean_to, metric_info(metric).range)
+    return result
+
+
+def _decide(result: ClaimResult) -> None:
+    m = threshold(result.claim, result.metric)
+    direction = metric_info(result.metric).direction
+    result.verdict = verdict(result.ci_low, result.ci_high, result.claim.expect, m, direction)
+    result.reason = _reason(result)
+
+
 def _cells(
-    spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame
+    spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, chance: float | None = None
 ) -> tuple[list[tuple[str, list[str], str]], list[pd.Series]]:
     """An interaction's four cells, (label, variants, metric) each, in the order compare, to, compare',
-    to', and each cell's values by seed: at every seed all its variants have, their mean."""
+    to', and each cell's values by seed: at every seed all its variants have, their mean. With `chance`,
+    the seeds of a variant that failed there are left out (failed_seeds)."""
     settings = variant_settings(spec)
     cells, series = [], []
     for arm, (arm_metric, within) in enumerate(claim.arms(spec.metric.name)):
         values = seed_values(df, arm_metric)
+        if chance is not None:
+            values = {v: s[~failed_seeds(s, arm_metric, chance)] for v, s in values.items()}
         suffix = "" if arm == 0 else "'"
         for side, variants in zip(("compare", "to"), claim_sides(settings, claim, within)):
             cells.append((side + suffix, variants, arm_metric))
@@ -314,20 +465,10 @@ def _cells(
     return cells, series
 
 
-def evaluate_interaction(
-    spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float = LEVEL
-) -> ClaimResult:
-    """Δ = (compare - to) - (compare' - to'), see the module docstring."""
-    cells, raw = _cells(spec, claim, df)
-    metric, versus_metric = cells[0][2], cells[2][2]
-    c1, t1, c2, t2 = (on_scale(s, m) for s, (_, _, m) in zip(raw, cells))
-    result = ClaimResult(
-        claim, metric, INCONCLUSIVE, "", cells[0][1], cells[1][1], versus_metric=versus_metric, level=level
-    )
-    empty = [label for (label, variants, _), s in zip(cells, (c1, t1, c2, t2)) if not variants]
-    if empty:
-        result.reason = f"no variant matches {', '.join(empty)}"
-        return result
+def _contrast(result: ClaimResult, cells: list[pd.Series]) -> None:
+    """Fills in an interaction's seeds, each side's change, the two differences, Δ and its CI from the four
+    cells' values by seed, on the judged scale (module docstring)."""
+    c1, t1, c2, t2 = cells
     result.n_compare, result.n_to = min(len(c1), len(c2)), min(len(t1), len(t2))
     result.mean_compare, result.mean_to = c1.mean() - c2.mean(), t1.mean() - t2.mean()
     result.diff_first, result.diff_versus = c1.mean() - t1.mean(), c2.mean() - t2.mean()
@@ -335,28 +476,61 @@ def evaluate_interaction(
     result.paired_by_seed = len(seeds) >= MIN_SEEDS and all(sorted(s.index) == seeds for s in (t1, c2, t2))
     if result.paired_by_seed:
         contrast = (c1 - t1 - c2 + t2).to_numpy()
-        result.diff, (lo, hi) = float(contrast.mean()), mean_ci(contrast, level=level)
+        result.diff, (lo, hi) = float(contrast.mean()), mean_ci(contrast, level=result.level)
     else:
         cell_pairs = [(c1.to_numpy(), t1.to_numpy()), (t2.to_numpy(), c2.to_numpy())]
-        estimate, lo, hi = diff_ci(cell_pairs, level=level)
+        estimate, lo, hi = diff_ci(cell_pairs, level=result.level)
         result.diff, lo, hi = 2 * estimate, 2 * lo, 2 * hi
     # (a - b) - (c - d): a difference in the first metric's difference range less one in the second's.
-    first, second = (judged_range(m).difference() for m in (metric, versus_metric))
+    first, second = (judged_range(m).difference() for m in (result.metric, result.versus_metric))
     result.ci_low, result.ci_high = max(lo, first.low - second.high), min(hi, first.high - second.low)
-    fewest, needed = min(len(s) for s in (c1, t1, c2, t2)), max(min_seeds(metric), min_seeds(versus_metric))
-    if fewest < needed:
-        result.reason = f"a cell has {fewest} completed seed(s); a verdict needs {needed}"
-        result.verdict = (
-            PENDING if unfinished(df, [v for _, variants, _ in cells for v in variants]) else INCONCLUSIVE
-        )
+
+
+def evaluate_interaction(
+    spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float = LEVEL
+) -> ClaimResult:
+    """Δ = (compare - to) - (compare' - to'), see the module docstring."""
+    cells, raw = _cells(spec, claim, df)
+    metric, versus_metric = cells[0][2], cells[2][2]
+    result = ClaimResult(
+        claim, metric, INCONCLUSIVE, "", cells[0][1], cells[1][1], versus_metric=versus_metric, level=level
+    )
+    empty = [label for label, variants, _ in cells if not variants]
+    if empty:
+        result.reason = f"no variant matches {', '.join(empty)}"
         return result
-    result.verdict = verdict(result.ci_low, result.ci_high, claim.expect, threshold(claim, metric))
+    judged = lambda series: [on_scale(s, m) for s, (_, _, m) in zip(series, cells)]  # noqa: E731
+    scaled = judged(raw)
+    _contrast(result, scaled)
+    variants = [v for _, cell, _ in cells for v in cell]
+    needed = max(min_seeds(metric), min_seeds(versus_metric))
+    if _too_few(result, min(len(s) for s in raw), needed, df, variants, "a cell"):
+        return result
+    sides = [(label, cell, s.to_numpy()) for (label, cell, _), s in zip(cells, raw)]
+    if _uninformative(result, sides):
+        return result
+    if claim.chance is not None:
+        _, trained = _cells(spec, claim, df, claim.chance)
+        result.failed = [(label, len(r) - len(t), len(r)) for (label, _, _), r, t in zip(cells, raw, trained)]
+        if result.failures:
+            if result.paired_by_seed:  # a seed that failed in one cell leaves all four: still paired
+                kept = set.intersection(*(set(t.index) for t in trained))
+                trained = [t[t.index.isin(kept)] for t in trained]
+            scaled = judged(trained)
+            _contrast(result, scaled)
+            if _too_few(result, min(len(s) for s in trained), needed, df, variants, "a cell"):
+                return result
+    _decide(result)
     result.reason = (
         f"Δ = ({result.diff_first:.3g} on {metric}) - ({result.diff_versus:.3g} on {versus_metric}); "
-        + _reason(result)
+        + result.reason
     )
-    sides = [(label, variants, s.to_numpy()) for (label, variants, _), s in zip(cells, raw)]
-    _uninformative(result, sides)
+    first, second = (judged_bounds(m) for m in (metric, versus_metric))
+    means = [s.mean() for s in scaled]
+    _at_bounds(result, [(means[0], means[1], first), (means[2], means[3], second)])
+    # Each side's change between the arms lies in [low - high', high - low'].
+    changes = MetricRange(first.low - second.high, first.high - second.low)
+    _no_room(result, result.mean_to, changes, result.mean_to, changes)
     return result
 
 
@@ -387,35 +561,97 @@ def _uninformative(result: ClaimResult, sides: list[tuple[str, list[str], np.nda
     return bool(unlearnt)
 
 
-def _at_bound(result: ClaimResult) -> None:
-    """Marks a `similar` claim whose two sides both sit within the margin of the metric's bound (a ratio
-    metric's logs have none)."""
-    rng, m = judged_range(result.metric), abs(result.claim.margin)
+def _bound_word(value: float, rng: MetricRange) -> str:
+    return "upper" if value == rng.high else "lower"
+
+
+def _at_bounds(result: ClaimResult, arms: list[tuple[float, float, MetricRange]]) -> None:
+    """Marks a `similar` claim whose bounds alone hold Δ within the margin: in each of its differences (one,
+    or an interaction's two) both means, on the judged scale, lie within the margin (shared out between
+    the differences) of one bound of the difference's metric (judged_bounds)."""
     if result.claim.expect != "similar":
         return
-    means = (result.mean_compare, result.mean_to)
-    if all(x >= rng.high - m for x in means):
-        result.verdict, bound = CEILING, f"the upper bound {rng.high:g}"
-    elif all(x <= rng.low + m for x in means):
-        result.verdict, bound = FLOOR, f"the lower bound {rng.low:g}"
-    else:
+    share = threshold(result.claim, result.metric) / len(arms)
+    bounds = []
+    for compare, to, rng in arms:
+        if min(compare, to) >= rng.high - share:
+            bounds.append(rng.high)
+        elif max(compare, to) <= rng.low + share:
+            bounds.append(rng.low)
+        else:
+            return
+    words = [_bound_word(b, rng) for b, (_, _, rng) in zip(bounds, arms)]
+    result.verdict = CEILING if words[0] == "upper" else FLOOR
+    metrics = [result.metric, result.versus_metric]
+    # A bound as its metric writes it: a perplexity's log 0 is its 1.
+    shown = [
+        metric_info(m).range.high if w == "upper" else metric_info(m).range.low
+        for w, m in zip(words, metrics)
+    ]
+    if len(arms) == 1:
+        result.reason = (f"both means lie within the margin {result.margin_text} of the {words[0]} bound "
+                         f"{shown[0]:g}: neither side can move")  # fmt: skip
         return
-    result.reason = f"both means lie within the margin {m:g} of {bound}: neither side can move"
+    at = "; ".join(f"{m}: {w} {b:g}" for m, w, b in zip(metrics, words, shown))
+    result.reason = (f"in each difference both means lie within half the margin {result.margin_text} of a bound "
+                     f"({at}): neither difference can move")  # fmt: skip
 
 
-def _unattainable(result: ClaimResult) -> None:
-    """Marks a `lower` (`higher`) claim on a bounded metric whose `to` side's mean lies within the margin
-    of the metric's lower (upper) bound: no compare side could clear the margin (a ratio metric's logs have
-    no bound)."""
-    rng, m, expect = judged_range(result.metric), abs(result.claim.margin), result.claim.expect
+def _no_room(
+    result: ClaimResult, to: float, rng: MetricRange, to_shown: float, rng_shown: MetricRange
+) -> None:
+    """A `lower` (`higher`) claim whose `to` side (`to`, on the judged scale with its bounds `rng`) lies
+    within the margin of the bound the claimed effect runs toward: no compare side could clear the margin
+    (unattainable). A `not_worse` claim whose `to` side lies within the margin of the metric's worse bound:
+    no compare side could be worse by more than it (floor, or ceiling where lower is better). `to_shown` and
+    `rng_shown`: the same on the metric's own scale, for the reason."""
+    expect, m = result.claim.expect, threshold(result.claim, result.metric)
+    direction = metric_info(result.metric).direction
+    noun = "change" if result.versus_metric else "mean"
+    if expect == "not_worse":
+        worse_low = direction == "maximize"
+        if (to - rng.low if worse_low else rng.high - to) <= m:
+            bound = f"lower bound {rng_shown.low:g}" if worse_low else f"upper bound {rng_shown.high:g}"
+            result.verdict = FLOOR if worse_low else CEILING
+            result.reason = (f"the to side's {noun} {to_shown:.3g} lies within the margin {result.margin_text} of "
+                             f"the {bound}: no compare side can be worse by more than the margin")  # fmt: skip
+        return
     if expect == "similar" or m == 0:
         return
-    room = result.mean_to - rng.low if expect == "lower" else rng.high - result.mean_to
+    room = to - rng.low if expect == "lower" else rng.high - to
     # Data that rule out even a zero effect in the claimed direction contradict it, whatever the margin.
     if room < m and verdict(result.ci_low, result.ci_high, expect, 0.0) != CONTRADICTED:
-        bound = f"lower bound {rng.low:g}" if expect == "lower" else f"upper bound {rng.high:g}"
+        bound = f"lower bound {rng_shown.low:g}" if expect == "lower" else f"upper bound {rng_shown.high:g}"
         result.verdict = UNATTAINABLE
-        result.reason = f"the to side's mean {result.mean_to:.3g} lies within the margin {m:g} of the {bound}"
+        result.reason = (f"the to side's {noun} {to_shown:.3g} lies within the margin {result.margin_text} of "
+                         f"the {bound}")  # fmt: skip
+
+
+def _selector(selector: dict[str, Value]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in selector.items())
+
+
+def _sensitivity(spec: StudySpec, result: ClaimResult, df: pd.DataFrame) -> None:
+    """A reproduced `similar` or `not_worse` claim stands only where its positive control moves the metric
+    beyond the margin (module docstring); one without a control says that it has none."""
+    claim = result.claim
+    if claim.expect not in AGREEMENT or result.verdict != REPRODUCED:
+        return
+    control = control_claim(claim, result.metric)
+    if control is None:
+        result.reason += "; no positive control: whether the metric could tell the sides apart is not tested"
+        return
+    judged = result.control = evaluate_difference(spec, control, df, result.level)
+    name = f"the control ({_selector(control.compare)} against {_selector(control.to)})"
+    if judged.verdict == CONTRADICTED:
+        result.reason += f"; {name}: {judged.reason}, so the metric moves by the margin"
+    elif judged.verdict in (REPRODUCED, CEILING, FLOOR):
+        result.verdict = INSENSITIVE
+        result.reason = (f"{name}: {judged.reason}: the metric does not move by the margin even where a "
+                         "difference is designed in")  # fmt: skip
+    else:  # undecided, or still running: more seeds may decide the control
+        result.verdict = PENDING if judged.verdict == PENDING else INCONCLUSIVE
+        result.reason = f"the sides agree, but {name} is undecided: {judged.reason}"
 
 
 def _reason(r: ClaimResult) -> str:
@@ -429,10 +665,13 @@ def _reason(r: ClaimResult) -> str:
 
 
 def claim_variants(spec: StudySpec, claim: ClaimSpec) -> list[str]:
-    """Every variant a claim compares: both sides of each of its arms."""
+    """Every variant a claim compares: both sides of each of its arms, and of its control."""
     settings = variant_settings(spec)
     found = [v for _, within in claim.arms(spec.metric.name) for side in claim_sides(settings, claim, within)
              for v in side]  # fmt: skip
+    control = control_claim(claim, spec.metric.name)
+    if control is not None:
+        found += [v for side in claim_sides(settings, control, {}) for v in side]
     return list(dict.fromkeys(found))
 
 

@@ -16,6 +16,8 @@ from ablate.analysis.claims import (
     CONTRADICTED,
     FLOOR,
     INCONCLUSIVE,
+    INSENSITIVE,
+    PENDING,
     REPRODUCED,
     UNATTAINABLE,
     UNLEARNT,
@@ -511,3 +513,247 @@ def test_an_exact_match_claim_waits_for_the_look_with_three_seeds():
     assert claims.seeds_wanted(spec, [result]) == {"plain": 3, "attn": 3}
     (result,) = claims.evaluate_all(spec, exact_match([0.86, 0.88, 0.87], [0.99, 0.99, 0.98]))
     assert (result.verdict, result.look, result.decided) == (REPRODUCED, 1, True)
+
+
+# The rules below each close one way a claim could be judged on what it cannot see: a study built to hit
+# exactly that hole, and the verdict it gets.
+
+
+def test_an_interaction_whose_to_side_falls_from_top_to_bottom_is_unattainable():
+    # With attention, token accuracy itself falls from ~1 to ~0: without attention it cannot fall 0.05 more.
+    # The CI alone (-0.031 to 0.045) would contradict the claim; the bound, not the data, rules it out.
+    df = degradation([1.0, 0.99, 1.0], [0.0, 0.01, 0.02], [1.0, 1.0, 0.99], [0.01, 0.0, 0.0])
+    (result,) = claims.evaluate_all(named_spec({**INTERACTION, "expect": "lower", "margin": 0.05}), df)
+    assert claims.verdict(result.ci_low, result.ci_high, "lower", 0.05) == CONTRADICTED
+    assert result.verdict == UNATTAINABLE
+    assert result.reason == "the to side's change -0.993 lies within the margin 0.05 of the lower bound -1"
+    # With room below the to side's change, the same claim is judged by its CI.
+    room = degradation([1.0, 0.99, 1.0], [0.0, 0.01, 0.02], [1.0, 1.0, 0.99], [0.71, 0.7, 0.7])
+    (result,) = claims.evaluate_all(named_spec({**INTERACTION, "expect": "lower", "margin": 0.05}), room)
+    assert result.verdict == REPRODUCED
+
+
+def test_a_similar_interaction_whose_cells_all_sit_at_a_bound_is_uninformative():
+    # Every cell within 0.01 of 1: neither difference can move, so the two agree whatever the factor does.
+    df = degradation([1.0, 0.99, 1.0], [0.99, 1.0, 1.0], [1.0, 1.0, 0.99], [1.0, 0.99, 1.0])
+    (result,) = claims.evaluate_all(named_spec({**INTERACTION, "expect": "similar", "margin": 0.05}), df)
+    assert claims.verdict(result.ci_low, result.ci_high, "similar", 0.05) == REPRODUCED
+    assert result.verdict == CEILING
+    assert result.reason == (
+        "in each difference both means lie within half the margin 0.05 of a bound "
+        f"({LONG}: upper 1; {SHORT}: upper 1): neither difference can move"
+    )
+    # One difference off the bound can move: the claim is judged by its CI.
+    off = degradation([0.6, 0.61, 0.6], [0.6, 0.6, 0.61], [1.0, 1.0, 0.99], [1.0, 0.99, 1.0])
+    (result,) = claims.evaluate_all(named_spec({**INTERACTION, "expect": "similar", "margin": 0.05}), off)
+    assert result.verdict == REPRODUCED
+
+
+PPL = "test/ppl"
+
+
+def test_a_perplexity_near_its_bound_of_1_is_a_floor_on_the_ratio_scale():
+    # Both perplexities within 1.05 of 1: their ratio cannot leave [1/1.05, 1.05] whatever the models do.
+    near_one = trials({("plain", s): {PPL: x} for s, x in enumerate([1.01, 1.02, 1.03])}
+                      | {("attn", s): {PPL: x} for s, x in enumerate([1.02, 1.01, 1.02])})  # fmt: skip
+    (result,) = claims.evaluate_all(
+        named_spec({"metric": PPL, "expect": "similar", "margin": 0.05}), near_one
+    )
+    assert result.verdict == FLOOR
+    assert result.reason == (
+        "both means lie within the margin ratio 1.05 (log 0.0488) of the lower bound 1: neither side can move"
+    )
+    # A to side at 1.02 leaves no room for a compare side 1.05 times lower.
+    lower = named_spec({"metric": PPL, "expect": "lower", "margin": 0.05})
+    assert claims.evaluate_all(lower, near_one)[0].verdict == UNATTAINABLE
+    # A loss's bound 0 has no log: a ratio of two small losses can be anything, so no floor.
+    small = trials({("plain", s): {"test/loss": x} for s, x in enumerate([0.010, 0.011, 0.012])}
+                   | {("attn", s): {"test/loss": x} for s, x in enumerate([0.011, 0.010, 0.012])})  # fmt: skip
+    loss = named_spec({"metric": "test/loss", "expect": "similar", "margin": 0.5})
+    assert claims.evaluate_all(loss, small)[0].verdict == REPRODUCED
+
+
+def test_the_exact_match_floor_counts_seeds_of_each_variant_not_values_of_a_side():
+    # Two variants of two seeds each pool four values on the compare side; neither has three seeds.
+    spec = StudySpec.model_validate({
+        "name": "s", "seeds": [0, 1, 2],
+        "variants": {"small": {"preset": "lstm", "model.d_model": 32}, "wide": {"preset": "lstm", "model.d_model": 64},
+                     "attn": {"preset": "lstm-bahdanau"}},
+        "claims": [{"text": "t", "compare": {"preset": "lstm"}, "to": {"preset": "lstm-bahdanau"}, "metric": EXACT,
+                    "expect": "lower", "margin": 0.3}],
+    })  # fmt: skip
+    df = trials({("small", 0): {EXACT: 0.2}, ("small", 1): {EXACT: 0.25}, ("wide", 0): {EXACT: 0.22},
+                 ("wide", 1): {EXACT: 0.21}} | {("attn", s): {EXACT: x} for s, x in enumerate([0.95, 0.96, 0.97])})  # fmt: skip
+    (result,) = claims.evaluate_all(spec, df)
+    assert (result.n_compare, result.n_to) == (4, 3)
+    assert result.verdict == INCONCLUSIVE
+    assert result.reason == f"a variant has 2 completed seed(s) of {EXACT}; a verdict needs 3"
+    # A third seed still running: pending, not inconclusive.
+    running = pd.concat([df, pd.DataFrame([{"trial": 9, "variant": "small", "seed": 2, "state": "RUNNING"}])])
+    assert claims.evaluate_all(spec, running)[0].verdict == PENDING
+    third = trials({("small", 2): {EXACT: 0.23}, ("wide", 2): {EXACT: 0.2}})
+    assert claims.evaluate_all(spec, pd.concat([df, third.assign(trial=[7, 8])]))[0].verdict == REPRODUCED
+
+
+def test_not_worse_is_tested_as_non_inferiority_not_superiority():
+    # Δ -0.01 with a CI around 0: "at least as good" holds within a margin of 0.05; as superiority it did not.
+    level = degradation([0.80, 0.81, 0.79], [0, 0, 0], [0.81, 0.80, 0.82], [0, 0, 0])
+    as_good = {"metric": SHORT, "expect": "not_worse", "margin": 0.05}
+    (result,) = claims.evaluate_all(named_spec(as_good), level)
+    assert result.ci_low < 0 < result.ci_high and result.verdict == REPRODUCED
+    assert result.expected == "above -0.05" and result.reason.startswith("CI of compare - to [")
+    assert result.reason.endswith(
+        "lies above -0.05; no positive control: whether the metric could tell the sides apart is not tested"
+    )
+    superior = named_spec({**as_good, "expect": "higher", "margin": 0.0})
+    assert claims.evaluate_all(superior, level)[0].verdict == INCONCLUSIVE
+    worse = degradation([0.60, 0.61, 0.59], [0, 0, 0], [0.81, 0.80, 0.82], [0, 0, 0])
+    assert claims.evaluate_all(named_spec(as_good), worse)[0].verdict == CONTRADICTED
+    # Where lower is better (AER), not worse means Δ below the margin.
+    aer = trials({("plain", s): {"test/aer": x} for s, x in enumerate([0.31, 0.30, 0.32])}
+                 | {("attn", s): {"test/aer": x} for s, x in enumerate([0.30, 0.29, 0.31])})  # fmt: skip
+    (result,) = claims.evaluate_all(named_spec({**as_good, "metric": "test/aer"}), aer)
+    assert result.expected == "below 0.05" and result.verdict == REPRODUCED
+    worse = trials({("plain", s): {"test/aer": x} for s, x in enumerate([0.41, 0.40, 0.42])}
+                   | {("attn", s): {"test/aer": x} for s, x in enumerate([0.30, 0.29, 0.31])})  # fmt: skip
+    assert (
+        claims.evaluate_all(named_spec({**as_good, "metric": "test/aer"}), worse)[0].verdict == CONTRADICTED
+    )
+
+
+def test_not_worse_against_a_side_at_the_worse_bound_cannot_fail():
+    # The to side sits at 0.02: no compare side can be 0.05 below it, so the claim holds whatever compare does.
+    floor = degradation([0.0, 0.01, 0.0], [0, 0, 0], [0.02, 0.01, 0.03], [0, 0, 0])
+    (result,) = claims.evaluate_all(
+        named_spec({"metric": SHORT, "expect": "not_worse", "margin": 0.05}), floor
+    )
+    assert result.verdict == FLOOR
+    assert result.reason == (
+        "the to side's mean 0.02 lies within the margin 0.05 of the lower bound 0: "
+        "no compare side can be worse by more than the margin"
+    )
+
+
+def control_spec(control: bool = True, seeds: list[int] | dict | None = None) -> StudySpec:
+    """Sorting judged the same with and without positions, reversal (which needs order) as the control."""
+    claim = {"text": "sort needs no positions", "compare": {"model.pos_encoding": "none", "task.name": "sort"},
+             "to": {"model.pos_encoding": "sinusoidal", "task.name": "sort"}, "expect": "similar", "margin": 0.05}  # fmt: skip
+    if control:
+        claim["control"] = {"compare": {"model.pos_encoding": "none", "task.name": "reverse"},
+                            "to": {"model.pos_encoding": "sinusoidal", "task.name": "reverse"}}  # fmt: skip
+    return StudySpec.model_validate({
+        "name": "s", "seeds": seeds or [0, 1, 2], "metric": {"name": EXACT},
+        "factors": {"model.pos_encoding": ["none", "sinusoidal"], "task.name": ["reverse", "sort"]},
+        "claims": [claim],
+    })  # fmt: skip
+
+
+def sorting(reverse_none: list[float], reverse_sinusoidal: list[float]) -> pd.DataFrame:
+    cells = {"pos_encoding=none,name=sort": [0.90, 0.91, 0.92], "pos_encoding=sinusoidal,name=sort": [0.91, 0.90, 0.92],
+             "pos_encoding=none,name=reverse": reverse_none, "pos_encoding=sinusoidal,name=reverse": reverse_sinusoidal}  # fmt: skip
+    return trials({(v, s): {EXACT: x} for v, xs in cells.items() for s, x in enumerate(xs)})
+
+
+def test_agreement_stands_only_where_a_positive_control_moves_the_metric_beyond_the_margin():
+    # Reversal without positions fails: the metric moves, and sorting's agreement is informative.
+    (result,) = claims.evaluate_all(control_spec(), sorting([0.0, 0.01, 0.0], [0.85, 0.86, 0.84]))
+    assert result.verdict == REPRODUCED and result.control.verdict == CONTRADICTED
+    assert result.reason.endswith(
+        "; the control (model.pos_encoding=none, task.name=reverse against model.pos_encoding=sinusoidal, "
+        f"task.name=reverse): {result.control.reason}, so the metric moves by the margin"
+    )
+    # Reversal without positions does as well as with them: the metric (or the training) does not register
+    # positions at all, and agreement on sorting says nothing.
+    (result,) = claims.evaluate_all(control_spec(), sorting([0.90, 0.91, 0.90], [0.91, 0.90, 0.91]))
+    assert result.verdict == INSENSITIVE and result.control.verdict == REPRODUCED
+    assert result.reason.endswith(
+        "the metric does not move by the margin even where a difference is designed in"
+    )
+    # A control whose CI straddles the margin decides nothing yet: inconclusive, and more seeds are wanted
+    # for the control's variants too.
+    undecided = sorting([0.75, 0.90, 0.84], [0.88, 0.90, 0.86])
+    (result,) = claims.evaluate_all(control_spec(), undecided)
+    assert result.verdict == INCONCLUSIVE and result.control.verdict == INCONCLUSIVE
+    assert result.reason.startswith("the sides agree, but the control (")
+    adaptive = control_spec(seeds={"min": 3, "max": 6, "step": 3})
+    (result,) = claims.evaluate_all(adaptive, undecided)
+    assert claims.seeds_wanted(adaptive, [result]) == {v: 6 for v in adaptive.variant_overrides()}
+    # The same data without a control: reproduced, with the reason saying what was not tested.
+    (result,) = claims.evaluate_all(control_spec(control=False), undecided)
+    assert result.verdict == REPRODUCED and result.reason.endswith("is not tested")
+
+
+def test_a_control_still_running_leaves_its_claim_pending():
+    df = sorting([0.0, 0.01, 0.0], [0.85, 0.86, 0.84])
+    df = df[~((df["variant"] == "pos_encoding=none,name=reverse") & (df["seed"] > 0))]
+    running = pd.DataFrame([{"trial": 20 + s, "variant": "pos_encoding=none,name=reverse", "seed": s,
+                             "state": "RUNNING"} for s in (1, 2)])  # fmt: skip
+    (result,) = claims.evaluate_all(control_spec(), pd.concat([df, running]))
+    assert result.verdict == PENDING and result.control.verdict == PENDING
+
+
+def test_failed_seeds_do_not_decide_a_claim_and_are_counted_per_side():
+    # The general score trains in six seeds of ten, as well as dot; its four failed seeds alone make it
+    # "worse" on the mean of all ten.
+    general = [0.80, 0.0, 0.82, 0.01, 0.81, 0.79, 0.0, 0.83, 0.02, 0.80]
+    dot = [0.80, 0.81, 0.82, 0.80, 0.81, 0.79, 0.82, 0.81, 0.80, 0.83]
+    df = trials({("plain", s): {SHORT: x} for s, x in enumerate(general)}
+                | {("attn", s): {SHORT: x} for s, x in enumerate(dot)})  # fmt: skip
+    claim = {"metric": SHORT, "expect": "lower", "chance": 0.05}
+    assert (
+        claims.evaluate_all(named_spec({**claim, "chance": None}, seeds=range(10)), df)[0].verdict
+        == REPRODUCED
+    )
+    (result,) = claims.evaluate_all(named_spec(claim, seeds=range(10)), df)
+    assert result.verdict == INCONCLUSIVE and (result.n_compare, result.n_to) == (6, 10)
+    assert result.failed == [("compare", 4, 10), ("to", 0, 10)]
+    assert result.reason.endswith(
+        "; failed seeds (at or below chance 0.05), left out: compare 4 of 10, to 0 of 10"
+    )
+    # A variant left with fewer trained seeds than a verdict needs is inconclusive, and says why.
+    few = trials({("plain", s): {SHORT: x} for s, x in enumerate([0.80, 0.0, 0.01])}
+                 | {("attn", s): {SHORT: x} for s, x in enumerate([0.80, 0.81, 0.82])})  # fmt: skip
+    (result,) = claims.evaluate_all(named_spec(claim), few)
+    assert result.verdict == INCONCLUSIVE
+    assert result.reason == (
+        f"a variant has 1 trained seed(s) of {SHORT}; a verdict needs 2; "
+        "failed seeds (at or below chance 0.05), left out: compare 2 of 3, to 0 of 3"
+    )
+    # Where lower is better a failed seed is at or above chance.
+    loss = trials({("plain", s): {"val/loss": x} for s, x in enumerate([0.1, 2.5, 0.12, 0.11])}
+                  | {("attn", s): {"val/loss": x} for s, x in enumerate([0.5, 0.52, 0.51, 0.5])})  # fmt: skip
+    (result,) = claims.evaluate_all(named_spec({"metric": "val/loss", "expect": "lower", "chance": 2.0},
+                                               seeds=range(4)), loss)  # fmt: skip
+    assert result.verdict == REPRODUCED and result.failed == [("compare", 1, 4), ("to", 0, 4)]
+    assert "failed seeds (at or above chance 2)" in result.reason
+
+
+def test_a_seed_that_failed_in_one_cell_leaves_every_cell_of_a_paired_interaction():
+    grid = {**GRID, ("d_model=256,scale=none", 2): 0.02, ("d_model=256,scale=sqrt", 2): 0.82,
+            ("d_model=16,scale=none", 2): 0.29, ("d_model=16,scale=sqrt", 2): 0.0}  # fmt: skip
+    df = trials({key: {GRID_METRIC: x} for key, x in grid.items()})
+    (result,) = claims.evaluate_all(grid_spec({"chance": 0.005}, seeds=(0, 1, 2)), df)
+    # Seed 2 of d_model=16,scale=sqrt failed: seeds 0 and 1 are compared in all four cells, still paired.
+    contrast = np.array([(0.01 - 0.80) - (0.30 - 0.70), (0.03 - 0.84) - (0.28 - 0.74)])
+    assert result.paired_by_seed and result.diff == pytest.approx(contrast.mean())
+    assert result.failed == [("compare", 0, 3), ("to", 0, 3), ("compare'", 0, 3), ("to'", 1, 3)]
+    assert result.reason.endswith(
+        "failed seeds (at or below chance 0.005), left out: compare 0 of 3, to 0 of 3, compare' 0 of 3, to' 1 of 3; "
+        "a seed failed in one cell is left out of all four"
+    )
+
+
+def test_claim_kinds_and_controls_in_the_schema():
+    claim = {"text": "t", "compare": {"preset": "lstm"}, "to": {"preset": "lstm-bahdanau"}, "expect": "lower"}
+    assert named_spec({"expect": "lower"}).claims[0].kind == "test"
+    assert named_spec({"expect": "lower", "kind": "check"}).claims[0].kind == "check"
+    with pytest.raises(ValueError, match="kind"):
+        named_spec({"expect": "lower", "kind": "demo"})
+    control = {"compare": {"preset": "lstm"}, "to": {"preset": "lstm-bahdanau"}}
+    with pytest.raises(ValueError, match="control: only a similar or not_worse claim takes one"):
+        StudySpec.model_validate({"name": "n", "claims": [{**claim, "control": control}]})
+    with pytest.raises(ValueError, match="an interaction takes none"):
+        named_spec({"expect": "similar", "metric": SHORT, "versus": {"metric": LONG}, "control": control})
+    spec = named_spec({"expect": "similar", "control": control})
+    results = claims.evaluate_all(spec, degradation([0.9] * 3, [0] * 3, [0.9] * 3, [0] * 3))
+    assert claims.by_kind(results) == (results, [])
