@@ -2,18 +2,25 @@
 (Koehn 2004) of corpus BLEU, each variant against the baseline on the sentences both translated.
 
 Seeds are paired: a variant's seed s is compared with the baseline's seed s, on a split whose references
-are the same for both (the same sentences in the same order). Each seed pair gets its own test, and the
-matched seeds' translations pooled (each system's hypotheses of every matched seed, one after the other,
-against the references repeated) get one test. The seed-by-seed tests show whether one seed drives the
-pooled result; the pooled test resamples sentences only, so it speaks of these trained models, not of
-what another seed would train: the per-variant CIs over seeds are what generalise over training runs."""
+are the same for both (the same sentences in the same order). Each seed pair gets its own test, which is
+sacreBLEU's test itself, and the matched seeds get one test together, a cluster bootstrap: each resample
+draws test sentences with replacement, each sentence with every seed's translations of it, and compares
+the two variants' BLEU averaged over seeds. A sentence's translations by different seeds are not
+independent sentences (seeds that agree repeat each other), so drawing them one by one, as pooling the
+seeds' translations into one corpus does, would count one sentence as several and understate p. The
+seed-by-seed tests show whether one seed drives the result. Both resample sentences only, so they speak of
+these trained models, not of what another seed would train: the per-variant CIs over seeds are what
+generalise over training runs."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
-from sacrebleu.significance import PairedTest
+from sacrebleu import BLEU
 
 from ablate.analysis.table import latest_trials
 from ablate.harness.metrics import bleu_metric
@@ -21,17 +28,82 @@ from ablate.harness.metrics import bleu_metric
 RESAMPLES = 1000  # sacreBLEU's default for its paired bootstrap
 
 
-def paired_bootstrap(baseline: list[str], system: list[str], references: list[str]) -> dict[str, Any]:
-    """{bleu_baseline, bleu, p, signature}: sacreBLEU's paired bootstrap test of `system` against
-    `baseline`, two-sided, with RESAMPLES resamples (seeded by SACREBLEU_SEED, 12345 by default). Two
-    identical outputs get p = 1: sacreBLEU counts only resampled differences strictly above the observed
-    one, so it gives them its smallest p, 1 / (RESAMPLES + 1)."""
-    test = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": bleu_metric()}, [references],
-                      test_type="bs", n_samples=RESAMPLES)  # fmt: skip
-    signatures, scores = test()
-    base, other = scores["BLEU"]
-    p = 1.0 if list(system) == list(baseline) else other.p_value
-    return {"bleu_baseline": base.score, "bleu": other.score, "p": p, "signature": str(signatures["BLEU"])}
+def _seed() -> int | None:
+    """The seed sacreBLEU's PairedTest draws its resamples with: SACREBLEU_SEED, 12345 by default; 'none'
+    draws from the OS, and PairedTest passes 0 on as none too."""
+    seed = os.environ.get("SACREBLEU_SEED", "12345")
+    return None if seed.lower() == "none" else int(seed) or None
+
+
+def signature(metric: BLEU, resamples: int) -> str:
+    """The signature sacreBLEU's PairedTest gives its bootstrap: the metric's, with the seed and resamples."""
+    sig = metric.get_signature()
+    sig.update("seed", str(_seed()).lower())
+    sig.update("bs", resamples)
+    return str(sig)
+
+
+def draws(sentences: int) -> np.ndarray:
+    """(RESAMPLES, sentences) sentence indices drawn with replacement, as sacreBLEU's PairedTest draws
+    them, so that a test of one seed pair resamples exactly what sacreBLEU's own would."""
+    return np.random.default_rng(_seed()).choice(sentences, size=(RESAMPLES, sentences), replace=True)
+
+
+def sentence_stats(metric: BLEU, hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarray:
+    """(sentences, 2 + 2 * order) integers: each sentence's BLEU sufficient statistics in sacreBLEU's
+    order (hypothesis length, reference length, matched n-grams, hypothesis n-grams), so that sums over
+    sentences give corpus BLEU. Read from each sentence's own corpus score: public, where sentence_score
+    would warn on every sentence and PairedTest reads a private method."""
+    scores = [metric.corpus_score([hyp], [[ref]]) for hyp, ref in zip(hypotheses, references, strict=True)]
+    return np.array([[s.sys_len, s.ref_len, *s.counts, *s.totals] for s in scores], dtype=np.int64)
+
+
+def _bleu(metric: BLEU, stats: Sequence) -> float:
+    """Corpus BLEU from summed sufficient statistics, by sacreBLEU's own formula and settings."""
+    order = metric.max_ngram_order
+    return metric.compute_bleu(
+        correct=stats[2 : 2 + order], total=stats[2 + order :], sys_len=int(stats[0]), ref_len=int(stats[1]),
+        smooth_method=metric.smooth_method, smooth_value=metric.smooth_value,
+        effective_order=metric.effective_order, max_ngram_order=order,
+    ).score  # fmt: skip
+
+
+def _mean_bleu(metric: BLEU, seeds: list[np.ndarray], drawn: np.ndarray) -> np.ndarray:
+    """Per resample (row of `drawn`), each seed's corpus BLEU over the drawn sentences, averaged over seeds.
+    float32 sums, as sacreBLEU's own test adds them, so that one seed's p is sacreBLEU's to the resample."""
+    sums = [stats.astype(np.float32)[drawn].sum(axis=1) for stats in seeds]  # (resamples, statistics) a seed
+    return np.mean([[_bleu(metric, row) for row in seed] for seed in sums], axis=0)
+
+
+def cluster_bootstrap(
+    metric: BLEU, baseline: list[np.ndarray], system: list[np.ndarray], drawn: np.ndarray
+) -> dict[str, float]:
+    """{bleu_baseline, bleu, p}: the paired bootstrap of `system` against `baseline` given per seed (paired
+    by position) as sentence_stats of the same sentences, the resamples' sentence indices `drawn`. BLEU is
+    each seed's corpus BLEU averaged over seeds; p is sacreBLEU's two-sided p: the share of resamples whose
+    absolute difference, centred on its mean over the resamples, exceeds the observed absolute difference,
+    one added to both counts. With one seed this is sacreBLEU's paired bootstrap. Outputs that BLEU cannot
+    tell apart get p = 1, where sacreBLEU's strict count gives them its smallest p, 1 / (resamples + 1)."""
+    bleu_baseline, bleu = (float(np.mean([_bleu(metric, s.sum(axis=0).tolist()) for s in side]))
+                           for side in (baseline, system))  # fmt: skip
+    if all(np.array_equal(b, s) for b, s in zip(baseline, system, strict=True)):
+        return {"bleu_baseline": bleu_baseline, "bleu": bleu, "p": 1.0}
+    resampled = np.abs(_mean_bleu(metric, system, drawn) - _mean_bleu(metric, baseline, drawn))
+    exceeding = np.sum(resampled - resampled.mean() > abs(bleu - bleu_baseline))
+    return {"bleu_baseline": bleu_baseline, "bleu": bleu, "p": float((exceeding + 1) / (len(drawn) + 1))}
+
+
+def paired_bootstrap(
+    baseline: Sequence[Sequence[str]], system: Sequence[Sequence[str]], references: Sequence[str],
+    drawn: np.ndarray | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """{bleu_baseline, bleu, p, signature}: cluster_bootstrap of `system` against `baseline`, each given as
+    its seeds' translations of `references` (seed by seed, paired by position), resampled by `drawn` (by
+    default, RESAMPLES draws seeded as sacreBLEU's)."""
+    metric = bleu_metric()
+    drawn = draws(len(references)) if drawn is None else drawn
+    base, own = ([sentence_stats(metric, hyps, references) for hyps in side] for side in (baseline, system))
+    return {**cluster_bootstrap(metric, base, own, drawn), "signature": signature(metric, len(drawn))}
 
 
 def _by_seed(split_rows: pd.DataFrame, variant: str) -> dict[Any, pd.DataFrame]:
@@ -41,21 +113,14 @@ def _by_seed(split_rows: pd.DataFrame, variant: str) -> dict[Any, pd.DataFrame]:
     return {seed: rows for seed, rows in latest.groupby("seed")}
 
 
-def _test(base: dict[Any, pd.DataFrame], own: dict[Any, pd.DataFrame], seeds: list) -> dict[str, Any]:
-    """paired_bootstrap on the seeds' translations, one seed's after the other's."""
-
-    def pooled(frames: dict[Any, pd.DataFrame], column: str) -> list[str]:
-        return [text for seed in seeds for text in frames[seed][column].tolist()]
-
-    return paired_bootstrap(pooled(base, "hyp"), pooled(own, "hyp"), pooled(own, "ref"))
-
-
 def paired_tests(translations: pd.DataFrame, order: list[str], baseline: str) -> list[dict[str, Any]]:
     """One row per variant other than the baseline and test split: {variant, split, seeds, sentences (per
-    seed), bleu_baseline, bleu, diff, p (pooled seeds), p_seeds (per seed pair, in seed order),
+    seed), bleu_baseline, bleu (each the mean over the seeds of their corpus BLEU), diff, p (the seeds
+    together, sentences resampled with all their seeds), p_seeds (per seed pair, in seed order),
     signature}; none where the two share no seed with the same references."""
     if translations.empty:
         return []
+    metric = bleu_metric()
     splits = {split: rows for split, rows in translations.groupby("split", sort=False)}
     bases = {split: _by_seed(rows, baseline) for split, rows in splits.items()}
     rows = []
@@ -67,9 +132,15 @@ def paired_tests(translations: pd.DataFrame, order: list[str], baseline: str) ->
             ]
             if not seeds:
                 continue
-            per_seed = [_test(base, own, [seed]) for seed in seeds]
-            pooled = per_seed[0] if len(seeds) == 1 else _test(base, own, seeds)  # one seed: the same test
-            rows.append({"variant": variant, "split": split, "seeds": seeds, "sentences": len(own[seeds[0]]),
-                         **pooled, "diff": pooled["bleu"] - pooled["bleu_baseline"],
-                         "p_seeds": [r["p"] for r in per_seed]})  # fmt: skip
+            references = own[seeds[0]]["ref"].tolist()
+            drawn = draws(len(references))
+            # Each side's sentence statistics per seed, once for the per-seed tests and the joint one.
+            stats = [[sentence_stats(metric, frames[s]["hyp"].tolist(), references) for s in seeds]
+                     for frames in (base, own)]  # fmt: skip
+            per_seed = [cluster_bootstrap(metric, [b], [o], drawn) for b, o in zip(*stats)]
+            together = per_seed[0] if len(seeds) == 1 else cluster_bootstrap(metric, *stats, drawn)
+            rows.append({"variant": variant, "split": split, "seeds": seeds, "sentences": len(references),
+                         **together, "diff": together["bleu"] - together["bleu_baseline"],
+                         "p_seeds": [r["p"] for r in per_seed],
+                         "signature": signature(metric, len(drawn))})  # fmt: skip
     return rows
