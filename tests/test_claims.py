@@ -43,6 +43,12 @@ def trials(cells: dict[tuple[str, int], dict[str, float]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def plain_attn(metric: str, plain: list[float], attn: list[float]) -> pd.DataFrame:
+    """One metric's values by seed for the model without attention (plain) and the one with it (attn)."""
+    return trials({("plain", s): {metric: x} for s, x in enumerate(plain)}
+                  | {("attn", s): {metric: x} for s, x in enumerate(attn)})  # fmt: skip
+
+
 def named_spec(claim: dict, seeds=(0, 1, 2)) -> StudySpec:
     return StudySpec.model_validate({
         "name": "bottleneck", "seeds": list(seeds),
@@ -481,8 +487,7 @@ EXACT = "test/seq_acc"
 
 
 def exact_match(compare: list[float], to: list[float]) -> pd.DataFrame:
-    return trials({("plain", s): {EXACT: x} for s, x in enumerate(compare)}
-                  | {("attn", s): {EXACT: x} for s, x in enumerate(to)})  # fmt: skip
+    return plain_attn(EXACT, compare, to)
 
 
 def test_exact_match_is_never_decided_at_two_seeds_a_side():
@@ -554,8 +559,7 @@ PPL = "test/ppl"
 
 def test_a_perplexity_near_its_bound_of_1_is_a_floor_on_the_ratio_scale():
     # Both perplexities within 1.05 of 1: their ratio cannot leave [1/1.05, 1.05] whatever the models do.
-    near_one = trials({("plain", s): {PPL: x} for s, x in enumerate([1.01, 1.02, 1.03])}
-                      | {("attn", s): {PPL: x} for s, x in enumerate([1.02, 1.01, 1.02])})  # fmt: skip
+    near_one = plain_attn(PPL, [1.01, 1.02, 1.03], [1.02, 1.01, 1.02])
     (result,) = claims.evaluate_all(
         named_spec({"metric": PPL, "expect": "similar", "margin": 0.05}), near_one
     )
@@ -567,8 +571,7 @@ def test_a_perplexity_near_its_bound_of_1_is_a_floor_on_the_ratio_scale():
     lower = named_spec({"metric": PPL, "expect": "lower", "margin": 0.05})
     assert claims.evaluate_all(lower, near_one)[0].verdict == UNATTAINABLE
     # A loss's bound 0 has no log: a ratio of two small losses can be anything, so no floor.
-    small = trials({("plain", s): {"test/loss": x} for s, x in enumerate([0.010, 0.011, 0.012])}
-                   | {("attn", s): {"test/loss": x} for s, x in enumerate([0.011, 0.010, 0.012])})  # fmt: skip
+    small = plain_attn("test/loss", [0.010, 0.011, 0.012], [0.011, 0.010, 0.012])
     loss = named_spec({"metric": "test/loss", "expect": "similar", "margin": 0.5})
     assert claims.evaluate_all(loss, small)[0].verdict == REPRODUCED
 
@@ -610,12 +613,10 @@ def test_not_worse_is_tested_as_non_inferiority_not_superiority():
     worse = degradation([0.60, 0.61, 0.59], [0, 0, 0], [0.81, 0.80, 0.82], [0, 0, 0])
     assert claims.evaluate_all(named_spec(as_good), worse)[0].verdict == CONTRADICTED
     # Where lower is better (AER), not worse means Δ below the margin.
-    aer = trials({("plain", s): {"test/aer": x} for s, x in enumerate([0.31, 0.30, 0.32])}
-                 | {("attn", s): {"test/aer": x} for s, x in enumerate([0.30, 0.29, 0.31])})  # fmt: skip
+    aer = plain_attn("test/aer", [0.31, 0.30, 0.32], [0.30, 0.29, 0.31])
     (result,) = claims.evaluate_all(named_spec({**as_good, "metric": "test/aer"}), aer)
     assert result.expected == "below 0.05" and result.verdict == REPRODUCED
-    worse = trials({("plain", s): {"test/aer": x} for s, x in enumerate([0.41, 0.40, 0.42])}
-                   | {("attn", s): {"test/aer": x} for s, x in enumerate([0.30, 0.29, 0.31])})  # fmt: skip
+    worse = plain_attn("test/aer", [0.41, 0.40, 0.42], [0.30, 0.29, 0.31])
     assert (
         claims.evaluate_all(named_spec({**as_good, "metric": "test/aer"}), worse)[0].verdict == CONTRADICTED
     )
@@ -697,8 +698,7 @@ def test_failed_seeds_do_not_decide_a_claim_and_are_counted_per_side():
     # "worse" on the mean of all ten.
     general = [0.80, 0.0, 0.82, 0.01, 0.81, 0.79, 0.0, 0.83, 0.02, 0.80]
     dot = [0.80, 0.81, 0.82, 0.80, 0.81, 0.79, 0.82, 0.81, 0.80, 0.83]
-    df = trials({("plain", s): {SHORT: x} for s, x in enumerate(general)}
-                | {("attn", s): {SHORT: x} for s, x in enumerate(dot)})  # fmt: skip
+    df = plain_attn(SHORT, general, dot)
     claim = {"metric": SHORT, "expect": "lower", "chance": 0.05}
     assert (
         claims.evaluate_all(named_spec({**claim, "chance": None}, seeds=range(10)), df)[0].verdict
@@ -711,8 +711,7 @@ def test_failed_seeds_do_not_decide_a_claim_and_are_counted_per_side():
         "; failed seeds (at or below chance 0.05), left out: compare 4 of 10, to 0 of 10"
     )
     # A variant left with fewer trained seeds than a verdict needs is inconclusive, and says why.
-    few = trials({("plain", s): {SHORT: x} for s, x in enumerate([0.80, 0.0, 0.01])}
-                 | {("attn", s): {SHORT: x} for s, x in enumerate([0.80, 0.81, 0.82])})  # fmt: skip
+    few = plain_attn(SHORT, [0.80, 0.0, 0.01], [0.80, 0.81, 0.82])
     (result,) = claims.evaluate_all(named_spec(claim), few)
     assert result.verdict == INCONCLUSIVE
     assert result.reason == (
@@ -720,8 +719,7 @@ def test_failed_seeds_do_not_decide_a_claim_and_are_counted_per_side():
         "failed seeds (at or below chance 0.05), left out: compare 2 of 3, to 0 of 3"
     )
     # Where lower is better a failed seed is at or above chance.
-    loss = trials({("plain", s): {"val/loss": x} for s, x in enumerate([0.1, 2.5, 0.12, 0.11])}
-                  | {("attn", s): {"val/loss": x} for s, x in enumerate([0.5, 0.52, 0.51, 0.5])})  # fmt: skip
+    loss = plain_attn("val/loss", [0.1, 2.5, 0.12, 0.11], [0.5, 0.52, 0.51, 0.5])
     (result,) = claims.evaluate_all(named_spec({"metric": "val/loss", "expect": "lower", "chance": 2.0},
                                                seeds=range(4)), loss)  # fmt: skip
     assert result.verdict == REPRODUCED and result.failed == [("compare", 1, 4), ("to", 0, 4)]
