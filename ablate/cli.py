@@ -581,6 +581,10 @@ def error_line(e: BaseException) -> tuple[int, str] | None:
         return 1, f"CPU out of memory. Tried to allocate {amount}{smaller}"
     if isinstance(e, MemoryError):  # Python's says nothing; numpy's names the array it could not allocate
         return 1, f"out of memory{f': {e}' if str(e) else ''}{smaller}"
+    storage = sys.modules.get("ablate.harness.study.storage")  # no storage opened: no lock held
+    if storage is not None and any(storage.lock_held(c) for c in storage.chain(e)):
+        # A lock taken after the storage was opened (opening checks for one): its statement gave up.
+        return 1, f"storage locked by another process; gave up after {storage.LOCK_WAIT_S} s"
     if isinstance(e, OSError):
         from ablate.harness.study.validate import os_reason
 

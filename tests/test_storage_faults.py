@@ -384,3 +384,27 @@ def test_no_command_prints_a_password(tmp_path, stored, words, password):
                 said = result.stdout + result.stderr
                 assert result.exit_code in (0, 2), (args, result.exception)
                 assert not any(w in said for w in words), (args, said)
+
+
+def test_a_lock_a_statement_gave_up_on_after_opening_is_one_line(tmp_path):
+    """Opening checks for a lock; one taken later makes a statement give up after the bound, wrapped by
+    SQLAlchemy and Optuna: the command says so in one line, as for a lock found when opening."""
+    import sqlalchemy.exc
+
+    from ablate.cli import error_line
+    from ablate.harness.study.storage import LOCK_WAIT_S
+
+    db = tmp_path / "x.db"
+    with closing(sqlite3.connect(db)) as holder, closing(sqlite3.connect(db, timeout=0)) as waiter:
+        holder.execute("CREATE TABLE t (x)")
+        holder.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(sqlite3.OperationalError) as busy:
+            waiter.execute("INSERT INTO t VALUES (1)")
+    try:
+        try:
+            raise sqlalchemy.exc.OperationalError("INSERT", {}, busy.value)
+        except sqlalchemy.exc.OperationalError as e:
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from e
+    except optuna.exceptions.StorageInternalError as wrapped:
+        assert error_line(wrapped) == (1, f"storage locked by another process; gave up after {LOCK_WAIT_S} s")
+    assert error_line(RuntimeError("a bug")) is None
