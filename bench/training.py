@@ -202,7 +202,7 @@ def bench_padding(quick: bool) -> Figure:
     """Reverse with lengths 1-50: token-budget buckets against random batches of 64."""
     from ablate.harness.tasks import build_task
     from ablate.harness.tasks.datamodule import Seq2SeqDataModule
-    from ablate.schema.config import TaskConfig
+    from ablate.schema.task_config import TaskConfig
 
     data = build_task(TaskConfig(name="reverse", min_len=1, max_len=50, n_train=1000 if quick else 10000,
                                  n_valid=10, n_test=10), seed=0)  # fmt: skip
