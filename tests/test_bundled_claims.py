@@ -119,3 +119,22 @@ def test_task_traits_match_the_data_the_tasks_build():
         assert data.is_text == (name in TEXT_TASKS), name
         assert all(ex.alignment is not None for ex in data.splits["test"]) == (name in ALIGNED_TASKS), name
         assert data.splits["test_long"], f"{name}: test_max_len defaults beyond max_len"
+
+
+# Claims that hold by construction, kept as guards on the code: the report counts them apart from the tests
+# of the papers' findings. (study, how the claim's text starts), in the order PROFILES reads them.
+CHECKS = [
+    ("causal-mask", "Without the causal mask, the teacher-forced validation loss falls"),
+    ("causal-mask", "Without the causal mask, greedy decoding fails"),
+    ("quickstart", "Without positional information a Transformer cannot reverse"),
+    ("rnn-scores", "Location-based attention, which never looks at the source words"),
+]
+
+
+def test_bundled_claims_that_hold_by_construction_are_checks():
+    checks = [(path.stem, claim.text) for path, profile in PROFILES for claim in bundled(path, profile).claims
+              if claim.kind == "check"]  # fmt: skip
+    checks = list(dict.fromkeys(checks))  # a file's profiles share its claims
+    assert len(checks) == len(CHECKS), checks
+    starts = [(study, start) for (study, text), (_, start) in zip(checks, CHECKS) if text.startswith(start)]
+    assert starts == CHECKS, checks

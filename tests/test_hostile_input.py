@@ -339,6 +339,12 @@ def test_the_study_metric_is_one_every_variant_reports(tmp_path, task, preset, m
         ({"compare": {"model.heads": 2}, "to": {"model.headz": 2}}, "claims[0].to.model.headz: unknown"),
         ({"compare": {"preset": "lstm"}, "to": {}, "metric": "test/rank_collapse_decoder"},
          "claims[0].metric: 'test/rank_collapse_decoder' is not reported by variant 'rnn'"),
+        # A positive control is matched as the claim's own sides are.
+        ({"compare": {"preset": "lstm"}, "to": {}, "expect": "similar",
+          "control": {"compare": {"model.arch": "rnn"}, "to": {}}}, "claims[0].control.compare: no variant matches"),
+        ({"compare": {"preset": "lstm"}, "to": {}, "expect": "similar",
+          "control": {"compare": {"preset": "lstm"}, "to": {"model.headz": 2}}},
+         "claims[0].control.to.model.headz: unknown"),
     ],
 )  # fmt: skip
 def test_claims_are_matched_against_the_built_variants(tmp_path, claim, problem):
@@ -358,6 +364,8 @@ def test_claims_are_matched_against_the_built_variants(tmp_path, claim, problem)
          "claims[0].margin: 1 cannot be met: test/seq_acc lies in [0, 1], so Δ lies within ±1"),
         ({"expect": "similar", "margin": 1.5},
          "claims[0].margin: 1.5 can never fail: test/seq_acc lies in [0, 1], so Δ lies within ±1"),
+        ({"expect": "not_worse", "margin": 1.0},
+         "claims[0].margin: 1 can never fail: test/seq_acc lies in [0, 1], so Δ lies within ±1"),
         ({"expect": "higher", "margin": 1.0, "metric": "test_long/tok_acc"},
          "claims[0].margin: 1 cannot be met: test_long/tok_acc lies in [0, 1], so Δ lies within ±1"),
         ({"expect": "lower", "margin": 2.0, "versus": {"metric": "test/tok_acc"}},

@@ -295,23 +295,31 @@ def metric_problems(where: str, metric: str, produced: dict[str, set[str]]) -> l
 def claim_problems(
     where: str, claim: ClaimSpec, spec: StudySpec, produced: dict[str, set[str]]
 ) -> list[Problem]:
-    """Each side of each difference a claim makes (its own, and `versus` for an interaction) selects a
-    variant, matched as the report matches them (analysis.claims: overrides plus the keys their preset sets),
-    and reports the claim's metric."""
-    from ablate.analysis.claims import claim_sides
+    """Each side of each difference a claim makes (its own, `versus` for an interaction, and its positive
+    `control`) selects a variant, matched as the report matches them (analysis.claims: overrides plus the
+    keys their preset sets), and reports the claim's metric."""
+    from ablate.analysis.claims import claim_sides, control_claim
 
     known = {*ExperimentConfig().flat(), "preset"}
+    control = claim.control.model_dump() if claim.control else {}
     selectors = {"compare": claim.compare, "to": claim.to, "within": claim.within,
-                 "versus.within": (claim.versus.within if claim.versus else None) or {}}  # fmt: skip
+                 "versus.within": (claim.versus.within if claim.versus else None) or {},
+                 **{f"control.{side}": selector for side, selector in control.items()}}  # fmt: skip
     problems = [(f"{where}.{side}.{key}", "unknown config key")
                 for side, selector in selectors.items() for key in selector if key not in known]  # fmt: skip
     if problems:
         return problems
     settings = variant_settings(spec)
-    for arm, (metric, within) in enumerate(claim.arms(spec.metric.name)):
-        label = f"{where}.versus" if arm else where
-        compared, others = claim_sides(settings, claim, within)
-        compare, to = {**claim.compare, **within}, {**claim.to, **within}
+    # (where, the sides, metric, sub-grid) of each difference: the claim's, versus's, the control's.
+    differences = [(f"{where}.versus" if arm else where, claim, metric, within)
+                   for arm, (metric, within) in enumerate(claim.arms(spec.metric.name))]  # fmt: skip
+    if claim.control is not None:
+        differences.append(
+            (f"{where}.control", control_claim(claim, differences[0][2]), differences[0][2], {})
+        )
+    for label, sides, metric, within in differences:
+        compared, others = claim_sides(settings, sides, within)
+        compare, to = {**sides.compare, **within}, {**sides.to, **within}
         if not compared:
             problems.append((f"{label}.compare", f"no variant matches {compare}"))
         if not others:
@@ -324,8 +332,10 @@ def claim_problems(
 
 def judging_problems(where: str, claim: ClaimSpec, spec: StudySpec) -> list[Problem]:
     """What would keep a claim from ever being judged as it reads (analysis.claims): a margin its metric's
-    range cannot reach (or, for `similar`, cannot miss), and an interaction that subtracts a ratio from a
-    difference."""
+    range cannot reach (or, for `similar` and `not_worse`, cannot miss), and an interaction that subtracts a
+    ratio from a difference."""
+    from ablate.analysis.claims import AGREEMENT
+
     metrics = [metric for metric, _ in claim.arms(spec.metric.name)]
     info = {m: metric_info(m) for m in metrics}
     problems = []
@@ -338,7 +348,7 @@ def judging_problems(where: str, claim: ClaimSpec, spec: StudySpec) -> list[Prob
     # metrics' reaches (analysis.claims bounds its CI the same way).
     reach = sum(info[m].range.difference().high for m in metrics)
     if info[metrics[0]].scale == "difference" and abs(claim.margin) >= reach:
-        outcome = "can never fail" if claim.expect == "similar" else "cannot be met"
+        outcome = "can never fail" if claim.expect in AGREEMENT else "cannot be met"
         first_of = {}  # each distinct range, named by the first metric that has it
         for m in metrics:
             first_of.setdefault((info[m].range.low, info[m].range.high), m)
