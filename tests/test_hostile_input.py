@@ -246,7 +246,7 @@ def test_a_claim_that_does_not_parse_leaves_the_configs_checked_and_a_bad_grid_a
     path = study(tmp_path, base={**base(), "model": {"d_modle": 64}}, factors={"model.heads": [1, 4]},
                  fixed={"train.lr": -1.0}, claims=claims)  # fmt: skip
     assert problems_of(path) == [
-        f"{path}: claims[0].expect: Input should be 'lower', 'higher' or 'similar' (got 'sideways')",
+        f"{path}: claims[0].expect: Input should be 'lower', 'higher', 'similar' or 'not_worse' (got 'sideways')",
         f"{path}: base.model.d_modle: unknown config key",
         f"{path}: fixed.train.lr: Input should be greater than 0 (got -1.0)",
     ]
