@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ablate.models.ensemble import Ensemble, linear, per_seed
+from ablate.models.ensemble import Ensemble, linear, per_row, per_seed
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -105,7 +105,8 @@ class MultiHeadAttention(nn.Module):
     does this on its own slice of the features).
     rotary / score_bias: the generic slots of relative positions inside one sequence, so only for
     self-attention (models/positional.py fills them): rotary(x (B, H, L, Dh), offset) rotates queries and
-    keys by position, score_bias(q_len, k_len) -> (H, q_len, k_len) is added to the scores.
+    keys by position, score_bias(q_len, k_len) -> (H, q_len, k_len) is added to the scores ((K, H, q_len,
+    k_len) for a bias each of K fused seeds learns, each seed's for its rows).
     ensemble: the model's (models/ensemble.py; None: a plain model's layer); sides: the sides ('src',
     'tgt') of the queries and keys, whose lengths bound each seed's dropout mask on the weights.
 
@@ -161,7 +162,10 @@ class MultiHeadAttention(nn.Module):
             q = self.rotary(q, offset=k_len - q_len)
         q = self.score.query(q)
         mask = build_mask(key_padding, q_len, k_len, causal, q.device)
-        bias = self.score_bias(q_len, k_len).to(q.dtype).unsqueeze(0) if self.score_bias is not None else None
+        bias = None
+        if self.score_bias is not None:
+            bias = self.score_bias(q_len, k_len).to(q.dtype)  # (H, T, S), or (K, H, T, S): one per seed
+            bias = per_row(bias.view(-1, *bias.shape[-3:]), q.size(0))  # (1 or K·B, H, T, S)
 
         if need_weights or self.dropout.draws_per_seed():
             scores = (q @ k.transpose(-2, -1)) * self.score.scale  # (B, H, T, S)

@@ -35,6 +35,12 @@ def per_seed(x: torch.Tensor, k: int) -> torch.Tensor:
     return x.unflatten(0, (k, -1))
 
 
+def per_row(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """(K, ...) -> (rows, ...), seed k's entry on each of its rows (seed-major, rows = K·B); a (1, ...)
+    tensor, the same for every seed, stays as it is to broadcast."""
+    return t if t.size(0) == 1 else t.repeat_interleave(rows // t.size(0), dim=0)
+
+
 def seed_axis(p: torch.Tensor, k: int) -> torch.Tensor:
     """A parameter with its leading K axis, which a plain model's (K = 1) lacks."""
     return p if k > 1 else p[None]

@@ -3,7 +3,8 @@
 A kind has up to three parts, each built from models/positional_layers.py (the math) or absent:
 - `embedding`: adds absolute positions to the token embeddings of both sides, (x (B, L, D), offset) -> x + P;
 - `rotary`: rotates the queries and keys of self-attention by their positions (RoPE);
-- `score_bias`: (q_len, k_len) -> (H, q_len, k_len), added to the self-attention scores (ALiBi).
+- `score_bias`: (q_len, k_len) -> (H, q_len, k_len), added to the self-attention scores (ALiBi, T5); built
+  once per stack (encoder, decoder), told whether that stack's self-attention sees later positions.
 Cross-attention gets no rotary or bias: they relate positions inside one sequence. A `bounded` kind serves
 at most `model.max_positions` positions.
 
@@ -28,8 +29,10 @@ if TYPE_CHECKING:
 
     from ablate.models.config import ModelConfig
 
-# Builds one part from the layers module and the config.
+# Builds one part from the layers module and the config; a score bias also from whether its stack's
+# self-attention is bidirectional (sees later positions).
 Part = Callable[[ModuleType, "ModelConfig"], "nn.Module"]
+BiasPart = Callable[[ModuleType, "ModelConfig", bool], "nn.Module"]
 PARTS = ("embedding", "rotary", "score_bias")
 
 
@@ -39,7 +42,7 @@ class PositionalKind:
 
     embedding: Part | None = None
     rotary: Part | None = None
-    score_bias: Part | None = None
+    score_bias: BiasPart | None = None
     bounded: bool = False
     based: bool = False  # reads model.pos_base (the wavelengths' base)
 
@@ -68,7 +71,11 @@ POSITIONAL: dict[str, PositionalKind] = {
         rotary=lambda layers, cfg: layers.Rotary(cfg.d_model // cfg.heads, cfg.pos_base), based=True
     ),
     # Press et al. 2022: a per-head linear distance penalty on the scores, no embedding.
-    "alibi": PositionalKind(score_bias=lambda layers, cfg: layers.ALiBi(cfg.heads)),
+    "alibi": PositionalKind(score_bias=lambda layers, cfg, bidirectional: layers.ALiBi(cfg.heads)),
+    # Raffel et al. 2020 (T5): a learned bias per head and bucket of relative distance, one per stack.
+    "t5": PositionalKind(
+        score_bias=lambda layers, cfg, bidirectional: layers.T5Bias(cfg.heads, cfg.d_model, bidirectional)
+    ),
 }
 
 
@@ -100,10 +107,14 @@ def check_fits(cfg: ModelConfig) -> None:
         )
 
 
-def build_positions(cfg: ModelConfig) -> nn.Module:
-    """The Transformer's positional parts as one module (models/positional_layers.Positions)."""
+def build_positions(cfg: ModelConfig, bidirectional: dict[str, bool]) -> nn.Module:
+    """The Transformer's positional parts as one module (models/positional_layers.Positions); bidirectional:
+    each stack's side ('src', 'tgt') -> whether its self-attention sees later positions."""
     from ablate.models import positional_layers as layers  # torch: kept out of config checks
 
     kind = positional_kind(cfg.pos_encoding)
-    makers = {part: getattr(kind, part) for part in PARTS}
-    return layers.Positions(**{part: make(layers, cfg) if make else None for part, make in makers.items()})
+    embedding, rotary = (make(layers, cfg) if make else None for make in (kind.embedding, kind.rotary))
+    score_bias = None
+    if kind.score_bias is not None:
+        score_bias = {side: kind.score_bias(layers, cfg, both) for side, both in bidirectional.items()}
+    return layers.Positions(embedding, rotary, score_bias)

@@ -1,15 +1,16 @@
 """The layers of the positional kinds (models/positional.py names them): sinusoidal / learned added to
-embeddings, Rotary (rotates q and k), ALiBi (a per-head linear bias on attention scores), and `Positions`,
-one Transformer's parts together.
+embeddings, Rotary (rotates q and k), ALiBi (a per-head linear bias on attention scores), T5Bias (a learned
+bias per head and bucket of relative distance), and `Positions`, one Transformer's parts together.
 
 Every layer takes an `offset`, the absolute position of the first element, so incremental decoding
 (one new token at position t) sees exactly the positions that full decoding does.
 
-Beyond the training lengths: sinusoidal, rope and alibi are functions of the position and extend to any
-length. Learned positions have one trained vector per position up to `model.max_positions`; positions
-the training data never reached keep their initial random vectors (which is what the test_long split
-measures), and a position past the table has no vector at all, so it is an error naming the key to
-raise rather than a silent reuse of another position's vector.
+Beyond the training lengths: sinusoidal, rope, alibi and t5 are functions of the position and extend to
+any length (t5's distances past its max distance share its last bucket). Learned positions have one
+trained vector per position up to `model.max_positions`; positions the training data never reached keep
+their initial random vectors (which is what the test_long split measures), and a position past the table
+has no vector at all, so it is an error naming the key to raise rather than a silent reuse of another
+position's vector.
 """
 
 from __future__ import annotations
@@ -123,17 +124,74 @@ class ALiBi(nn.Module):
         return -self.slopes.view(-1, 1, 1) * distance
 
 
+def t5_bucket(
+    relative: torch.Tensor, bidirectional: bool, buckets: int = 32, max_distance: int = 128
+) -> torch.Tensor:
+    """T5's bucket of each relative position key - query (Raffel et al. 2020; `_relative_position_bucket` of
+    the T5 code). Bidirectional: half the buckets for keys before the query (and the query itself), half for
+    keys after it; causal: all of them for keys at or before it, and a later key (masked anyway) is bucket
+    0. Of a direction's n buckets, distances below n/2 have one each; the rest grow logarithmically up to
+    max_distance, and every distance beyond shares the last."""
+    if bidirectional:
+        buckets //= 2
+        offset = (relative > 0).long() * buckets
+        distance = relative.abs()
+    else:
+        offset, distance = 0, (-relative).clamp(min=0)
+    exact = buckets // 2
+    # In float32 as T5's code computes it, so a distance falls in T5's bucket; the clamp keeps log(0) out of
+    # the distances below `exact`, which take their own bucket.
+    ratio = distance.clamp(min=exact).float() / exact
+    logarithmic = exact + (ratio.log() / math.log(max_distance / exact) * (buckets - exact)).long()
+    return offset + torch.where(distance < exact, distance, logarithmic.clamp(max=buckets - 1))
+
+
+class T5Bias(nn.Module):
+    """Raffel et al. 2020, Sec. 2.1: a learned scalar per (bucket of relative position, head) added to the
+    attention logits, the buckets `t5_bucket`'s (32 up to distance 128, T5's). One module serves every layer
+    of a stack, as T5 shares it across layers, and the encoder and the decoder each have their own.
+    `bidirectional`: whether the attention it serves sees later keys (the encoder; a decoder without the
+    causal mask). T5 scales no q·k; here the bias adds to the scores as the model's score gives them.
+
+    Initialised N(0, d_model^-1), as Hugging Face's T5 does. Its weight is (buckets, H); (K, buckets, H) in
+    a model of fused seeds, each seed its own."""
+
+    def __init__(
+        self, heads: int, d_model: int, bidirectional: bool, buckets: int = 32, max_distance: int = 128
+    ):
+        super().__init__()
+        self.bidirectional, self.buckets, self.max_distance = bidirectional, buckets, max_distance
+        self.weight = nn.Parameter(torch.empty(buckets, heads).normal_(std=d_model**-0.5))
+
+    def forward(self, q_len: int, k_len: int) -> torch.Tensor:
+        """(H, q_len, k_len), or (K, H, q_len, k_len) with fused seeds; the queries are the last q_len of
+        the k_len positions."""
+        i = torch.arange(k_len - q_len, k_len, device=self.weight.device).unsqueeze(1)
+        j = torch.arange(k_len, device=self.weight.device).unsqueeze(0)
+        bucket = t5_bucket(j - i, self.bidirectional, self.buckets, self.max_distance)  # (q_len, k_len)
+        return self.weight[..., bucket, :].movedim(-1, -3)  # (..., q_len, k_len, H) -> (..., H, q_len, k_len)
+
+
 class Positions(nn.Module):
     """One Transformer's positional parts, resolved once (models/positional.build_positions):
 
     embed(x (B, L, D), offset) adds absolute positions to embeddings (x itself when the kind has none);
-    `rotary` and `score_bias` are what self-attention takes in its generic slots (None when absent):
-    rotary(x (B, H, L, Dh), offset) -> x rotated, score_bias(q_len, k_len) -> (H, q_len, k_len)."""
+    `rotary` and `score_bias[side]` are what self-attention takes in its generic slots (None when absent):
+    rotary(x (B, H, L, Dh), offset) -> x rotated, score_bias[side](q_len, k_len) -> (H, q_len, k_len), or
+    (K, H, q_len, k_len) where each of K fused seeds learns its own; one per stack, by its side ('src' the
+    encoder's, 'tgt' the decoder's)."""
 
-    def __init__(self, embedding: nn.Module | None, rotary: nn.Module | None, score_bias: nn.Module | None):
+    def __init__(
+        self, embedding: nn.Module | None, rotary: nn.Module | None, score_bias: dict[str, nn.Module] | None
+    ):
         super().__init__()
         self.embedding = embedding if embedding is not None else NoEncoding()
-        self.rotary, self.score_bias = rotary, score_bias
+        self.rotary = rotary
+        self.score_bias = nn.ModuleDict(score_bias) if score_bias is not None else None
 
     def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         return self.embedding(x, offset)
+
+    def slots(self, side: str) -> tuple[nn.Module | None, nn.Module | None]:
+        """The rotary and score-bias slots of self-attention on `side`."""
+        return self.rotary, self.score_bias[side] if self.score_bias is not None else None

@@ -178,20 +178,22 @@ class Transformer(nn.Module):
         self.src_embed = ens.embedding(src_vocab, d, padding_idx=pad_id)
         self.tgt_embed = ens.embedding(tgt_vocab, d, padding_idx=pad_id)
         self.embed_scale = math.sqrt(d) if cfg.embed_scale else 1.0
-        self.positions = ens.stacked(lambda: build_positions(cfg))
+        # Without cross-attention no encoder layer could reach the decoder: none is built or run.
+        encoder_layers = cfg.layers if cfg.cross_attention else 0
+        # Each stack's self-attention: whether it sees later positions (a score bias per stack reads it).
+        bidirectional = ({"src": True} if encoder_layers else {}) | {"tgt": not cfg.causal_mask}
+        self.positions = ens.stacked(lambda: build_positions(cfg, bidirectional))
         self.src_dropout, self.tgt_dropout = ens.dropout(cfg.dropout, "src"), ens.dropout(cfg.dropout, "tgt")
 
         def make_attention(sides: tuple[str, str], positional: bool = True) -> MultiHeadAttention:
             # Relative positions act within a sequence; cross-attention gets none. A score of its own per
             # attention: a learned one has its parameters per layer.
-            slots = (self.positions.rotary, self.positions.score_bias) if positional else (None, None)
+            slots = self.positions.slots(sides[0]) if positional else (None, None)
             score = ens.stacked(lambda: build_score(cfg))
             return MultiHeadAttention(
                 d, cfg.heads, cfg.dropout, cfg.qkv_projections, *slots, score=score, ensemble=ens, sides=sides
             )
 
-        # Without cross-attention no encoder layer could reach the decoder: none is built or run.
-        encoder_layers = cfg.layers if cfg.cross_attention else 0
         self.encoder = nn.ModuleList(EncoderLayer(cfg, make_attention, ens) for _ in range(encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg, make_attention, ens) for _ in range(cfg.layers))
         # Pre-norm stacks need a final norm: their residual stream is never normalised otherwise.

@@ -65,6 +65,7 @@ def flipped(key: str) -> dict:
 SWITCHES = {
     "transformer": [
         *({"pos_encoding": kind} for kind in [*POSITIONAL, "alibi+sinusoidal"]),
+        {"pos_encoding": "t5", "causal_mask": False},
         *({"score": score} for score in TRANSFORMER_SCORES),
         {"score": "cosine", "scale": 3.0}, {"scale": "none"}, {"scale": 0.5},
         *({"norm": norm} for norm in values("norm")),
@@ -306,10 +307,11 @@ def test_a_stopped_seed_stays_where_it_stopped_while_the_others_train_on():
 @pytest.mark.parametrize(
     "switches",
     [TRANSFORMER, {**TRANSFORMER, "causal_mask": False, "pos_encoding": "learned", "score": "cosine"},
+     {**TRANSFORMER, "pos_encoding": "t5"},
      {**LSTM, "attention": "additive", "input_feeding": True}, {**LSTM, "attention": "none", "cell": "gru"},
      *({**LSTM, "attention_window": window, "attention_width": 1} for window in ("local-m", "local-p"))],
-    ids=["transformer", "transformer-no-cache", "lstm-feeding", "gru-bottleneck", "lstm-local-m",
-         "lstm-local-p"],
+    ids=["transformer", "transformer-no-cache", "transformer-t5", "lstm-feeding", "gru-bottleneck",
+         "lstm-local-m", "lstm-local-p"],
 )  # fmt: skip
 @pytest.mark.parametrize("beam", [1, 3])
 def test_decoding_a_fused_model_decodes_each_seed_as_alone(switches, beam):

@@ -1,6 +1,6 @@
 """Positional encodings against their definitions: the lectures' sinusoid table, RoPE's relative
-property, ALiBi's slopes, what each does past the positions it was built or trained for, ALiBi's blindness
-to mirror images, and the registry of kinds."""
+property, ALiBi's slopes, T5's buckets and bias table, what each does past the positions it was built or
+trained for, ALiBi's blindness to mirror images, and the registry of kinds."""
 
 import math
 import re
@@ -17,7 +17,9 @@ from ablate.models.positional_layers import (
     Positions,
     Rotary,
     SinusoidalEncoding,
+    T5Bias,
     sinusoidal_table,
+    t5_bucket,
 )
 from ablate.models.sequences import BOS_ID, EOS_ID
 from ablate.models.transformer import Transformer
@@ -178,6 +180,106 @@ def test_alibi_bias_is_minus_slope_times_distance_with_queries_last():
     torch.testing.assert_close(alibi(1, 4), bias[:, 3:])
 
 
+# --- T5's relative position bias --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bidirectional, expected",
+    [
+        # 16 buckets a direction, the first 8 exact; a key after the query adds 16. Distance 20: 8 +
+        # floor(8 ln(20 / 8) / ln(128 / 8)) = 8 + floor(2.64) = 10; 200: 8 + floor(9.29) = 17, past the
+        # direction's last bucket, so 15.
+        (True, [1, 0, 16 + 3, 16 + 10, 16 + 15, 10, 15]),
+        # 32 buckets for keys at or before the query, the first 16 exact; a later key is bucket 0. Distance
+        # 20: 16 + floor(16 ln(20 / 16) / ln(128 / 16)) = 16 + floor(1.72) = 17; 200: 16 + floor(19.43) = 35,
+        # so 31.
+        (False, [1, 0, 0, 0, 0, 17, 31]),
+    ],
+    ids=["bidirectional", "causal"],
+)
+def test_t5_buckets_by_hand(bidirectional, expected):
+    relative = torch.tensor([-1, 0, 3, 20, 200, -20, -200])  # key position - query position
+    assert t5_bucket(relative, bidirectional, buckets=32, max_distance=128).tolist() == expected
+    assert t5_bucket(relative, bidirectional).tolist() == expected  # T5's 32 and 128 are the defaults
+
+
+@pytest.mark.parametrize(
+    "bidirectional, bucket_of",
+    [
+        # 8 + 8 ln(d / 8) / ln 16 at d = 11, 12: 8.92, 9.17; 22, 23: 10.92, 11.05; 45, 46: 12.98, 13.05;
+        # 90, 91: 14.98, 15.02; 127: 15.98; 128: 16, the last bucket, 15.
+        (True, {11: 8, 12: 9, 22: 10, 23: 11, 45: 12, 46: 13, 90: 14, 91: 15, 127: 15, 128: 15}),
+        # 16 + 16 ln(d / 16) / ln 8 at d = 18, 19: 16.91, 17.32; 112, 113: 30.97, 31.04.
+        (False, {18: 16, 19: 17, 112: 30, 113: 31, 128: 31}),
+    ],
+    ids=["bidirectional", "causal"],
+)
+def test_t5_buckets_change_at_the_distances_the_logarithm_gives(bidirectional, bucket_of):
+    """Each pair is the last distance of a logarithmic bucket and the first of the next, so a base or a
+    rounding other than T5's moves one of them."""
+    distances = torch.tensor(list(bucket_of))
+    assert t5_bucket(-distances, bidirectional).tolist() == list(bucket_of.values())
+
+
+@pytest.mark.parametrize("bidirectional, per_direction", [(True, 16), (False, 32)])
+def test_t5_buckets_grow_with_distance_and_reach_each_bucket_before_max_distance(
+    bidirectional, per_direction
+):
+    distance = torch.arange(400)
+    earlier = t5_bucket(-distance, bidirectional)
+    assert (earlier.diff() >= 0).all() and earlier[: per_direction // 2].tolist() == list(
+        range(per_direction // 2)
+    )
+    assert (
+        set(earlier[:128].tolist()) == set(range(per_direction))
+        and (earlier[128:] == per_direction - 1).all()
+    )
+    if bidirectional:  # later keys: the same buckets, 16 on
+        assert torch.equal(t5_bucket(distance[1:], True), earlier[1:] + 16)
+
+
+def test_t5_bias_is_the_table_entry_of_each_bucket_and_head():
+    bias = T5Bias(heads=2, d_model=8, bidirectional=True)
+    with torch.no_grad():
+        bias.weight.copy_(torch.arange(64.0).view(2, 32).T)  # weight[bucket, head] = 32 head + bucket
+    # Queries and keys 0..2: key - query [[0, 1, 2], [-1, 0, 1], [-2, -1, 0]]; a later key is 16 on.
+    buckets = torch.tensor([[0, 17, 18], [1, 0, 17], [2, 1, 0]])
+    torch.testing.assert_close(bias(3, 3), torch.stack([buckets, 32 + buckets]).float())
+    # One query after cached keys is the last position: the last row of the full bias.
+    torch.testing.assert_close(bias(1, 3), bias(3, 3)[:, 2:])
+    bias.bidirectional = False  # later keys (masked under the causal mask) share bucket 0
+    torch.testing.assert_close(bias(3, 3)[0], torch.tensor([[0, 0, 0], [1, 0, 0], [2, 1, 0]]).float())
+
+
+def test_t5_bias_starts_at_hugging_faces_t5_scale():
+    # N(0, 1 / d_model) per entry: d = 64, 32 x 64 draws put the sample std within 10 % of 1/8.
+    torch.manual_seed(0)
+    assert abs(T5Bias(heads=64, d_model=64, bidirectional=True).weight.std().item() * 8 - 1) < 0.1
+
+
+@pytest.mark.parametrize("causal_mask", [True, False])
+def test_t5_has_one_table_per_stack_shared_by_its_layers(causal_mask):
+    """T5 shares its position bias across layers, the encoder's and the decoder's apart; cross-attention gets
+    none. The decoder's buckets are causal under the causal mask and bidirectional without it, where it
+    sees later positions."""
+    cfg = ModelConfig(d_model=8, heads=2, layers=3, pos_encoding="t5", causal_mask=causal_mask)
+    model = Transformer(cfg, 9, 9)
+    encoder = {id(layer.self_attn.fn.attn.score_bias) for layer in model.encoder}
+    decoder = {id(layer.self_attn.fn.attn.score_bias) for layer in model.decoder}
+    assert encoder == {id(model.positions.score_bias["src"])} and decoder == {
+        id(model.positions.score_bias["tgt"])
+    }
+    assert model.positions.score_bias["src"].bidirectional
+    assert model.positions.score_bias["tgt"].bidirectional is not causal_mask
+    assert all(layer.cross_attn.fn.attn.score_bias is None for layer in model.decoder)
+    names = [name for name, _ in model.named_parameters() if name.startswith("positions.")]
+    assert names == ["positions.score_bias.src.weight", "positions.score_bias.tgt.weight"]
+    assert model.positions.score_bias["src"].weight.shape == (32, 2)
+    # No encoder, no encoder table.
+    alone = Transformer(cfg.model_copy(update={"cross_attention": False}), 9, 9)
+    assert list(alone.positions.score_bias) == ["tgt"]
+
+
 # --- ALiBi and mirror images ------------------------------------------------------------------------------
 
 
@@ -222,7 +324,7 @@ def test_alibi_alone_gives_the_same_output_for_a_source_and_its_mirror_image():
     assert (gap > 1e-4).all(), gap
 
 
-@pytest.mark.parametrize("pos_encoding", ["alibi+sinusoidal", "alibi+learned", "sinusoidal", "rope"])
+@pytest.mark.parametrize("pos_encoding", ["alibi+sinusoidal", "alibi+learned", "sinusoidal", "rope", "t5"])
 def test_absolute_positions_beside_alibi_and_other_kinds_see_mirror_images(pos_encoding):
     model = mirror_model(pos_encoding)
     src, mirrored, _ = mirror_pair()
@@ -252,7 +354,7 @@ def test_joined_kinds_take_each_part_from_the_kind_that_has_it():
     [
         (
             "wavelet",
-            "unknown kind 'wavelet'; known: none, sinusoidal, learned, rope, alibi; kinds that add different "
+            "unknown kind 'wavelet'; known: none, sinusoidal, learned, rope, alibi, t5; kinds that add different "
             "parts join with '+' (e.g. alibi+sinusoidal)",
         ),
         (
@@ -261,6 +363,7 @@ def test_joined_kinds_take_each_part_from_the_kind_that_has_it():
         ),
         ("alibi+alibi", "'alibi+alibi': join kinds that each add a different part"),
         ("none+alibi", "'none+alibi': join kinds that each add a different part"),
+        ("alibi+t5", "'alibi+t5': join kinds that each add a different part"),
     ],
 )
 def test_pos_encoding_accepts_the_registry_names_and_joins_of_different_parts(name, message):
@@ -268,7 +371,7 @@ def test_pos_encoding_accepts_the_registry_names_and_joins_of_different_parts(na
 
     with pytest.raises(ValidationError, match=re.escape(message)):
         ModelConfig(pos_encoding=name)
-    for accepted in [*POSITIONAL, "alibi+sinusoidal", "rope+learned", "rope+alibi"]:
+    for accepted in [*POSITIONAL, "alibi+sinusoidal", "rope+learned", "rope+alibi", "t5+sinusoidal"]:
         ModelConfig(pos_encoding=accepted)
 
 

@@ -5,9 +5,12 @@ number x_i + j x_{i+d/2}, by the angles m theta_i and n theta_i, theta_i = base^
 dimension; the score is Re sum_i q~_m,i conj(k~_n,i) / sqrt(d), which depends on m - n only.
 ALiBi (Press et al. 2022): score = q_m . k_n / sqrt(d) - slope_h |m - n| (encoder) or - slope_h (m - n)
 for n <= m (causal decoder), slopes 2^(-8h/H) for h = 1..H.
+T5 (Raffel et al. 2020, Sec. 2.1): score = q_m . k_n / sqrt(d) + b_h[bucket(n - m)], one learned scalar per
+head and bucket; the buckets of T5's code, written out below for the distances used (32 buckets, max
+distance 128; bidirectional in the encoder, causal in the decoder).
 
 Softmax fixes scores only up to a constant per query, so the tests compare what the returned weights
-determine exactly: log w_mn - log w_m0 = s_mn - s_m0. Tolerances: ALiBi 1e-10 (float64 throughout);
+determine exactly: log w_mn - log w_m0 = s_mn - s_m0. Tolerances: ALiBi and T5 1e-10 (float64 throughout);
 RoPE 1e-5, because its angles are computed in float32 on purpose (models/positional.py) and a float32
 angle of position p is off by about p * 6e-8 radians.
 
@@ -36,7 +39,7 @@ from ablate.models.attention import (
     ScoreAttention,
 )
 from ablate.models.config import ModelConfig
-from ablate.models.positional_layers import ALiBi, Rotary
+from ablate.models.positional_layers import ALiBi, Rotary, T5Bias
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -50,10 +53,13 @@ def affine(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return x @ linear.weight.T + linear.bias
 
 
-def self_attention(pos_encoding: str, heads: int, side: str, src=SRC, tgt_in=TGT_IN, seed: int = 0, **model):
+def self_attention(
+    pos_encoding: str, heads: int, side: str, src=SRC, tgt_in=TGT_IN, seed: int = 0, prepare=None, **model
+):
     """The first layer's self-attention on `side` of a one-layer float64 Transformer, reached through the
     model's forward: weights (H, L, L) of the first sentence and the layer's unrotated per-head queries
-    and keys q, k (H, L, Dh), computed from its input and projection parameters.
+    and keys q, k (H, L, Dh), computed from its input and projection parameters. `prepare(net)`, if given,
+    sets parameters of the built model first.
 
     (The one place that knows how the model is built and where its attention lives.)"""
     cfg = ModelConfig(d_model=D, heads=heads, layers=1, d_ff=8, dropout=0.0, norm="post",
@@ -61,6 +67,8 @@ def self_attention(pos_encoding: str, heads: int, side: str, src=SRC, tgt_in=TGT
     torch.manual_seed(seed)
     net = build_model(cfg, VOCAB, VOCAB, PAD).double().eval()
     with torch.no_grad():
+        if prepare is not None:
+            prepare(net)
         _, weights = net(src, tgt_in, need_weights=True)
         tokens, embed, layer = (src, net.src_embed, net.encoder[0]) if side == "encoder" else (
             tgt_in, net.tgt_embed, net.decoder[0])  # fmt: skip
@@ -141,6 +149,52 @@ def test_alibi_scores_inside_attention_are_scaled_dot_minus_slope_times_distance
     else:  # the paper's causal form
         distance, allowed = m - n, n <= m
     scores = q @ k.transpose(-2, -1) / (D // heads) ** 0.5 - slopes[:, None, None] * distance
+    expected = score_differences(torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1), allowed)
+    torch.testing.assert_close(score_differences(weights, allowed), expected, atol=1e-10, rtol=0)
+    assert torch.all(weights[..., ~allowed] == 0)
+
+
+# T5's bucket of a key `distance` positions before the query, distances 0..15, 32 buckets, max distance 128.
+# Bidirectional: 16 a direction, 0..7 exact, then 8 + floor(8 ln(d / 8) / ln 16): 8 for d = 8..11 (d = 11:
+# 8 + floor(0.92)), 9 for d = 12..15 (d = 12: 8 + floor(1.17)); a later key 16 on. Causal: 32 for earlier
+# keys, 0..15 exact; a later key (masked) 0.
+T5_BUCKETS = {True: [*range(8), 8, 8, 8, 8, 9, 9, 9, 9], False: list(range(16))}
+
+
+def t5_buckets(length: int, bidirectional: bool) -> torch.Tensor:
+    """(L, L) bucket of key n for query m, from T5_BUCKETS (L <= 16)."""
+    table = torch.tensor(T5_BUCKETS[bidirectional])
+    m, n = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    later = 16 + table[(n - m).clamp(min=0)] if bidirectional else torch.zeros_like(m - n)
+    return torch.where(n > m, later, table[(m - n).clamp(min=0)])
+
+
+def given_t5_table(sign: float) -> torch.Tensor:
+    """A T5 bias table (32 buckets, 2 heads): b[bucket, 0] = sign (bucket - 8) / 4, b[bucket, 1] = -sign
+    bucket / 8."""
+    bucket = torch.arange(32, dtype=torch.float64)
+    return sign * torch.stack([(bucket - 8) / 4, -bucket / 8], dim=1)
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_t5_scores_inside_attention_are_scaled_dot_plus_the_table_at_each_bucket(side):
+    """Given tables, the encoder's and (negated) the decoder's: score = q_m . k_n / sqrt(d_k) + b_h[bucket(n -
+    m)]. Twelve positions a side, so that the encoder's keys 8..11 positions away share bucket 8 while the
+    decoder's causal buckets keep them apart; each stack reads its own table."""
+    tables = {"src": given_t5_table(1.0), "tgt": given_t5_table(-1.0)}
+
+    def give_tables(net):
+        for stack, table in tables.items():
+            net.positions.score_bias[stack].weight.copy_(table)
+
+    tokens = torch.tensor([[4, 5, 6, 7, 8, 9, 10, 4, 5, 6, 7, 8]])
+    weights, q, k = self_attention("t5", heads=2, side=side, src=tokens, tgt_in=tokens, prepare=give_tables)
+    length, bidirectional = weights.size(-1), side == "encoder"
+    allowed = torch.ones(length, length, dtype=torch.bool)
+    if not bidirectional:
+        allowed = allowed.tril()
+    bias = tables["src" if bidirectional else "tgt"][t5_buckets(length, bidirectional)]  # (L, L, H)
+    scores = q @ k.transpose(-2, -1) / (D // 2) ** 0.5 + bias.permute(2, 0, 1)
     expected = score_differences(torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1), allowed)
     torch.testing.assert_close(score_differences(weights, allowed), expected, atol=1e-10, rtol=0)
     assert torch.all(weights[..., ~allowed] == 0)
@@ -308,6 +362,26 @@ def test_a_score_bias_meets_the_masks_on_both_paths(padded, causal, need_weights
 
 @torch.no_grad()
 @pytest.mark.parametrize("padded, causal", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_a_t5_table_meets_the_masks_on_both_paths(padded, causal, need_weights):
+    """A given table b (given_t5_table) adds b_h[bucket(j - i)] to q.k / sqrt(d_k): over 5 positions the
+    buckets are the distances i - j of earlier keys and, bidirectional (no causal mask), 16 + (j - i) of
+    later ones. Padded and later keys still get weight 0. float64, 1e-12."""
+    torch.manual_seed(0)
+    bias = T5Bias(2, 8, bidirectional=not causal).double()
+    bias.weight.copy_(given_t5_table(1.0))
+    attn = MultiHeadAttention(8, 2, score_bias=bias).double()
+    x, padding, allowed = five_positions(padded, causal)
+    by_hand = given_t5_table(1.0)[t5_buckets(5, bidirectional=not causal)].permute(2, 0, 1)  # (H, 5, 5)
+    expected, expected_weights = multi_head_by_hand(attn, x, x, allowed, by_hand)
+    out, weights = attn(x, x, key_padding=padding, causal=causal, need_weights=need_weights)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+    if need_weights:
+        torch.testing.assert_close(weights, expected_weights, atol=1e-12, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("padded, causal", [(True, True), (True, False), (False, True), (False, False)])
 def test_cosine_weights_are_softmax_of_g_times_the_cosine_on_both_paths(padded, causal):
     """Henry et al. 2020: w_ts = softmax_s(g cos(q_t, k_s)) per head over the projected queries and keys,
     padded (the second sentence's last two) and later keys weight 0; g = 2.5 (so not 1/sqrt(d_k) = 0.5 by
@@ -367,18 +441,22 @@ def test_alibi_attention_keeps_bfloat16_on_both_paths():
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("kind", ["rope", "alibi"])
+@pytest.mark.parametrize("kind", ["rope", "alibi", "t5"])
 def test_relative_positions_hold_under_a_key_value_cache(kind):
     """Decoding one position at a time, each new key rotated at its own position (`offset`) and appended
     to the cache, the query at the last position, gives the outputs of causal attention over the whole
-    sequence at once. float64, 1e-12."""
+    sequence at once; 20 positions, so that T5's causal buckets reach past the exact ones. float64, 1e-12."""
     torch.manual_seed(0)
-    slots = {"rotary": Rotary(4)} if kind == "rope" else {"score_bias": ALiBi(2).double()}
+    slots = {
+        "rope": {"rotary": Rotary(4)},
+        "alibi": {"score_bias": ALiBi(2).double()},
+        "t5": {"score_bias": T5Bias(2, 8, bidirectional=False).double()},
+    }[kind]
     attn = MultiHeadAttention(8, 2, **slots).double()
-    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    x = torch.randn(1, 20, 8, dtype=torch.float64)
     full = attn(x, x, causal=True)[0]
     keys, values = [], []
-    for t in range(6):
+    for t in range(20):
         k, v = attn.keys_values(x[:, t : t + 1], offset=t)
         keys.append(k)
         values.append(v)
