@@ -35,6 +35,7 @@ from ablate.harness import artifacts, signals
 from ablate.harness.callbacks import TrialFailed, peak_rss_mb, reset_peak_rss
 from ablate.harness.checkpoints import FUSED_STATE, Preempted
 from ablate.harness.grouping import why_not_fused
+from ablate.harness.tasks.datamodule import collate
 from ablate.harness.trial import MONITOR, Prepared, TrialResult, build_trainer
 from ablate.models.ensemble import (
     ActiveSeeds,
@@ -122,8 +123,6 @@ class Seed:
         return self.batches_done == self.num_batches
 
     def epochs(self, sampler) -> Iterator[dict[str, torch.Tensor]]:
-        from ablate.harness.tasks.datamodule import collate
-
         encoded = self.prepared.dm.encoded["train"]
         while True:
             sampler.resume_at(self.epoch, self.batches_done)
@@ -148,6 +147,7 @@ class Seed:
             "data": (self.epoch, self.batches_done), "dropout": generator.get_state(),
             "history": self.history, "best": (self.best_score, self.best_step, self.best_state),
             "wait": self.wait, "stopped": self.stopped, "steps": self.steps, "tokens": int(self.tokens),
+            "failure": str(self.failure) if self.failure is not None else None,  # a TrialFailed's message
         }  # fmt: skip
 
     def restore(self, state: dict) -> None:
@@ -156,9 +156,7 @@ class Seed:
         self.best_score, self.best_step, self.best_state = state["best"]
         self.wait, self.stopped, self.steps = state["wait"], state["stopped"], state["steps"]
         self.tokens = state["tokens"]
-
-    def fail(self, e: BaseException) -> None:
-        self.failure, self.stopped = e, True
+        self.failure = TrialFailed(state["failure"]) if state["failure"] is not None else None
 
 
 def read_state(path: Path) -> dict:
@@ -325,9 +323,7 @@ class FusedGroup:
 
     def stop(self, k: int, failure: BaseException | None = None) -> None:
         seed = self.seeds[k]
-        if failure is not None:
-            seed.fail(failure)
-        seed.stopped, seed.steps = True, self.step
+        seed.failure, seed.stopped, seed.steps = failure, True, self.step
         self.active.stop(k)
 
     def check_divergence(self, seed: Seed) -> bool:

@@ -134,6 +134,27 @@ def test_a_stopped_group_resumes_each_seed_from_its_checkpoint(tmp_path, monkeyp
             assert a == pytest.approx(b, rel=TOL, abs=TOL)
 
 
+def test_a_seed_that_failed_before_a_stop_stays_failed_when_its_group_resumes(tmp_path, monkeypatch):
+    train = {"checkpoint_every": 0, "patience": None}
+    dirs = [tmp_path / str(seed) for seed in SEEDS]
+
+    def poison_then_stop(group: FusedGroup) -> None:
+        with torch.no_grad():
+            seed_axis(next(group.model.parameters()), group.k)[1].fill_(math.nan)
+        after_step(monkeypatch, 10, lambda group: monkeypatch.setattr(signals, "received", lambda: signal.SIGTERM))
+
+    after_step(monkeypatch, 2, poison_then_stop)
+    with pytest.raises(Preempted):
+        run_fused([Member(config(seed, "lstm", **train), d) for seed, d in zip(SEEDS, dirs)])
+    monkeypatch.undo()
+    first, failed, last = run_fused([
+        Member(config(seed, "lstm", **train), d, resume_from=d / "checkpoints" / "resume.ckpt")
+        for seed, d in zip(SEEDS, dirs)
+    ])  # fmt: skip
+    assert isinstance(failed, TrialFailed) and str(failed) == "diverged: train/loss is not finite (by step 4)"
+    assert first.steps == last.steps == TRAIN["max_steps"] and first.resumed_from_step == 10
+
+
 def test_what_cannot_train_fused_is_said():
     base = config(0, "transformer")
     assert why_not_fused([base, config(1, "transformer")]) is None
