@@ -120,10 +120,13 @@ class Study:
 
     def claims(self) -> list[ClaimResult]:
         """Each claim's verdict with the numbers behind it, as the report judges it (analysis/claims.py
-        ClaimResult: claim.text, verdict, diff, ci_low, ci_high, level, decision, ...)."""
+        ClaimResult: kind, claim.text, verdict, diff, ci_low, ci_high, level, decision, ...): the tests of
+        published findings first, then the checks of mechanisms (kind 'check'), each in the study's order.
+        analysis.claims.tally counts each kind's verdicts."""
+        from ablate.analysis.claims import tests_first
         from ablate.harness.study.looks import judge
 
-        return judge(*self._stored("claims"))
+        return tests_first(judge(*self._stored("claims")))
 
     def report(self) -> Path:
         """Builds the report from the storage and the trials' files, as `ablate report`; its HTML file."""

@@ -293,17 +293,19 @@ def status(
 
 
 def looks_table(spec, store) -> Table:
-    """Adaptive seeds: per claim, the look it stands at (seeds per variant) and its verdict so far."""
+    """Adaptive seeds: per claim, tests of published findings first and then checks of mechanisms, the look
+    it stands at (seeds per variant) and its verdict so far; the caption counts each kind's verdicts."""
+    from ablate.analysis.claims import tally, tests_first
     from ablate.harness.study.looks import judge
 
     results = judge(spec, store)
     looks = " ".join(map(str, spec.seed_looks))
     table = Table(title=f"looks at {looks} seeds per variant, claim CIs at {100 * results[0].level:.1f}%"
-                  if results else f"looks at {looks} seeds per variant")  # fmt: skip
-    for column in ("claim", "look", "seeds", "verdict", "decided"):
+                  if results else f"looks at {looks} seeds per variant", caption=tally(results) or None)  # fmt: skip
+    for column in ("kind", "claim", "look", "seeds", "verdict", "decided"):
         table.add_column(column, justify="right" if column in ("look", "seeds") else "left")
-    for r in results:
-        table.add_row(r.claim.text, f"{r.look + 1}/{r.looks}", str(r.seeds), r.verdict, r.decision)
+    for r in tests_first(results):
+        table.add_row(r.kind, r.claim.text, f"{r.look + 1}/{r.looks}", str(r.seeds), r.verdict, r.decision)
     return table
 
 

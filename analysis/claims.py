@@ -103,6 +103,7 @@ contrast stays paired."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -272,6 +273,30 @@ class ClaimResult:
 def by_kind(results: list[ClaimResult]) -> tuple[list[ClaimResult], list[ClaimResult]]:
     """The tests of published findings, then the checks of mechanisms, each in the study's order."""
     return [r for r in results if r.kind == "test"], [r for r in results if r.kind == "check"]
+
+
+def tests_first(results: list[ClaimResult]) -> list[ClaimResult]:
+    """The results in the order the report lists them: by_kind's tests, then its checks."""
+    return [r for group in by_kind(results) for r in group]
+
+
+# How the report, `ablate status` and the API name each kind, one and several.
+KIND_NAMES = {"test": ("test of a published finding", "tests of published findings"),
+              "check": ("check of a mechanism", "checks of mechanisms")}  # fmt: skip
+
+
+def tally(results: list[ClaimResult]) -> str:
+    """Each kind's verdicts counted apart: '3 tests of published findings: 2 reproduced, 1 inconclusive;
+    1 check of a mechanism: 1 reproduced'; empty without claims."""
+    parts = []
+    for kind, group in zip(KIND_NAMES, by_kind(results)):
+        if group:
+            counts = Counter(r.verdict for r in group)  # in the order verdicts first appear
+            name = KIND_NAMES[kind][len(group) > 1]
+            parts.append(
+                f"{len(group)} {name}: " + ", ".join(f"{n} {verdict}" for verdict, n in counts.items())
+            )
+    return "; ".join(parts)
 
 
 def seeds_to_decide(r: ClaimResult) -> int | None:

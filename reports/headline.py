@@ -1,5 +1,6 @@
 """The report's words about its numbers: the headline a reader sees first (what was compared, what won, by
-how much, how sure, each claim's verdict) and the notes under the variant table that say why a p-value
+how much, how sure, each claim's verdict, tests of published findings apart from checks of mechanisms) and
+the notes under the variant table that say why a p-value
 or a column is what it is. Plain text, the same in report.html, report.md and the dashboard's note."""
 
 from __future__ import annotations
@@ -10,15 +11,18 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis import stats
-from ablate.analysis.claims import ClaimResult, effect_name, on_ratio_scale
+from ablate.analysis.claims import KIND_NAMES, ClaimResult, by_kind, effect_name, on_ratio_scale, tally
 from ablate.reports.collect import StudyData
 from ablate.reports.formats import P_FLOOR, number, pvalue
 
 
 def headline(data: StudyData, summary: pd.DataFrame, claims: list[ClaimResult]) -> dict[str, object]:
-    """The report's first lines: what was compared, what won and how surely, one line per claim."""
-    return {"compared": compared(data, summary), "winner": winner(data, summary),
-            "claims": [claim_line(c) for c in claims]}  # fmt: skip
+    """The report's first lines: what was compared, what won and how surely, the claims' verdicts counted
+    by kind, and one line per claim: the tests of published findings (`claims`, each with its confounds),
+    then the checks of mechanisms that hold by construction (`checks`)."""
+    tests, checks = by_kind(claims)
+    return {"compared": compared(data, summary), "winner": winner(data, summary), "tally": tally(claims),
+            "claims": [claim_line(c) for c in tests], "checks": [claim_line(c) for c in checks]}  # fmt: skip
 
 
 def _ci(lo: float, hi: float) -> str:
@@ -28,6 +32,13 @@ def _ci(lo: float, hi: float) -> str:
 def _p(p: float) -> str:
     """The p-value after a CI in a sentence: ', p = 0.012', ', p < 0.001', or nothing without one."""
     return "" if not np.isfinite(p) else f", p < {P_FLOOR}" if p < P_FLOOR else f", p = {pvalue(p)}"
+
+
+def claim_groups(claims: list[ClaimResult]) -> list[tuple[str, list[ClaimResult]]]:
+    """The claims table's sections, tests first: (title, its claims) for each kind the study has."""
+    about = {"test": "", "check": " (true by construction, kept as guards on the code)"}
+    return [(KIND_NAMES[kind][1].capitalize() + about[kind], group)
+            for kind, group in zip(KIND_NAMES, by_kind(claims)) if group]  # fmt: skip
 
 
 def compared(data: StudyData, summary: pd.DataFrame) -> str:
@@ -81,17 +92,19 @@ def _statement(text: str) -> str:
 
 
 def claim_line(result: ClaimResult) -> dict[str, str]:
-    """One claim in a line, in three parts: its statement, its verdict, and Δ with its CI (at the claim's
-    level: above 95% where adaptive looks share the error) against its margin; Δ named as claims' reasons
-    name it where it is a log ratio."""
+    """One claim in a line, in four parts: its statement, its verdict, Δ with its CI (at the claim's level:
+    above 95% where adaptive looks share the error) against its margin, with the seeds that failed where
+    any did, and its confounds; Δ named as claims' reasons name it where it is a log ratio."""
     ratio = on_ratio_scale(result.metric)
     as_ratio = f" (a ratio of {1 + abs(result.claim.margin):g})" if ratio and result.claim.margin else ""
+    failed = f" {result.failures[0].upper()}{result.failures[1:]}." if result.failures else ""
     return {
         "statement": _statement(result.claim.text),
         "verdict": result.verdict,
         "numbers": f"{effect_name(result.metric) if ratio else 'Δ'} = {number(result.diff)}, "
         f"{100 * result.level:.3g}% CI [{number(result.ci_low)}, {number(result.ci_high)}], "
-        f"expected {result.expected}{as_ratio}.",
+        f"expected {result.expected}{as_ratio}.{failed}",
+        "confounds": " ".join(result.claim.confounds.split()),
     }
 
 

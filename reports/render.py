@@ -289,6 +289,7 @@ def build_report(
         "show_permutation": headline.show_permutation(summary),
         "show_g": headline.show_g(summary),
         "claims": verdicts,
+        "claim_groups": headline.claim_groups(verdicts),
         "look_level": claims.look_level(spec),
         "progress": [asdict(row) for row in study_progress(spec, storage)],
         "trials": trial_rows(data.trials),

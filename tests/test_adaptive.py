@@ -212,6 +212,16 @@ def test_status_calls_each_claim_pending_before_its_sides_have_finished_trials(t
     assert len(rows) == 2 and all("pending" in row and "inconclusive" not in row for row in rows), rows
 
 
+def test_status_shows_the_tests_first_and_the_checks_apart(tmp_path):
+    spec, runs = adaptive_spec(claims=[{**CLAIMS[0], "kind": "check"}, CLAIMS[1]]), tmp_path / "runs"
+    prepare_study(spec, open_storage(default_storage_url(spec.slug, runs)))
+    result = CliRunner().invoke(app, ["status", "adaptive", "--out", str(runs)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines() if any(c["text"] in line for c in CLAIMS)]
+    assert [(row[1], row[3]) for row in rows] == [("test", "Pre-LN"), ("check", "Without")]
+    assert "1 test of a published finding: 1 pending; 1 check of a mechanism: 1 pending" in result.output
+
+
 SCORES = {"pos": [1.0, 1.0, 0.97, 1.0], "nopos": [0.031, 0.016, 0.02, 0.0], "pre": [1.0, 0.97, 1.0, 0.98]}
 
 

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import optuna
+import optuna_dashboard
 import pandas as pd
 import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
@@ -460,8 +461,38 @@ def test_the_report_opens_with_its_result_and_each_claims_verdict(synthetic):
     assert opening.index("**Compared:**") < opening.index("**Result:**") < opening.index("**Claims:**")
     assert f"**Result:** {best} scores {summary['mean'].iloc[0]:.3f}" in opening
     assert f"ahead of the runner-up {runner_up}" in opening
-    assert "> - Without positions &lt;b&gt;reversal&lt;/b&gt; fails → **pending**: Δ = " in opening
+    assert "> | Without positions &lt;b&gt;reversal&lt;/b&gt; fails | **pending** | Δ = " in opening
     assert html.index('id="headline"') < html.index('id="summary"')
+
+
+def test_the_report_counts_and_shows_tests_and_checks_apart(tmp_path):
+    # A check first in the study file: the report still puts the test first, each kind in its own table,
+    # and the headline carries the test's confounds.
+    check = {**CLAIM, "text": "Without positions a set cannot be reversed.", "kind": "check"}
+    test = {**CLAIM, "compare": {"model.norm": "pre"}, "to": {"model.norm": "post"}, "expect": "higher",
+            "margin": 0.0, "text": "Pre-LN <i>beats</i> post-LN.", "confounds": "one <i>task</i>"}  # fmt: skip
+    spec, storage, runs = synthetic_study(tmp_path, keys={"factors": GRID, "claims": [check, test]})
+    out = build_report(spec, storage, runs)
+    md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
+    tally = "1 test of a published finding: 1 pending; 1 check of a mechanism: 1 pending"
+    opening = md[: md.index("## Results by variant")].splitlines()
+    rows = [line for line in opening if line.startswith("> | ")]
+    assert f"> **Claims:** {tally}." in opening
+    assert [row.split(" | ")[1:3] for row in rows] == [
+        ["test", "verdict"], ["Pre-LN &lt;i&gt;beats&lt;/i&gt; post-LN", "**pending**"],
+        ["check", "verdict"], ["Without positions a set cannot be reversed", "**pending**"],
+    ]  # fmt: skip
+    assert rows[1].endswith(" | one &lt;i&gt;task&lt;/i&gt; |") and rows[3].endswith(" | – |")
+    claims = md[md.index("## Claims") : md.index("## Figures")]
+    order = [f"{tally}.", "### Tests of published findings", "| Pre-LN &lt;i&gt;beats",
+             "### Checks of mechanisms (true by construction", "| Without positions a set"]  # fmt: skip
+    assert [claims.index(text) for text in order] == sorted(claims.index(text) for text in order)
+    headline, claims = html[: html.index('id="summary"')], html[html.index('id="claims"') :]
+    assert '<td class="text">one &lt;i&gt;task&lt;/i&gt;</td>' in headline
+    order = ['id="claims-table"', "Pre-LN &lt;i&gt;beats", 'id="checks-table"', "Without positions a set"]
+    assert [claims.index(text) for text in order] == sorted(claims.index(text) for text in order)
+    note = optuna_dashboard.get_note(optuna.load_study(study_name=optuna_study_name(spec), storage=storage))
+    assert note.index("#### Tests of published findings") < note.index("#### Checks of mechanisms")
 
 
 def test_the_headline_says_how_sure_the_winner_is():
