@@ -54,6 +54,9 @@ class ModelConfig(BaseModel):
         description=f"{' | '.join(POSITIONAL)}, or kinds with different parts joined by +, e.g. alibi+sinusoidal",
     )
     pos_base: float = Field(10000.0, gt=1.0)
+    # Where learned position rows start: small, N(0, 0.02²), as they did before the key; embedding, on the
+    # token embeddings' scale (std ≈ 1.4 under embed_scale), so that neither drowns the other at the start.
+    pos_init: Literal["small", "embedding"] = "small"
     max_positions: Count = 512
     residual: bool = True
     ffn: bool = True  # false: no feed-forward sublayers (pure attention when residual is false too)
@@ -109,8 +112,11 @@ class ModelConfig(BaseModel):
             ignored = dict.fromkeys(LSTM_KEYS, "an LSTM setting; model.arch is transformer")
             if not self.ffn:
                 ignored["d_ff"] = "acts only with feed-forward sublayers; model.ffn is false"
-            if not positional_kind(self.pos_encoding).based:
+            kind = positional_kind(self.pos_encoding)
+            if not kind.based:
                 ignored["pos_base"] = f"acts only on sinusoidal or rotary positions, not {self.pos_encoding}"
+            if not kind.learned:
+                ignored["pos_init"] = f"acts only on learned positions, not {self.pos_encoding}"
         score_reads = self.arch == "transformer" and TRANSFORMER_SCORES[self.score].reads_max_positions
         if self.position_limits == (None, None) and not score_reads:
             ignored["max_positions"] = (
@@ -151,8 +157,8 @@ LSTM_KEYS = ("cell", "bidirectional", "attention", "attention_query", "input_fee
 # An LSTM's switches that act only with attention.
 ATTENTION_KEYS = ("attention_query", "input_feeding", "attention_heads", "attention_window",
                   "attention_width")  # fmt: skip
-TRANSFORMER_KEYS = ("heads", "d_ff", "scale", "score", "pos_encoding", "pos_base", "residual", "ffn", "norm",
-                    "causal_mask", "cross_attention", "embed_scale", "qkv_projections")  # fmt: skip
+TRANSFORMER_KEYS = ("heads", "d_ff", "scale", "score", "pos_encoding", "pos_base", "pos_init", "residual", "ffn",
+                    "norm", "causal_mask", "cross_attention", "embed_scale", "qkv_projections")  # fmt: skip
 
 
 def preset_keys(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

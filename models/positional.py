@@ -6,7 +6,8 @@ A kind has up to three parts, each built from models/positional_layers.py (the m
 - `score_bias`: (q_len, k_len) -> (H, q_len, k_len), added to the self-attention scores (ALiBi, T5); built
   once per stack (encoder, decoder), told whether that stack's self-attention sees later positions.
 Cross-attention gets no rotary or bias: they relate positions inside one sequence. A `bounded` kind serves
-at most `model.max_positions` positions.
+at most `model.max_positions` positions; a `learned` one adds a trained table, whose start `model.pos_init`
+sets.
 
 Kinds with different parts combine with '+', e.g. `alibi+sinusoidal`: each part comes from the kind that
 has it (x-transformers keeps an absolute embedding beside ALiBi by default). ALiBi alone is blind to
@@ -45,6 +46,7 @@ class PositionalKind:
     score_bias: BiasPart | None = None
     bounded: bool = False
     based: bool = False  # reads model.pos_base (the wavelengths' base)
+    learned: bool = False  # a trained table added to the embeddings: reads model.pos_init
 
     def max_length(self, max_positions: int) -> int | None:
         """The most positions one sequence may have; None when any length works."""
@@ -64,7 +66,9 @@ POSITIONAL: dict[str, PositionalKind] = {
     ),
     # One trained vector per position: nothing past model.max_positions.
     "learned": PositionalKind(
-        embedding=lambda layers, cfg: layers.LearnedEncoding(cfg.d_model, cfg.max_positions), bounded=True
+        embedding=lambda layers, cfg: layers.LearnedEncoding(cfg.d_model, cfg.max_positions),
+        bounded=True,
+        learned=True,
     ),
     # Su et al. 2021: q_m·k_n depends on m - n only.
     "rope": PositionalKind(
@@ -95,7 +99,8 @@ def positional_kind(name: str) -> PositionalKind:
             f"{name!r}: join kinds that each add a different part ({', '.join(PARTS)}), e.g. alibi+sinusoidal"
         )
     merged = {part: next((getattr(k, part) for k in kinds if getattr(k, part)), None) for part in PARTS}
-    return PositionalKind(**merged, bounded=any(k.bounded for k in kinds), based=any(k.based for k in kinds))
+    flags = {flag: any(getattr(k, flag) for k in kinds) for flag in ("bounded", "based", "learned")}
+    return PositionalKind(**merged, **flags)
 
 
 def check_fits(cfg: ModelConfig) -> None:

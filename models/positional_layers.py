@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from ablate.models.ensemble import per_seed
+from ablate.models.ensemble import per_seed, seed_axis
 
 
 def sinusoidal_table(positions: int, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -56,6 +56,11 @@ class LearnedEncoding(nn.Module):
         super().__init__()
         self.embedding = nn.Embedding(max_positions, dim)
         nn.init.normal_(self.embedding.weight, std=0.02)
+
+    def redraw(self, stds: list[float]) -> None:
+        """Each seed's table drawn again, N(0, std²) with seed k's std (model.pos_init: embedding)."""
+        for table, std in zip(seed_axis(self.embedding.weight, len(stds)), stds):
+            nn.init.normal_(table, std=std)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         end = offset + x.size(1)

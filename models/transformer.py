@@ -28,7 +28,7 @@ from ablate.models.attention import MultiHeadAttention
 from ablate.models.config import ModelConfig
 from ablate.models.ensemble import Ensemble, seed_axis
 from ablate.models.kinds import NORMS
-from ablate.models.positional import build_positions
+from ablate.models.positional import build_positions, positional_kind
 from ablate.models.transformer_scores import build_score
 
 Cache = dict[str, torch.Tensor]  # one decoder layer's keys and values (B, H, L, Dh) for incremental decoding
@@ -214,6 +214,20 @@ class Transformer(nn.Module):
         with torch.no_grad():  # xavier overwrote the zero vector nn.Embedding keeps for padding
             self.src_embed.weight[..., self.pad_id, :] = 0.0
             self.tgt_embed.weight[..., self.pad_id, :] = 0.0
+        if self.cfg.pos_init == "embedding" and positional_kind(self.cfg.pos_encoding).learned:
+            self.positions.embedding.redraw(self._token_scale())
+
+    def _token_scale(self) -> list[float]:
+        """Each seed's standard deviation of the token embeddings the positions are added to, times
+        embed_scale: over the real rows of each side the model embeds, the sides' variances averaged, so
+        that a large vocabulary does not outweigh a small one (xavier's sqrt(2 / (V + d)) a side)."""
+        sides = [self.tgt_embed, self.src_embed] if len(self.encoder) else [self.tgt_embed]
+        variances = []
+        for embedding in sides:
+            real = torch.arange(embedding.num_embeddings, device=embedding.weight.device) != self.pad_id
+            rows = seed_axis(embedding.weight.detach(), self.ensemble.k)[:, real]  # (K, V - 1, D)
+            variances.append(rows.flatten(1).var(dim=1))
+        return (torch.stack(variances).mean(0).sqrt() * self.embed_scale).tolist()
 
     def _embed(self, embedding: nn.Module, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Token embeddings with positions, before dropout."""

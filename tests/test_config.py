@@ -235,7 +235,7 @@ def test_a_key_the_model_ignores_is_refused_on_the_command_line():
 CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention_query": "current",
            "input_feeding": True, "attention_heads": 2, "attention_window": "local-m", "attention_width": 3,
            "heads": 2, "d_ff": 8, "scale": "none", "score": "cosine", "pos_encoding": "rope",
-           "pos_base": 100.0, "residual": False, "ffn": True, "norm": "pre",
+           "pos_base": 100.0, "pos_init": "embedding", "residual": False, "ffn": True, "norm": "pre",
            "causal_mask": False, "cross_attention": False, "embed_scale": False, "qkv_projections": False,
            "max_positions": 9}  # fmt: skip
 
@@ -267,6 +267,24 @@ def test_a_key_the_model_ignores_changes_nothing_it_computes(model):
         assert other_weights.keys() == weights.keys(), key
         assert all(torch.equal(other_weights[name], w) for name, w in weights.items()), key
         assert torch.equal(other_outputs, outputs), key
+
+
+def test_pos_init_is_refused_where_no_learned_positions_are():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, None, ["model.pos_init=embedding"])
+    assert str(info.value) == "model.pos_init: has no effect (acts only on learned positions, not sinusoidal)"
+    with pytest.raises(
+        ConfigError, match=r"^model.pos_init: has no effect \(acts only on learned positions, not t5"
+    ):
+        load_config(None, None, ["model.pos_encoding=t5", "model.pos_init=embedding"])
+    with pytest.raises(ConfigError, match=r"^model.pos_init: has no effect \(a Transformer setting"):
+        load_config(None, "lstm", ["model.pos_init=embedding"])
+    for kind in ("learned", "alibi+learned", "rope+learned"):
+        overrides = [f"model.pos_encoding={kind}", "model.pos_init=embedding"]
+        assert load_config(None, None, overrides).model.pos_init == "embedding"
+    assert error_of({}, {"model.pos_init": "large"}).startswith(
+        "model.pos_init: Input should be 'small' or 'embedding'"
+    )
 
 
 def test_max_positions_is_ignored_unless_something_reads_it():

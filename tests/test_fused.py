@@ -65,7 +65,7 @@ def flipped(key: str) -> dict:
 SWITCHES = {
     "transformer": [
         *({"pos_encoding": kind} for kind in [*POSITIONAL, "alibi+sinusoidal"]),
-        {"pos_encoding": "t5", "causal_mask": False},
+        {"pos_encoding": "learned", "pos_init": "embedding"}, {"pos_encoding": "t5", "causal_mask": False},
         *({"score": score} for score in TRANSFORMER_SCORES),
         {"score": "cosine", "scale": 3.0}, {"scale": "none"}, {"scale": 0.5},
         *({"norm": norm} for norm in values("norm")),

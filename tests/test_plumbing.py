@@ -275,6 +275,17 @@ def check_max_positions(base, changed):
         logits(changed)
 
 
+def check_pos_init(base, changed):
+    # Learned rows start at std 0.02 by default; `embedding`, at the std of the token embeddings of both
+    # sides (one vocabulary; row 0 padding) times sqrt(d): xavier's sqrt(2 / (V + d)) sqrt(d), about 1.2.
+    table = lambda built: built.module.model.positions.embedding.embedding.weight  # noqa: E731
+    model = changed.module.model
+    tokens = torch.cat([model.src_embed.weight[1:], model.tgt_embed.weight[1:]]) * model.embed_scale
+    assert abs(table(base).std().item() / 0.02 - 1) < 0.05
+    assert abs(table(changed).std().item() / tokens.std().item() - 1) < 0.05
+    outputs_differ(base, changed)
+
+
 def weight_heads(kind: str, heads: int):
     """The changed model attends with `heads` heads (its `kind` weights) and computes something else."""
 
@@ -389,6 +400,7 @@ def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
         ),
         "model.pos_encoding": Case("rope", outputs_differ),
         "model.pos_base": Case(100.0, outputs_differ),
+        "model.pos_init": Case("embedding", check_pos_init, {"model.pos_encoding": "learned"}),
         "model.max_positions": Case(4, check_max_positions, {"model.pos_encoding": "learned"}),
         "model.residual": Case(False, outputs_differ),
         "model.norm": Case("pre", outputs_differ),

@@ -1,6 +1,6 @@
 """Positional encodings against their definitions: the lectures' sinusoid table, RoPE's relative
 property, ALiBi's slopes, T5's buckets and bias table, what each does past the positions it was built or
-trained for, ALiBi's blindness to mirror images, and the registry of kinds."""
+trained for, where learned positions start, ALiBi's blindness to mirror images, and the registry of kinds."""
 
 import math
 import re
@@ -100,6 +100,48 @@ def test_learned_positions_start_small():
     torch.manual_seed(0)
     std = LearnedEncoding(64, 256).embedding.weight.std().item()
     assert abs(std - 0.02) < 5e-4
+
+
+@pytest.mark.parametrize("embed_scale", [True, False])
+@pytest.mark.parametrize("vocabs", [(40, 40), (1000, 20)])
+def test_learned_positions_start_on_the_token_embeddings_scale_when_asked(vocabs, embed_scale):
+    """model.pos_init: embedding draws the table N(0, σ²), σ the std of the token embeddings the positions
+    are added to, times embed_scale's sqrt(d): the two sides' variances over their real rows, averaged.
+    Xavier gives a side of V tokens the variance 2 / (V + d); d = 64: 40 tokens a side, σ = sqrt(2 / 104)
+    = 0.139 (1.11 scaled); 1000 and 20, σ = sqrt((2 / 1064 + 2 / 84) / 2) = 0.114 (0.91 scaled), where
+    pooling the rows would give 0.045. The table's 512 x 64 draws put its std within 1.5 % of σ (5
+    standard errors); the rows' own sample std is what σ is, and xavier's values hold it to 5 %."""
+    src_vocab, tgt_vocab = vocabs
+    cfg = ModelConfig(
+        d_model=64, heads=4, pos_encoding="learned", pos_init="embedding", embed_scale=embed_scale
+    )
+    torch.manual_seed(0)
+    model = Transformer(cfg, src_vocab, tgt_vocab)
+    scale = 8.0 if embed_scale else 1.0
+    table = model.positions.embedding.embedding.weight
+    variances = [embed.weight[1:].var().item() for embed in (model.src_embed, model.tgt_embed)]  # 0: padding
+    sigma = math.sqrt(sum(variances) / 2) * scale
+    assert abs(table.std().item() / sigma - 1) < 0.015
+    xavier = math.sqrt((2 / (src_vocab + 64) + 2 / (tgt_vocab + 64)) / 2) * scale
+    assert abs(sigma / xavier - 1) < 0.05
+    # The default keeps the small start; the rest of the model is initialised as it was.
+    torch.manual_seed(0)
+    small = Transformer(cfg.model_copy(update={"pos_init": "small"}), src_vocab, tgt_vocab)
+    assert abs(small.positions.embedding.embedding.weight.std().item() / 0.02 - 1) < 0.015
+    others = {name: p for name, p in small.named_parameters() if not name.startswith("positions.")}
+    assert all(torch.equal(p, dict(model.named_parameters())[name]) for name, p in others.items())
+
+
+def test_learned_positions_without_an_encoder_take_the_target_embeddings_scale():
+    # No encoder (cross_attention: false): the positions meet target tokens only, 20 of them: σ = sqrt(2 /
+    # 84) = 0.154, not the 0.044 of the 1000-token source's table, which no layer reads.
+    cfg = ModelConfig(
+        d_model=64, heads=4, pos_encoding="learned", pos_init="embedding", cross_attention=False
+    )
+    torch.manual_seed(0)
+    model = Transformer(cfg, 1000, 20)
+    sigma = model.tgt_embed.weight[1:].std().item() * 8.0
+    assert abs(model.positions.embedding.embedding.weight.std().item() / sigma - 1) < 0.015
 
 
 @pytest.mark.parametrize("make", [lambda: SinusoidalEncoding(8, 16), lambda: LearnedEncoding(8, 16)])
