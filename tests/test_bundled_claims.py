@@ -126,6 +126,7 @@ def test_task_traits_match_the_data_the_tasks_build():
 CHECKS = [
     ("causal-mask", "Without the causal mask, the teacher-forced validation loss falls"),
     ("causal-mask", "Without the causal mask, greedy decoding fails"),
+    ("local-attention", "A monotonic window (local-m) cannot follow a verb moved to the end"),
     ("quickstart", "Without positional information a Transformer cannot reverse"),
     ("rnn-scores", "Location-based attention, which never looks at the source words"),
 ]
