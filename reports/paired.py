@@ -68,29 +68,34 @@ def _bleu(metric: BLEU, stats: Sequence) -> float:
     ).score  # fmt: skip
 
 
-def _mean_bleu(metric: BLEU, seeds: list[np.ndarray], drawn: np.ndarray) -> np.ndarray:
-    """Per resample (row of `drawn`), each seed's corpus BLEU over the drawn sentences, averaged over seeds.
-    float32 sums, as sacreBLEU's own test adds them, so that one seed's p is sacreBLEU's to the resample."""
-    sums = [stats.astype(np.float32)[drawn].sum(axis=1) for stats in seeds]  # (resamples, statistics) a seed
-    return np.mean([[_bleu(metric, row) for row in seed] for seed in sums], axis=0)
+def _mean_bleu(metric: BLEU, seeds: list[np.ndarray], drawn: list[np.ndarray]) -> np.ndarray:
+    """Per resample, each seed's corpus BLEU over its drawn sentences (drawn[k] the (resamples, sentences)
+    indices of seed k), averaged over seeds. float32 sums, as sacreBLEU's own test adds them, so that one
+    seed's p is sacreBLEU's to the resample."""
+    sums = [stats.astype(np.float32)[d].sum(axis=1) for stats, d in zip(seeds, drawn, strict=True)]
+    return np.mean([[_bleu(metric, row) for row in seed] for seed in sums], axis=0)  # sums: (resamples, stats)
 
 
 def cluster_bootstrap(
-    metric: BLEU, baseline: list[np.ndarray], system: list[np.ndarray], drawn: np.ndarray
+    metric: BLEU, baseline: list[np.ndarray], system: list[np.ndarray], drawn: np.ndarray | list[np.ndarray]
 ) -> dict[str, float]:
     """{bleu_baseline, bleu, p}: the paired bootstrap of `system` against `baseline` given per seed (paired
-    by position) as sentence_stats of the same sentences, the resamples' sentence indices `drawn`. BLEU is
-    each seed's corpus BLEU averaged over seeds; p is sacreBLEU's two-sided p: the share of resamples whose
-    absolute difference, centred on its mean over the resamples, exceeds the observed absolute difference,
-    one added to both counts. With one seed this is sacreBLEU's paired bootstrap. Outputs that BLEU cannot
-    tell apart get p = 1, where sacreBLEU's strict count gives them its smallest p, 1 / (resamples + 1)."""
+    by position) as sentence_stats, each seed pair on its own sentences; `drawn`, the resamples' sentence
+    indices: one array for seeds that share their sentences (each resample draws a sentence with every
+    seed's translations of it), or one per seed where each seed has sentences of its own (a task that draws
+    its data per seed: each seed's sentences are resampled among themselves). BLEU is each seed's corpus
+    BLEU averaged over seeds; p is sacreBLEU's two-sided p: the share of resamples whose absolute
+    difference, centred on its mean over the resamples, exceeds the observed absolute difference, one added
+    to both counts. With one seed this is sacreBLEU's paired bootstrap. Outputs that BLEU cannot tell apart
+    get p = 1, where sacreBLEU's strict count gives them its smallest p, 1 / (resamples + 1)."""
+    drawn = [drawn] * len(baseline) if isinstance(drawn, np.ndarray) else drawn
     bleu_baseline, bleu = (float(np.mean([_bleu(metric, s.sum(axis=0).tolist()) for s in side]))
                            for side in (baseline, system))  # fmt: skip
     if all(np.array_equal(b, s) for b, s in zip(baseline, system, strict=True)):
         return {"bleu_baseline": bleu_baseline, "bleu": bleu, "p": 1.0}
     resampled = np.abs(_mean_bleu(metric, system, drawn) - _mean_bleu(metric, baseline, drawn))
     exceeding = np.sum(resampled - resampled.mean() > abs(bleu - bleu_baseline))
-    return {"bleu_baseline": bleu_baseline, "bleu": bleu, "p": float((exceeding + 1) / (len(drawn) + 1))}
+    return {"bleu_baseline": bleu_baseline, "bleu": bleu, "p": float((exceeding + 1) / (len(drawn[0]) + 1))}
 
 
 def paired_bootstrap(
@@ -116,8 +121,9 @@ def _by_seed(split_rows: pd.DataFrame, variant: str) -> dict[Any, pd.DataFrame]:
 def paired_tests(translations: pd.DataFrame, order: list[str], baseline: str) -> list[dict[str, Any]]:
     """One row per variant other than the baseline and test split: {variant, split, seeds, sentences (per
     seed), bleu_baseline, bleu (each the mean over the seeds of their corpus BLEU), diff, p (the seeds
-    together, sentences resampled with all their seeds), p_seeds (per seed pair, in seed order),
-    signature}; none where the two share no seed with the same references."""
+    together: sentences resampled with all their seeds where the seeds share them, each seed's among its
+    own where the task drew them per seed), p_seeds (per seed pair, in seed order), signature}; none where
+    the two share no seed with the same references."""
     if translations.empty:
         return []
     metric = bleu_metric()
@@ -132,15 +138,20 @@ def paired_tests(translations: pd.DataFrame, order: list[str], baseline: str) ->
             ]
             if not seeds:
                 continue
-            references = own[seeds[0]]["ref"].tolist()
-            drawn = draws(len(references))
+            # Each seed's own references: a task that draws its data per seed tests each seed on its own.
+            references = {s: own[s]["ref"].tolist() for s in seeds}
+            drawn = {s: draws(len(refs)) for s, refs in references.items()}
             # Each side's sentence statistics per seed, once for the per-seed tests and the joint one.
-            stats = [[sentence_stats(metric, frames[s]["hyp"].tolist(), references) for s in seeds]
+            stats = [[sentence_stats(metric, frames[s]["hyp"].tolist(), references[s]) for s in seeds]
                      for frames in (base, own)]  # fmt: skip
-            per_seed = [cluster_bootstrap(metric, [b], [o], drawn) for b, o in zip(*stats)]
-            together = per_seed[0] if len(seeds) == 1 else cluster_bootstrap(metric, *stats, drawn)
-            rows.append({"variant": variant, "split": split, "seeds": seeds, "sentences": len(references),
+            per_seed = [cluster_bootstrap(metric, [b], [o], drawn[s]) for s, b, o in zip(seeds, *stats)]
+            shared = all(refs == references[seeds[0]] for refs in references.values())
+            joint = drawn[seeds[0]] if shared else [drawn[s] for s in seeds]
+            together = per_seed[0] if len(seeds) == 1 else cluster_bootstrap(metric, *stats, joint)
+            sizes = sorted({len(refs) for refs in references.values()})
+            rows.append({"variant": variant, "split": split, "seeds": seeds,
+                         "sentences": sizes[0] if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}",
                          **together, "diff": together["bleu"] - together["bleu_baseline"],
                          "p_seeds": [r["p"] for r in per_seed],
-                         "signature": signature(metric, len(drawn))})  # fmt: skip
+                         "signature": signature(metric, RESAMPLES)})  # fmt: skip
     return rows

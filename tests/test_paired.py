@@ -69,6 +69,24 @@ def test_paired_tests_pair_seeds_with_the_same_references_and_test_them_together
     assert paired_tests(pd.DataFrame(), ["attention", "none"], baseline="attention") == []
 
 
+def test_seeds_with_test_sets_of_their_own_are_each_scored_on_their_own_references():
+    """A task that draws its data per seed (the synthetic ones) gives each seed other test sentences: each
+    seed's BLEU is its own corpus's, and the seeds together resample each seed's sentences among its own."""
+    other = [r + " too" for r in REFERENCES]
+    seed1 = [h + " too" for h in BASELINE]
+    translations = pd.DataFrame(
+        rows(0, "attention", 0, "test", BASELINE) + rows(1, "attention", 1, "test", seed1, other)
+        + rows(2, "none", 0, "test", SYSTEM) + rows(3, "none", 1, "test", other, other)
+    )  # fmt: skip
+    (test,) = paired_tests(translations, ["attention", "none"], baseline="attention")
+    bleu = bleu_metric()
+    own = [bleu.corpus_score(BASELINE, [REFERENCES]).score, bleu.corpus_score(seed1, [other]).score]
+    assert test["seeds"] == [0, 1] and test["bleu_baseline"] == pytest.approx(np.mean(own))
+    assert test["bleu"] == pytest.approx(np.mean([bleu.corpus_score(SYSTEM, [REFERENCES]).score, 100.0]))
+    assert test["p_seeds"][0] == paired_bootstrap([BASELINE], [SYSTEM], REFERENCES)["p"]
+    assert test["p_seeds"][1] == paired_bootstrap([seed1], [other], other)["p"]
+
+
 # Four-token sentences translated either exactly or with no word of the reference: a corpus's BLEU is then
 # 100 times its share of exact translations (every n-gram precision is that share, lengths match), which a
 # test can compute by hand.
