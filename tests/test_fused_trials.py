@@ -173,6 +173,11 @@ def study(tmp_path, fuse_seeds, seeds=(0, 1, 2), presets=("transformer", "lstm")
                  "train": {**TRAIN, "max_steps": 16, "fuse_seeds": fuse_seeds, **train}},
         "variants": {preset: {"preset": preset} for preset in presets},
     }  # fmt: skip
+    return prepared(tmp_path, tree)
+
+
+def prepared(tmp_path, tree: dict):
+    """The study of `tree`, queued in a SQLite storage under tmp_path: (its spec, the storage)."""
     spec = StudySpec.model_validate(tree)
     storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", create_dir=True)
     prepare_study(spec, storage)
@@ -231,10 +236,7 @@ def tuned_study(tmp_path, seeds):
         "tune": {"params": {"train.lr": {"log_uniform": [0.001, 0.01]}}, "trials": 1, "pruner": "none",
                  "seeds": seeds},
     }  # fmt: skip
-    spec = StudySpec.model_validate(tree)
-    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", create_dir=True)
-    prepare_study(spec, storage)
-    return spec, storage
+    return prepared(tmp_path, tree)
 
 
 def test_a_tune_candidate_is_scored_on_the_mean_of_its_seeds_each_as_alone(tmp_path):
