@@ -205,6 +205,7 @@ def test_a_worker_claims_a_variants_waiting_seeds_together_and_looks_fuse_theirs
     assert [c.seed for c in worker.claim()] == [7, 8]
 
 
+@pytest.mark.slow  # whole studies through a worker, twice: about 30 s on 2 cores
 def test_a_fused_study_records_what_an_unfused_one_records(tmp_path):
     records, reports = {}, {}
     for fuse in (True, False):
@@ -281,6 +282,7 @@ def test_tune_seeds_that_are_eval_seeds_or_cannot_fuse_are_refused(tmp_path):
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # whole studies through a worker, twice: about 30 s on 2 cores
 def test_a_stopped_fused_worker_queues_its_group_and_the_next_resumes_each_seed(tmp_path, monkeypatch):
     def trials(storage):
         return sorted(optuna.load_study(study_name="fz:eval", storage=storage).get_trials(),
