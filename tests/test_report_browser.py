@@ -70,8 +70,10 @@ def test_tables_and_figures_render_and_user_text_stays_text(synthetic, tmp_path)
 
 def test_screenshot_is_not_blank(synthetic, tmp_path):  # noqa: F811
     shot = tmp_path / "shot.png"
+    # Tall enough for the figures to the attention heatmaps: the claims split into tests and checks, each
+    # table with its heading, pushed the heatmaps past 4000 pixels.
     proc = chromium(
-        tmp_path, "--window-size=1200,4000", f"--screenshot={shot}", (synthetic[3] / "report.html").as_uri()
+        tmp_path, "--window-size=1200,5000", f"--screenshot={shot}", (synthetic[3] / "report.html").as_uri()
     )
     assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
     assert console_lines(proc) == []
