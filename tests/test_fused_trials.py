@@ -85,6 +85,7 @@ def test_each_fused_seed_gets_the_numbers_it_gets_alone(preset, tmp_path):
     assert (tmp_path / "3" / "metrics.json").is_file()
 
 
+@pytest.mark.slow  # trials alone and fused over two epochs: about 10 s on 2 cores
 def test_an_epoch_budget_validates_at_each_epochs_end_as_alone():
     train = {"max_epochs": 2, "max_steps": 1000, "patience": None}  # 400 examples: 13 batches an epoch
     alone = [run_trial(config(seed, "transformer", **train)) for seed in SEEDS[:2]]
@@ -134,6 +135,7 @@ def test_a_stopped_group_resumes_each_seed_from_its_checkpoint(tmp_path, monkeyp
             assert a == pytest.approx(b, rel=TOL, abs=TOL)
 
 
+@pytest.mark.slow  # a group stopped and resumed: about 10 s on 2 cores
 def test_a_seed_that_failed_before_a_stop_stays_failed_when_its_group_resumes(tmp_path, monkeypatch):
     train = {"checkpoint_every": 0, "patience": None}
     dirs = [tmp_path / str(seed) for seed in SEEDS]
@@ -240,6 +242,7 @@ def tuned_study(tmp_path, seeds):
     return prepared(tmp_path, tree)
 
 
+@pytest.mark.slow  # a tune trial of two seeds and both seeds alone: about 15 s on 2 cores
 def test_a_tune_candidate_is_scored_on_the_mean_of_its_seeds_each_as_alone(tmp_path):
     spec, storage = tuned_study(tmp_path, seeds=2)
     assert spec.tune_seeds == [2, 3]  # after the eval seeds: none of them tunes
