@@ -9,6 +9,7 @@ signal resumes each seed from its own checkpoint to the numbers of an uninterrup
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 
@@ -155,6 +156,23 @@ def test_a_seed_that_failed_before_a_stop_stays_failed_when_its_group_resumes(tm
     ])  # fmt: skip
     assert isinstance(failed, TrialFailed) and str(failed) == "diverged: train/loss is not finite (by step 4)"
     assert first.steps == last.steps == TRAIN["max_steps"] and first.resumed_from_step == 10
+
+
+def test_fuse_seeds_true_where_seeds_cannot_fuse_is_refused_up_front(tmp_path):
+    from ablate.harness.study.validate import load_study
+    from ablate.schema.errors import ConfigError
+
+    study = tmp_path / "s.yaml"
+    study.write_text(json.dumps({
+        "name": "s", "seeds": [0, 1], "metric": {"name": "test/tok_acc", "direction": "maximize"},
+        "base": {"preset": "transformer", "task": TASK, "model": MODEL,
+                 "train": {"fuse_seeds": True, "batch_tokens": 64}},
+    }))  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        load_study(study, read_data=False)
+    assert "train.fuse_seeds: true, but train.batch_tokens gives each seed batches of its own sizes" in str(
+        refused.value
+    )
 
 
 def test_what_cannot_train_fused_is_said():

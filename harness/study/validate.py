@@ -108,6 +108,7 @@ def study_problems(
     problems += shared_key_problems(spec, configs, set(set_keys))
     problems += variant_duplicates(spec, configs)
     problems += reference_problems(spec, configs)
+    problems += fusion_problems(configs)
     if read_data:
         problems += data_problems(spec, configs, set(set_keys))
     if spec.tune:
@@ -392,6 +393,16 @@ def corpus_problem(task: TaskConfig, seed: int) -> str | None:
         sizes = ", ".join(f"{split} {len(data.splits[split])}" for split in ("train", "valid", "test"))
         return f"{task.path or 'task ' + task.name}: too few pairs for every split ({sizes})"
     return None
+
+
+def fusion_problems(configs: dict[str, ExperimentConfig]) -> list[Problem]:
+    """train.fuse_seeds: true where a variant's seeds cannot train as one model: said, rather than run
+    unfused as `auto` would."""
+    for variant, cfg in configs.items():
+        why = why_not_fused([cfg]) if cfg.train.fuse_seeds is True else None
+        if why:
+            return [("train.fuse_seeds", f"true, but {why} (variant {variant!r}); set it to auto or false")]
+    return []
 
 
 def tune_problems(spec: StudySpec, tune: TuneSpec) -> list[Problem]:
