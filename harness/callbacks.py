@@ -53,6 +53,15 @@ class DivergenceGuard(L.Callback):
             raise TrialFailed(f"diverged: weights are not finite at step {trainer.global_step}")
 
 
+def report_step(trial: optuna.Trial, score: float, step: int, prune: bool = False) -> None:
+    """A validation's score reported to its trial at the training step it ran at; with `prune`, the trial
+    stops there (optuna.TrialPruned) when its pruner says so. Every trial reports through here, alone
+    (StepPruning, ReportValidation) or fused (harness/fused.py's on_validation)."""
+    trial.report(float(score), step=step)
+    if prune and trial.should_prune():
+        raise optuna.TrialPruned(f"pruned at step {step}")
+
+
 class StepPruning(PyTorchLightningPruningCallback):
     """Reports the monitored metric at the global step, not the epoch: training is budgeted in steps and
     validates several times per epoch, and Hyperband's resource is then the number of training steps."""
@@ -63,10 +72,7 @@ class StepPruning(PyTorchLightningPruningCallback):
         score = trainer.callback_metrics.get(self.monitor)
         if trainer.sanity_checking or score is None:
             return
-        trial = pruning_trial(self)
-        trial.report(float(score), step=trainer.global_step)
-        if trial.should_prune():
-            raise optuna.TrialPruned(f"pruned at step {trainer.global_step}")
+        report_step(pruning_trial(self), score, trainer.global_step, prune=True)
 
 
 class HistoryCallback(L.Callback):
@@ -183,7 +189,7 @@ class ReportValidation(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         score = trainer.callback_metrics.get(self.monitor)
         if not trainer.sanity_checking and score is not None:
-            self.trial.report(float(score), step=trainer.global_step)
+            report_step(self.trial, score, trainer.global_step)
 
 
 class StepBudgetProgressBar(RichProgressBar):

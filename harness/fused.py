@@ -300,10 +300,10 @@ class FusedGroup:
         losses = per_seed_loss(logits, batch["tgt_out"], k, t.label_smoothing)  # (K,)
         training = [i for i, seed in enumerate(self.seeds) if not seed.stopped]
         losses[training].sum().backward()
-        for i in self.active.stopped:  # a stopped seed's slice may hold NaN: it stays out of every step
+        if self.active.stopped:  # a stopped seed's slice may hold NaN: it stays out of every step
             for p in self.model.parameters():
                 if p.grad is not None:
-                    seed_axis(p.grad, k)[i] = 0
+                    seed_axis(p.grad, k)[self.active.stopped] = 0
         if t.grad_clip:
             clip_grad_norm_per_seed(self.model, t.grad_clip, k)
         lr = float(torch.tensor(self.scheduler.get_last_lr()[0]))  # logged as float32, as self.log does

@@ -36,7 +36,7 @@ from ablate.harness.artifacts import (
     trial_dir,
     upload_trial_files,
 )
-from ablate.harness.callbacks import ReportValidation, StepPruning, TrialFailed
+from ablate.harness.callbacks import ReportValidation, StepPruning, TrialFailed, report_step
 from ablate.harness.checkpoints import (
     FUSED_STATE,
     RESUME_ATTR,
@@ -67,6 +67,7 @@ class Claim:
     phase: str
     variant: str
     seed: int | None = None  # eval trials: the queued grid point's
+    fused: bool = False  # trains in a fused group (Worker.claim decides, once)
 
 
 @contextmanager
@@ -196,12 +197,13 @@ class Worker:
         claim = self._claim_from(self.eval, EVAL)
         if claim is None:
             return []
+        claim.fused = self.fuses(claim)
         group = [claim]
-        fused = self.fuses(claim)
-        while fused and len(group) < FUSE_AT_MOST:
+        while claim.fused and len(group) < FUSE_AT_MOST:
             more = self._claim_from(self.eval, EVAL, joining=claim)
             if more is None:
                 break
+            more.fused = True
             group.append(more)
         return group
 
@@ -363,7 +365,7 @@ class Worker:
         jobs = [self.job(claim) for claim in claims]
         if claims[0].phase == TUNE and len(self.spec.tune_seeds) > 1:
             return [self.tune_on_seeds(jobs[0])]
-        if len(jobs) == 1 and not self.fuses(claims[0]):
+        if not claims[0].fused:
             (job,) = jobs
             try:
                 with self.wandb_logger(job) as logger:
@@ -406,9 +408,7 @@ class Worker:
         def prune(step: int, rows: list[dict[str, float]]) -> None:
             values = [row[metric] for row in rows if metric in row]
             if values:
-                trial.report(sum(values) / len(values), step=step)
-                if trial.should_prune():
-                    raise optuna.TrialPruned(f"pruned at step {step}")
+                report_step(trial, sum(values) / len(values), step, prune=True)
 
         seeds = self.spec.tune_seeds
         jobs = [dataclasses.replace(job, cfg=job.cfg.model_copy(update={"seed": seed}), out_dir=job.out_dir / f"seed-{seed}",
@@ -423,19 +423,11 @@ class Worker:
         except BaseException as failure:
             self.keep_what_failed(job, failure)
             raise
-        self.store_artifacts(trial, job.out_dir)
-        values = [o.metrics.get(metric, math.nan) for o in outcomes]
+        trial.set_user_attr("seed_values", {str(s): o.metrics.get(metric, math.nan) for s, o in zip(seeds, outcomes)})
         names = set.intersection(*(set(o.metrics) for o in outcomes))
-        trial.set_user_attr("metrics", {name: sum(o.metrics[name] for o in outcomes) / len(outcomes)
-                                        for name in sorted(names)})  # fmt: skip
-        trial.set_user_attr("seed_values", {str(seed): value for seed, value in zip(seeds, values)})
-        trial.set_user_attr("params", outcomes[0].params)
-        trial.set_user_attr("wall_time", outcomes[0].wall_time)
-        trial.set_user_attr("split_sizes", outcomes[0].split_sizes)
-        value = sum(values) / len(values)
-        if not math.isfinite(value):
-            raise TrialFailed(f"metric {metric} is {value!r} (seeds: {dict(zip(seeds, values))})")
-        return value
+        # The candidate's record is the group's (its wall time, sizes, signatures) with the seeds' mean metrics.
+        mean = {name: sum(o.metrics[name] for o in outcomes) / len(outcomes) for name in sorted(names)}
+        return self.record(job, dataclasses.replace(outcomes[0], metrics=mean))
 
     def reporter(self, job: Job):
         """A fused seed's validation rows, reported to its trial as ReportValidation reports a trial's."""
@@ -443,7 +435,7 @@ class Worker:
 
         def report(row: dict[str, float]) -> None:
             if monitor in row:
-                job.claim.trial.report(row[monitor], step=int(row["step"]))
+                report_step(job.claim.trial, row[monitor], int(row["step"]))
 
         return report
 
