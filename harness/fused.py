@@ -46,7 +46,7 @@ from ablate.models.ensemble import (
     seed_dropout,
     seed_state_dict,
 )
-from ablate.models.module import lr_lambda, per_seed_loss
+from ablate.models.module import optimizer_and_schedule, per_seed_loss
 from ablate.models.sequences import PAD_ID
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.errors import ConfigError, RunFailed
@@ -212,14 +212,10 @@ class FusedGroup:
                 seed.restore(state)
         self.model = fuse_models([s.prepared.module.model for s in self.seeds]).to(self.device)
         self.generators = seed_dropout(self.model, [s.cfg.seed for s in self.seeds])
-        t = self.cfg.train
         # One kernel for every parameter on a GPU (the fused loop clips per seed itself, so nothing stands in
         # its way, as Lightning's clipping does for a trial alone); elementwise, so still each seed's own step.
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay, fused=self.device.type == "cuda" or None
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(t.schedule, t.warmup_steps, t.max_steps)
+        self.optimizer, self.scheduler = optimizer_and_schedule(
+            self.model.parameters(), self.cfg.train, fused=self.device.type == "cuda" or None
         )
         self.active = ActiveSeeds(self.optimizer)
         if self.step:

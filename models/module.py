@@ -214,9 +214,16 @@ class Seq2SeqModule(L.LightningModule):
             return self.model(src, tgt_in, need_weights=True)[1]
 
     def configure_optimizers(self) -> dict[str, Any]:
-        o = self.optim
-        optimizer = torch.optim.AdamW(self.parameters(), lr=o.lr, weight_decay=o.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(o.schedule, o.warmup_steps, o.max_steps)
-        )
+        optimizer, scheduler = optimizer_and_schedule(self.parameters(), self.optim)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def optimizer_and_schedule(
+    params, o: OptimConfig, fused: bool | None = None
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """The one optimiser every model trains with, alone or as fused seeds (harness/fused.py): AdamW at
+    train.lr with train.weight_decay, its lr scaled step by step by the schedule (LambdaLR). fused: AdamW's
+    single-kernel implementation (CUDA)."""
+    optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, fused=fused)
+    schedule = lr_lambda(o.schedule, o.warmup_steps, o.max_steps)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
