@@ -1,8 +1,9 @@
 """Workers: claim a queued trial, run it, store its result and artifacts, until none is left.
 
-A worker runs the tune trials of every variant first (each variant's own TPE study, pruned through
-optuna-integration's Lightning callback), then the eval grid: an eval trial of a variant is claimed only
-once that variant's tuning is finished, and runs with its best parameters. Any number of workers, local or
+A worker runs the tune trials first (each tuned variant's own TPE study, pruned through
+optuna-integration's Lightning callback; every variant, or the baseline alone with `tune.on: baseline`),
+then the eval grid: an eval trial of a variant is claimed only once the tuning that chooses its parameters
+is finished, and runs with that tuning's best parameters. Any number of workers, local or
 on other machines, may join the same storage; harness/launchers start them (`local.py` on this machine).
 """
 
@@ -133,7 +134,7 @@ class Worker:
         self.root = study_dir(spec.slug, runs_root)
         self.store = artifact_store(spec.slug, runs_root, artifacts)
         self.eval = load_phase_study(spec, storage, EVAL)
-        self.tune = {v: load_phase_study(spec, storage, TUNE, v) for v in self.variants} if spec.tune else {}
+        self.tune = {v: load_phase_study(spec, storage, TUNE, v) for v in spec.tuned_variants}
         self.finished_last = False
         self.stopped: str | None = None  # why the worker stopped before the study was done (one line)
         self.storage_full = False  # stopped because the storage could not write
@@ -178,10 +179,11 @@ class Worker:
         return any(s.get_trials(deepcopy=False, states=pending) for s in self.studies())
 
     def tuning_finished(self, variant: str) -> bool:
-        if variant not in self.tune:
+        """Whether the tune trials that choose `variant`'s parameters are all done (none when not tuned)."""
+        if not self.tune:
             return True
         pending = (TrialState.WAITING, TrialState.RUNNING)
-        return not self.tune[variant].get_trials(deepcopy=False, states=pending)
+        return not self.tune[self.spec.tuned_from(variant)].get_trials(deepcopy=False, states=pending)
 
     def claim(self) -> list[Claim]:
         """Atomically takes the next WAITING trial that can run now: tune trials first, then eval trials of
@@ -464,7 +466,7 @@ class Worker:
             callbacks.append(ReportValidation(trial, validation_metric(spec.metric).name))
             extra = {}
             if spec.tune:
-                extra, best_number = best_tuned_params(spec, self.storage, variant)
+                extra, best_number = best_tuned_params(spec, self.storage, spec.tuned_from(variant))
                 trial.set_user_attr("tuned", extra)
                 trial.set_user_attr("tune_trial", best_number)
             name = f"{variant}-seed{seed}"

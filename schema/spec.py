@@ -156,6 +156,9 @@ class TuneSpec(BaseModel):
     # right after the eval seed pool), or the seeds themselves, none of them an eval seed. Unset: the first
     # eval seed alone.
     seeds: PositiveInt | list[Annotated[int, Field(ge=0, lt=2**32, strict=True)]] | None = None
+    # Which variants tune: each its own parameters, or the baseline alone, whose best parameters every
+    # variant then trains with (chosen blind to how the other arms do).
+    on: Literal["each", "baseline"] = "each"
 
 
 class HeartbeatSpec(BaseModel):
@@ -279,6 +282,22 @@ class StudySpec(BaseModel):
             after = max(self.seed_pool) + 1
             return list(range(after, after + seeds))
         return list(seeds)
+
+    def tuned_from(self, variant: str) -> str:
+        """The variant whose tune trials choose `variant`'s tuned parameters (`tune.on`)."""
+        assert self.tune is not None
+        if self.tune.on == "baseline":
+            baseline = self.baseline_variant()
+            assert baseline is not None  # validate.tune_problems refuses tune.on: baseline without one
+            return baseline
+        return variant
+
+    @property
+    def tuned_variants(self) -> list[str]:
+        """The variants that have tune trials, in grid order."""
+        if self.tune is None:
+            return []
+        return list(dict.fromkeys(self.tuned_from(v) for v in self.variant_overrides()))
 
     @property
     def seed_looks(self) -> list[int]:

@@ -240,6 +240,35 @@ def test_tuned_best_params_are_the_ones_eval_uses(tmp_path, monkeypatch):
             assert t.user_attrs["config"]["train.lr"] == best.params["train.lr"]
 
 
+def test_tuned_on_the_baseline_every_variant_trains_with_the_baselines_best(tmp_path, monkeypatch):
+    tune = {"params": {"train.lr": {"log_uniform": [1e-4, 1e-1]}}, "trials": 5, "pruner": "median", "on": "baseline"}
+    factors = {"model.pos_encoding": ["sinusoidal", "none", "learned"]}
+    spec, url = prepared(tmp_path, factors=factors, seeds=[0, 1], tune=tune, baseline={"model.pos_encoding": "none"})
+    storage = open_storage(url)
+    calls: list = []
+    instant_results(monkeypatch, calls)
+    Worker(spec, storage, tmp_path / "runs", "disabled").run()
+    # Five tune trials of the baseline alone, all before any eval trial, then the grid once.
+    assert len(calls) == 5 + 3 * 2
+    assert {c.model.pos_encoding for c in calls[:5]} == {"none"}
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    assert names == {"grid:eval", "grid:tune:pos_encoding=none"}
+    best = optuna.load_study(study_name="grid:tune:pos_encoding=none", storage=storage).best_trial
+    evals = load_phase_study(spec, storage, EVAL).trials
+    assert {t.params["variant"] for t in evals} == set(spec.variant_overrides())
+    for t in evals:
+        assert t.state == TrialState.COMPLETE and t.user_attrs["tune_trial"] == best.number
+        assert t.user_attrs["config"]["train.lr"] == best.params["train.lr"]
+    assert sum(row.tune_total for row in study_progress(spec, storage)) == 5
+
+
+def test_tuning_on_the_baseline_needs_one(tmp_path):
+    tune = {"params": {"train.lr": {"log_uniform": [1e-4, 1e-1]}}, "on": "baseline"}
+    tree = study_tree(tune=tune, baseline="no-such-variant")
+    with pytest.raises(ConfigError, match=r"tune.on: baseline: the study names no baseline variant to tune on"):
+        load_study(write(tmp_path, tree))
+
+
 def test_failed_trial_keeps_its_reason_and_the_sweep_goes_on(tmp_path, monkeypatch):
     spec, url = prepared(tmp_path, factors={}, variants={"ok": {}, "hot": {"train.lr": 1e6}}, seeds=[0])
     storage = open_storage(url)

@@ -89,7 +89,7 @@ def _queue_trials(spec: StudySpec, storage, eval_study) -> None:
     variants = spec.variant_overrides()
     if spec.tune:
         direction = tune_metric(spec).direction
-        for variant in variants:
+        for variant in spec.tuned_variants:
             tune = optuna.create_study(
                 study_name=optuna_study_name(spec, TUNE, variant), storage=storage, direction=direction,
                 load_if_exists=True,
@@ -191,7 +191,7 @@ def study_progress(spec: StudySpec, storage) -> list[VariantProgress]:
     studies = [(EVAL, load_phase_study(spec, storage, EVAL))]
     if spec.tune:
         studies += [(TUNE, optuna.load_study(study_name=optuna_study_name(spec, TUNE, v), storage=storage))
-                    for v in rows]  # fmt: skip
+                    for v in spec.tuned_variants]  # fmt: skip
     now = datetime.now()
     for phase, study in studies:
         trials = study.get_trials(deepcopy=False)

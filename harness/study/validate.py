@@ -82,7 +82,8 @@ def seed_count(spec: StudySpec) -> int:
 
 def trial_count(spec: StudySpec) -> int:
     """Variants x seeds (at most), plus the tune trials."""
-    return variant_count(spec) * (seed_count(spec) + (spec.tune.trials if spec.tune else 0))
+    tune_trials = len(spec.tuned_variants) * spec.tune.trials if spec.tune else 0
+    return variant_count(spec) * seed_count(spec) + tune_trials
 
 
 def study_problems(
@@ -413,6 +414,8 @@ def tune_problems(spec: StudySpec, tune: TuneSpec) -> list[Problem]:
     problems = []
     if not tune.params:
         problems.append(("tune.params", "name at least one config key to tune"))
+    if tune.on == "baseline" and spec.baseline_variant() not in spec.variant_overrides():
+        problems.append(("tune.on", "baseline: the study names no baseline variant to tune on"))
     for key, space in tune.params.items():
         problem = tuned_key_problem(spec, first, varied, key, space)
         if problem:
