@@ -1,7 +1,7 @@
 """Workers: claim a queued trial, run it, store its result and artifacts, until none is left.
 
 A worker runs the tune trials first (each tuned variant's own TPE study, pruned through
-optuna-integration's Lightning callback; every variant, or the baseline alone with `tune.on: baseline`),
+optuna-integration's Lightning callback; every variant, or the baseline alone with `tune.arm: baseline`),
 then the eval grid: an eval trial of a variant is claimed only once the tuning that chooses its parameters
 is finished, and runs with that tuning's best parameters. Any number of workers, local or
 on other machines, may join the same storage; harness/launchers start them (`local.py` on this machine).

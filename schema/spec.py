@@ -158,7 +158,7 @@ class TuneSpec(BaseModel):
     seeds: PositiveInt | list[Annotated[int, Field(ge=0, lt=2**32, strict=True)]] | None = None
     # Which variants tune: each its own parameters, or the baseline alone, whose best parameters every
     # variant then trains with (chosen blind to how the other arms do).
-    on: Literal["each", "baseline"] = "each"
+    arm: Literal["each", "baseline"] = "each"
 
 
 class HeartbeatSpec(BaseModel):
@@ -284,11 +284,11 @@ class StudySpec(BaseModel):
         return list(seeds)
 
     def tuned_from(self, variant: str) -> str:
-        """The variant whose tune trials choose `variant`'s tuned parameters (`tune.on`)."""
+        """The variant whose tune trials choose `variant`'s tuned parameters (`tune.arm`)."""
         assert self.tune is not None
-        if self.tune.on == "baseline":
+        if self.tune.arm == "baseline":
             baseline = self.baseline_variant()
-            assert baseline is not None  # validate.tune_problems refuses tune.on: baseline without one
+            assert baseline is not None  # validate.tune_problems refuses tune.arm: baseline without one
             return baseline
         return variant
 

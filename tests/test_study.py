@@ -241,7 +241,7 @@ def test_tuned_best_params_are_the_ones_eval_uses(tmp_path, monkeypatch):
 
 
 def test_tuned_on_the_baseline_every_variant_trains_with_the_baselines_best(tmp_path, monkeypatch):
-    tune = {"params": {"train.lr": {"log_uniform": [1e-4, 1e-1]}}, "trials": 5, "pruner": "median", "on": "baseline"}
+    tune = {"params": {"train.lr": {"log_uniform": [1e-4, 1e-1]}}, "trials": 5, "pruner": "median", "arm": "baseline"}
     factors = {"model.pos_encoding": ["sinusoidal", "none", "learned"]}
     spec, url = prepared(tmp_path, factors=factors, seeds=[0, 1], tune=tune, baseline={"model.pos_encoding": "none"})
     storage = open_storage(url)
@@ -263,9 +263,9 @@ def test_tuned_on_the_baseline_every_variant_trains_with_the_baselines_best(tmp_
 
 
 def test_tuning_on_the_baseline_needs_one(tmp_path):
-    tune = {"params": {"train.lr": {"log_uniform": [1e-4, 1e-1]}}, "on": "baseline"}
+    tune = {"params": {"train.lr": {"log_uniform": [1e-4, 1e-1]}}, "arm": "baseline"}
     tree = study_tree(tune=tune, baseline="no-such-variant")
-    with pytest.raises(ConfigError, match=r"tune.on: baseline: the study names no baseline variant to tune on"):
+    with pytest.raises(ConfigError, match=r"tune.arm: baseline: the study names no baseline variant to tune on"):
         load_study(write(tmp_path, tree))
 
 

@@ -414,8 +414,8 @@ def tune_problems(spec: StudySpec, tune: TuneSpec) -> list[Problem]:
     problems = []
     if not tune.params:
         problems.append(("tune.params", "name at least one config key to tune"))
-    if tune.on == "baseline" and spec.baseline_variant() not in spec.variant_overrides():
-        problems.append(("tune.on", "baseline: the study names no baseline variant to tune on"))
+    if tune.arm == "baseline" and spec.baseline_variant() not in spec.variant_overrides():
+        problems.append(("tune.arm", "baseline: the study names no baseline variant to tune on"))
     for key, space in tune.params.items():
         problem = tuned_key_problem(spec, first, varied, key, space)
         if problem:
