@@ -109,6 +109,8 @@ class MultiHeadAttention(nn.Module):
     k_len) for a bias each of K fused seeds learns, each seed's for its rows).
     ensemble: the model's (models/ensemble.py; None: a plain model's layer); sides: the sides ('src',
     'tgt') of the queries and keys, whose lengths bound each seed's dropout mask on the weights.
+    key_dim: d_k, each head's query and key width (None: d_model / heads, the values' width Dh); queries
+    and keys are projected to heads x key_dim features, values to d_model.
 
     Two paths agree on every input: `scaled_dot_product_attention` (its `scale` argument, the score bias
     added to the mask) when weights are not needed, and an explicit softmax that returns them. Dropout
@@ -126,20 +128,28 @@ class MultiHeadAttention(nn.Module):
         score: nn.Module | None = None,
         ensemble: Ensemble | None = None,
         sides: tuple[str | None, str | None] = (None, None),
+        key_dim: int | None = None,
     ):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"heads={heads} must divide d_model={d_model}")
+        if key_dim is not None and not qkv_projections:
+            raise ValueError("key_dim needs qkv_projections: without them a head's keys are its slice of d_model")
         ensemble = ensemble or Ensemble()
         self.heads, self.head_dim = heads, d_model // heads
-        self.score = score if score is not None else ScaledDotProduct(self.head_dim**-0.5)
+        self.key_dim = key_dim or self.head_dim
+        self.score = score if score is not None else ScaledDotProduct(self.key_dim**-0.5)
         self.dropout = ensemble.dropout(dropout, None, *sides)  # on the weights (B, H, T, S)
-        project = (lambda: ensemble.linear(d_model, d_model)) if qkv_projections else nn.Identity
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = project(), project(), project(), project()
+        if qkv_projections:
+            self.q_proj, self.k_proj = (ensemble.linear(d_model, heads * self.key_dim) for _ in range(2))
+            self.v_proj, self.out_proj = ensemble.linear(d_model, d_model), ensemble.linear(d_model, d_model)
+        else:
+            self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Identity() for _ in range(4))
         self.rotary, self.score_bias = rotary, score_bias
 
     def keys_values(self, key: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """key (B, S, D) at positions offset.. -> k, v (B, H, S, Dh); what a decoding cache keeps."""
+        """key (B, S, D) at positions offset.. -> k (B, H, S, d_k), v (B, H, S, Dh); what a decoding cache
+        keeps."""
         k = split_heads(self.k_proj(key), self.heads)
         if self.rotary is not None:
             k = self.rotary(k, offset)

@@ -46,6 +46,9 @@ class ModelConfig(BaseModel):
 
     # transformer family
     heads: Count = 4
+    # d_k, the width of each head's queries and keys (Vaswani et al.'s Table 3 (B) varies it alone); unset:
+    # d_model / heads, the width of each head's values.
+    key_dim: int | None = Field(None, ge=1, strict=True)
     d_ff: Count = 256
     scale: Scale = "sqrt"
     score: Literal[tuple(TRANSFORMER_SCORES)] = "dot"  # type: ignore[valid-type]
@@ -84,6 +87,11 @@ class ModelConfig(BaseModel):
         if self.arch == "transformer":
             if self.d_model % self.heads:
                 raise ValueError(f"heads: must divide d_model={self.d_model} (got heads={self.heads})")
+            if self.key_dim is not None and not self.qkv_projections:
+                raise ValueError(
+                    f"key_dim: needs qkv_projections (without them queries and keys are the d_model/heads="
+                    f"{self.d_model // self.heads} features of each head's slice)"
+                )
             check_fits(self)
             check_scale(self)
         else:
@@ -130,6 +138,11 @@ class ModelConfig(BaseModel):
         return self.model_copy(update=defaults)
 
     @property
+    def d_k(self) -> int:
+        """Each head's query and key width: model.key_dim, else d_model / heads."""
+        return self.key_dim or self.d_model // self.heads
+
+    @property
     def scale_factor(self) -> float | None:
         """The factor that multiplies q·k, given the per-head dimension; None means 1/sqrt(d_k)."""
         if self.scale == "sqrt":
@@ -157,7 +170,7 @@ LSTM_KEYS = ("cell", "bidirectional", "attention", "attention_query", "input_fee
 # An LSTM's switches that act only with attention.
 ATTENTION_KEYS = ("attention_query", "input_feeding", "attention_heads", "attention_window",
                   "attention_width")  # fmt: skip
-TRANSFORMER_KEYS = ("heads", "d_ff", "scale", "score", "pos_encoding", "pos_base", "pos_init", "residual", "ffn",
+TRANSFORMER_KEYS = ("heads", "key_dim", "d_ff", "scale", "score", "pos_encoding", "pos_base", "pos_init", "residual", "ffn",
                     "norm", "causal_mask", "cross_attention", "embed_scale", "qkv_projections")  # fmt: skip
 
 

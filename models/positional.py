@@ -72,7 +72,7 @@ POSITIONAL: dict[str, PositionalKind] = {
     ),
     # Su et al. 2021: q_m·k_n depends on m - n only.
     "rope": PositionalKind(
-        rotary=lambda layers, cfg: layers.Rotary(cfg.d_model // cfg.heads, cfg.pos_base), based=True
+        rotary=lambda layers, cfg: layers.Rotary(cfg.d_k, cfg.pos_base), based=True
     ),
     # Press et al. 2022: a per-head linear distance penalty on the scores, no embedding.
     "alibi": PositionalKind(score_bias=lambda layers, cfg, bidirectional: layers.ALiBi(cfg.heads)),
@@ -105,10 +105,10 @@ def positional_kind(name: str) -> PositionalKind:
 
 def check_fits(cfg: ModelConfig) -> None:
     """What the kind needs of the rest of the config; ValueError naming the key otherwise."""
-    if positional_kind(cfg.pos_encoding).rotary is not None and (cfg.d_model // cfg.heads) % 2:
+    if positional_kind(cfg.pos_encoding).rotary is not None and cfg.d_k % 2:
         raise ValueError(
-            f"pos_encoding: {cfg.pos_encoding} rotates pairs of features and needs an even head dimension "
-            f"(d_model/heads={cfg.d_model // cfg.heads})"
+            f"pos_encoding: {cfg.pos_encoding} rotates pairs of features and needs an even query and key "
+            f"width per head (d_k={cfg.d_k})"
         )
 
 

@@ -191,7 +191,8 @@ class Transformer(nn.Module):
             slots = self.positions.slots(sides[0]) if positional else (None, None)
             score = ens.stacked(lambda: build_score(cfg))
             return MultiHeadAttention(
-                d, cfg.heads, cfg.dropout, cfg.qkv_projections, *slots, score=score, ensemble=ens, sides=sides
+                d, cfg.heads, cfg.dropout, cfg.qkv_projections, *slots, score=score, ensemble=ens, sides=sides,
+                key_dim=cfg.key_dim,
             )
 
         self.encoder = nn.ModuleList(EncoderLayer(cfg, make_attention, ens) for _ in range(encoder_layers))

@@ -234,7 +234,7 @@ def test_a_key_the_model_ignores_is_refused_on_the_command_line():
 # A value other than the default for every key a model may ignore.
 CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention_query": "current",
            "input_feeding": True, "attention_heads": 2, "attention_window": "local-m", "attention_width": 3,
-           "heads": 2, "d_ff": 8, "scale": "none", "score": "cosine", "pos_encoding": "rope",
+           "heads": 2, "key_dim": 4, "d_ff": 8, "scale": "none", "score": "cosine", "pos_encoding": "rope",
            "pos_base": 100.0, "pos_init": "embedding", "residual": False, "ffn": True, "norm": "pre",
            "causal_mask": False, "cross_attention": False, "embed_scale": False, "qkv_projections": False,
            "max_positions": 9}  # fmt: skip
@@ -292,3 +292,12 @@ def test_max_positions_is_ignored_unless_something_reads_it():
     assert "max_positions" not in ModelConfig(arch="transformer", pos_encoding="learned").ignored_keys()
     # QKNorm's learned factor starts from it (log2(L² − L), L = max_positions).
     assert "max_positions" not in ModelConfig(arch="transformer", score="cosine").ignored_keys()
+
+
+def test_a_key_width_needs_the_projections_that_make_it():
+    with pytest.raises(ConfigError, match=r"^model.key_dim: needs qkv_projections"):
+        load_config(None, None, ["model.key_dim=4", "model.qkv_projections=false"])
+    with pytest.raises(ConfigError, match=r"^model.key_dim: has no effect \(a Transformer setting"):
+        load_config(None, "lstm", ["model.key_dim=4"])
+    assert load_config(None, None, ["model.key_dim=4"]).model.d_k == 4
+    assert load_config(None, None, ["model.d_model=32", "model.heads=4"]).model.d_k == 8

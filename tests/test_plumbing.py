@@ -392,6 +392,9 @@ def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
             1, check_attention_width, {**LSTM, "model.attention_window": "local-m"}
         ),
         "model.heads": Case(4, weight_heads("decoder", 4)),
+        "model.key_dim": Case(
+            2, model_has(lambda m: m.decoder[0].self_attn.fn.attn.q_proj.weight.shape[0] == 2 * m.cfg.heads)
+        ),
         "model.d_ff": Case(8, model_has(lambda m: m.decoder[0].ff.fn.net[0].out_features == 8)),
         "model.ffn": Case(False, model_has(lambda m: not any(isinstance(x, nn.ReLU) for x in m.modules()))),
         "model.scale": Case(0.05, outputs_differ),

@@ -40,6 +40,7 @@ from ablate.models.attention import (
 )
 from ablate.models.config import ModelConfig
 from ablate.models.positional_layers import ALiBi, Rotary, T5Bias
+from ablate.models.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -289,20 +290,21 @@ def multi_head_by_hand(
     attn: MultiHeadAttention, query, key, allowed=None, bias=None, score=scaled_dot
 ) -> tuple:
     """Vaswani et al. 2017, Sec. 3.2.2: Concat(head_1, ..., head_h) W^O, head_i = softmax(score(Q W_i^Q,
-    K W_i^K) + bias_i) V W_i^V, head i reading features i d_k .. (i + 1) d_k of each projection; keys
-    where `allowed` (B, T, S) is False get weight 0. Returns the output and the weights (B, H, T, S)."""
+    K W_i^K) + bias_i) V W_i^V, head i reading features i d_k .. (i + 1) d_k of the query and key
+    projections and i d_v .. (i + 1) d_v of the value projection; keys where `allowed` (B, T, S) is False
+    get weight 0. Returns the output and the weights (B, H, T, S)."""
     q, k, v = affine(attn.q_proj, query), affine(attn.k_proj, key), affine(attn.v_proj, key)
-    dk = q.size(-1) // attn.heads
+    dk, dv = q.size(-1) // attn.heads, v.size(-1) // attn.heads
     outputs, weights = [], []
     for i in range(attn.heads):
-        f = slice(i * dk, (i + 1) * dk)
+        f, fv = slice(i * dk, (i + 1) * dk), slice(i * dv, (i + 1) * dv)
         scores = score(q[..., f], k[..., f])  # (B, T, S)
         if bias is not None:
             scores = scores + bias[i]
         if allowed is not None:
             scores = scores.masked_fill(~allowed, -torch.inf)
         weights.append(scores.softmax(-1))
-        outputs.append(weights[-1] @ v[..., f])
+        outputs.append(weights[-1] @ v[..., fv])
     return affine(attn.out_proj, torch.cat(outputs, -1)), torch.stack(weights, 1)
 
 
@@ -327,6 +329,37 @@ def test_multi_head_attention_is_the_concatenated_heads_times_w_o(padded):
     ):
         assert weights is None
         torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_key_width_of_its_own_projects_queries_and_keys_to_it_and_scales_by_it(causal):
+    """Vaswani et al.'s Table 3 (B) varies d_k alone: two heads of d_k = 3 query and key features and
+    d_v = 4 value features (d_model 8), scores q.k / sqrt(3); both paths as the formula, float64, 1e-12."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(8, 2, key_dim=3).double()
+    assert attn.q_proj.weight.shape == attn.k_proj.weight.shape == (6, 8)
+    assert attn.v_proj.weight.shape == attn.out_proj.weight.shape == (8, 8)
+    x, padding, allowed = five_positions(padded=True, causal=causal)
+    expected, expected_weights = multi_head_by_hand(attn, x, x, allowed)
+    out, weights = attn(x, x, key_padding=padding, causal=causal, need_weights=True)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+    fused, _ = attn(x, x, key_padding=padding, causal=causal)  # scaled_dot_product_attention's path
+    torch.testing.assert_close(fused, expected, atol=1e-12, rtol=0)
+
+
+def test_a_key_width_reaches_every_attention_of_the_transformer_and_its_scale():
+    cfg = ModelConfig(d_model=16, heads=2, key_dim=4, layers=1, pos_encoding="rope")
+    model = Transformer(cfg, 11, 11)
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert len(layers) == 3  # encoder self, decoder self, cross
+    for attn in layers:
+        assert attn.key_dim == 4 and attn.score.scale == 0.5 and attn.q_proj.weight.shape == (8, 16)
+    assert model.positions.rotary.head_dim == 4  # rotary turns the query and key pairs
+    unset = Transformer(ModelConfig(d_model=16, heads=2, layers=1), 11, 11)
+    drop = sum(p.numel() for p in unset.parameters()) - sum(p.numel() for p in model.parameters())
+    assert drop == 3 * 2 * ((16 * 16 + 16) - (16 * 8 + 8))  # Q and K of three attentions: 2 x 8 outputs to 2 x 4
 
 
 def five_positions(padded: bool, causal: bool) -> tuple:
