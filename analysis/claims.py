@@ -90,7 +90,12 @@ perplexity's 1 is a bound (log 0) and a loss's 0 is none (a ratio of two small l
   cannot learn: with `chance` given, a side whose 95% CI of the mean lies wholly on the chance side of it
     (upper bound below chance for metrics where higher is better, lower bound above it for those the
     registry minimizes: loss, perplexity and AER): a comparison against a model that learned nothing of
-    the task.
+    the task;
+  below the study's level: with the study's `judge_from` (a metric and a value, fixed before the run), every
+    claim whose look finds the baseline's mean on that metric short of the value (below it where higher is
+    better, above where lower is): the study's models have not learned the task well enough at this
+    budget for any claim to be judged, so the verdict is that this profile cannot decide, not a verdict on
+    the claimed factor. It ends the looks: more seeds of models this weak would not change it.
 
 Failed seeds. With `chance` given, a seed of a variant whose value is at or on the chance side of it (at
 or below chance where higher is better, at or above where lower is) failed to train, and the claim is not
@@ -119,6 +124,7 @@ PENDING = "pending"
 CEILING, FLOOR, UNLEARNT = "uninformative (ceiling)", "uninformative (floor)", "uninformative (cannot learn)"
 UNATTAINABLE = "uninformative (margin unattainable)"
 INSENSITIVE = "uninformative (insensitive)"
+UNDECIDABLE = "uninformative (below the study's level)"
 AGREEMENT = ("similar", "not_worse")  # the expects that hold where the metric cannot move: controls, bounds
 MIN_SEEDS = 2
 MIN_SEEDS_EXACT = 3  # exact match: see the module docstring
@@ -418,7 +424,26 @@ def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float =
     _sensitivity(spec, result, df)
     if result.failures:
         result.reason += f"; {result.failures}"
+    _below_level(spec, result, df)
     return result
+
+
+def _below_level(spec: StudySpec, result: ClaimResult, df: pd.DataFrame) -> None:
+    """Marks a claim that this profile cannot decide: the baseline short of the study's `judge_from` level
+    (module docstring). Its Δ and CI stay as computed, for the reader."""
+    level, baseline = spec.judge_from, spec.baseline_variant()
+    if level is None or result.verdict == PENDING:
+        return
+    values = seed_values(df, level.metric).get(baseline)
+    if values is None or not len(values):
+        return
+    mean = float(values.mean())
+    short = mean > level.value if metric_info(level.metric).direction == "minimize" else mean < level.value
+    if short:
+        result.verdict = UNDECIDABLE
+        why = f": {level.why}" if level.why else ""
+        result.reason = (f"the baseline {baseline} reaches {level.metric} {mean:.3g} (mean of {len(values)} "
+                         f"seeds), short of the {level.value:g} the study judges from{why}")  # fmt: skip
 
 
 def evaluate_difference(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float) -> ClaimResult:

@@ -203,6 +203,17 @@ SeedsField = Annotated[
 ]
 
 
+class JudgeFrom(BaseModel):
+    """The level the study's baseline must reach before any claim of it is judged: below it the models have
+    not learned the task well enough for a verdict to speak of the claimed factor (a translation model at a
+    few BLEU). Fixed before the run, as margins are; a profile may set its own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    metric: str  # e.g. test/bleu
+    value: float  # the baseline's mean must reach it (at least, or at most where lower is better)
+    why: str = ""  # one line for the report: what a model below it cannot do
+
+
 class StudySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -217,6 +228,7 @@ class StudySpec(BaseModel):
     metric: MetricSpec = MetricSpec()
     baseline: dict[str, Value] | str | None = None
     claims: list[ClaimSpec] = Field(default_factory=list)
+    judge_from: JudgeFrom | None = None  # claims are judged only once the baseline reaches this level
     budget: dict[str, Value] = Field(default_factory=dict)  # train.* limits applied to every trial
     heartbeat: HeartbeatSpec = HeartbeatSpec()
     profile: str | None = None  # the profile of the study file this spec was built with

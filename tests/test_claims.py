@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from scipy import stats as sps
 
 from ablate.analysis import claims, stats
@@ -200,6 +201,41 @@ def test_a_comparison_against_a_side_that_cannot_learn_is_uninformative():
                   | {("attn", s): {"val/loss": x} for s, x in enumerate([0.1, 0.12, 0.11])})  # fmt: skip
     spec = named_spec({"metric": "val/loss", "expect": "higher", "chance": 2.0})
     assert claims.evaluate_all(spec, loss)[0].verdict == UNLEARNT
+
+
+def test_a_baseline_short_of_the_studys_level_decides_no_claim():
+    """bible's rule: claims are judged only once the baseline (attn) reaches 10 test BLEU; below it every
+    claim is uninformative, its Δ and CI kept, and the looks end."""
+    claim = {"metric": "test_long/bleu", "expect": "lower", "margin": 1.0}
+    weak = trials({("plain", s): {"test/bleu": 2.0 + s, "test_long/bleu": 0.5} for s in range(3)}
+                  | {("attn", s): {"test/bleu": 8.0 + s, "test_long/bleu": 6.0 + s} for s in range(3)})  # fmt: skip
+    level = {"metric": "test/bleu", "value": 10.0, "why": "neither model translates"}
+    spec = StudySpec.model_validate({**named_spec(claim).model_dump(), "baseline": "attn", "judge_from": level})
+    (result,) = claims.evaluate_all(spec, weak)
+    assert result.verdict == claims.UNDECIDABLE and result.decided
+    assert result.reason == ("the baseline attn reaches test/bleu 9 (mean of 3 seeds), short of the 10 the "
+                             "study judges from: neither model translates")  # fmt: skip
+    assert result.diff == pytest.approx(0.5 - 7.0)  # the numbers stay for the reader
+    # Without the level, or with a baseline that reaches it, the same claim is judged.
+    unlevelled = StudySpec.model_validate({**spec.model_dump(), "judge_from": None})
+    assert claims.evaluate_all(unlevelled, weak)[0].verdict == REPRODUCED
+    strong = weak.assign(**{"test/bleu": weak["test/bleu"] + 10})
+    assert claims.evaluate_all(spec, strong)[0].verdict == REPRODUCED
+    # Where lower is better, the level is a ceiling on the baseline's mean.
+    lossy = {"metric": "test/loss", "value": 1.0}
+    on_loss = StudySpec.model_validate({**spec.model_dump(), "judge_from": lossy})
+    assert claims.evaluate_all(on_loss, weak.assign(**{"test/loss": 2.0}))[0].verdict == claims.UNDECIDABLE
+    assert claims.evaluate_all(on_loss, weak.assign(**{"test/loss": 0.5}))[0].verdict == REPRODUCED
+
+
+def test_a_level_on_a_metric_no_variant_reports_is_refused(tmp_path):
+    tree = {"name": "lvl", "base": {"task": {"name": "reverse", "max_len": 4, "n_train": 8, "n_valid": 4,
+            "n_test": 4}}, "variants": {"a": {}, "b": {"model.heads": 2}}, "seeds": [0, 1],
+            "judge_from": {"metric": "test/bleu", "value": 10}}  # fmt: skip
+    path = tmp_path / "lvl.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError, match=r"judge_from.metric: 'test/bleu' is not reported by variant 'a'"):
+        load_study(path)
 
 
 def test_selectors_match_the_model_keys_a_preset_sets():

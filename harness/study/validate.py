@@ -279,6 +279,8 @@ def reference_problems(spec: StudySpec, configs: dict[str, ExperimentConfig]) ->
         problems.append(("baseline", f"no variant matches {spec.baseline}"))
     if isinstance(spec.baseline, str) and spec.baseline not in configs:
         problems.append(("baseline", f"unknown variant {spec.baseline!r}"))
+    if spec.judge_from is not None:
+        problems += metric_problems("judge_from.metric", spec.judge_from.metric, produced)
     for i, claim in enumerate(spec.claims):
         problems += claim_problems(f"claims[{i}]", claim, spec, produced)
     return problems
