@@ -378,8 +378,8 @@ def variant_settings(spec: StudySpec) -> dict[str, dict[str, Value]]:
 def apply_profile(tree: dict[str, Any], profile: str | None, where: str) -> dict[str, Any]:
     """Study files size their runs per machine in `profiles` (e.g. `cpu` and `gpu`); the first listed is the
     default. A profile's keys are config keys (added to `fixed`) or study keys: `seeds`, `factors.<key>`,
-    `variants` (in place of the file's named variants) and `claims` (more claims, for findings only that
-    profile's scale can test). Any other profile than the
+    `variants` (in place of the file's named variants), `judge_from` (in place of the file's, or null for
+    none) and `claims` (more claims, for findings only that profile's scale can test). Any other profile than the
     default runs as its own study, `<name>-<profile>`."""
     profiles = tree.pop("profiles", None) or {}
     if not isinstance(profiles, dict):
@@ -395,7 +395,7 @@ def apply_profile(tree: dict[str, Any], profile: str | None, where: str) -> dict
     tree = {**tree, "fixed": dict(tree.get("fixed") or {}), "profile": profile}
     factors = dict(tree.get("factors") or {})
     for key, value in (profiles[profile] or {}).items():
-        if key in ("seeds", "variants"):
+        if key in ("seeds", "variants", "judge_from"):
             tree[key] = value
         elif key == "claims":
             tree["claims"] = [*(tree.get("claims") or []), *(value or [])]

@@ -228,6 +228,15 @@ def test_a_baseline_short_of_the_studys_level_decides_no_claim():
     assert claims.evaluate_all(on_loss, weak.assign(**{"test/loss": 0.5}))[0].verdict == REPRODUCED
 
 
+def test_a_profile_sets_its_own_level_or_none():
+    tree = {"name": "lvl", "judge_from": {"metric": "test/bleu", "value": 10},
+            "profiles": {"cpu": {}, "gpu": {"judge_from": {"metric": "test/bleu", "value": 20}},
+                         "tiny": {"judge_from": None}}}  # fmt: skip
+    assert StudySpec.model_validate(apply_profile(dict(tree), "cpu", "f")).judge_from.value == 10
+    assert StudySpec.model_validate(apply_profile(dict(tree), "gpu", "f")).judge_from.value == 20
+    assert StudySpec.model_validate(apply_profile(dict(tree), "tiny", "f")).judge_from is None
+
+
 def test_a_level_on_a_metric_no_variant_reports_is_refused(tmp_path):
     tree = {"name": "lvl", "base": {"task": {"name": "reverse", "max_len": 4, "n_train": 8, "n_valid": 4,
             "n_test": 4}}, "variants": {"a": {}, "b": {"model.heads": 2}}, "seeds": [0, 1],
