@@ -22,7 +22,15 @@ from ablate.harness.tasks.base import TaskData
 from ablate.models.sequences import SequenceScore, summarise
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.metric_registry import METRICS
-from ablate.schema.tasks import ALIGNED_TASKS, CORPUS_TASKS, GENERATED_TASKS, TEXT_TASKS
+from ablate.schema.tasks import (
+    ALIGNED_TASKS,
+    CORPUS_TASKS,
+    GENERATED_TASKS,
+    TEST_SPLITS,
+    TEXT_TASKS,
+    WINDOW_SPLITS,
+    WINDOW_TASKS,
+)
 
 Row = tuple[Sequence[int], Sequence[int]]  # (prediction ids, target ids)
 Alignment = Iterable[tuple[int, int]]  # (source index, target index) pairs
@@ -180,13 +188,17 @@ def alignment_error_rate(
 
 def produced_metrics(cfg: ExperimentConfig) -> set[str]:
     """The `split/name` metrics a trial of `cfg` reports (run_trial): each of the registry's
-    (schema.metric_registry) whose `reported_for` holds for `cfg`, on the test splits (`test_long` only
-    where the task makes one), and on `val` too where the module logs it at every validation."""
+    (schema.metric_registry) whose `reported_for` holds for `cfg`, on the test splits the task fills
+    (schema.tasks' TEST_SPLITS), and on `val` too where the module logs it at every validation."""
     task, model = cfg.task, cfg.model
-    long_split = (task.name in GENERATED_TASKS and task.long_max_len > task.max_len) or (
-        task.name in CORPUS_TASKS and task.max_tokens is not None
-    )
-    test_splits = ["test", "test_long"] if long_split else ["test"]
+    windows = task.name in WINDOW_TASKS
+    fills = {  # each test split: whether cfg's task fills it
+        "test": True,
+        "test_long": (task.name in GENERATED_TASKS and task.long_max_len > task.max_len)
+        or (task.name in CORPUS_TASKS and not windows and task.max_tokens is not None),
+        **{split: windows for split in WINDOW_SPLITS},
+    }
+    test_splits = [split for split in TEST_SPLITS if fills[split]]
     transformer = model.arch == "transformer"
     cross_attends = model.cross_attention if transformer else model.attention != "none"
     reports = {  # each of the registry's `reported_for`

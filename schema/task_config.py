@@ -59,7 +59,9 @@ class TaskConfig(BaseModel):
             raise ValueError(
                 f"min_tokens: must not exceed max_tokens={self.max_tokens} (got {self.min_tokens})"
             )
-        if (self.src_lang is None) != (self.tgt_lang is None):
+        # The sides go together where a task reads both (bible_lm reads src_lang alone; its tgt_lang is ignored).
+        pairs = self.name not in TASKS or "tgt_lang" in TASKS[self.name].reads
+        if pairs and (self.src_lang is None) != (self.tgt_lang is None):
             raise ValueError(
                 f"{'tgt_lang' if self.tgt_lang is None else 'src_lang'}: give src_lang and tgt_lang together"
             )

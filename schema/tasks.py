@@ -21,6 +21,15 @@ SCAN_KEYS = ("split", "path", "n_valid")
 CORPUS_KEYS = ("tokenizer", "min_tokens", "max_tokens", "max_examples")
 PARALLEL_KEYS = ("path", "src_lang", "tgt_lang", "hf_config", "n_valid", "n_test", *CORPUS_KEYS)
 BIBLE_KEYS = ("path", "src_lang", "tgt_lang", "n_valid", "n_test", *CORPUS_KEYS)
+# One Bible as running text: no pairs, so no target language and no shortest pair.
+BIBLE_LM_KEYS = ("path", "src_lang", "n_valid", "n_test", "tokenizer", "max_tokens", "max_examples")
+
+# The test splits, in the order they are evaluated: test holds the training lengths; test_long longer
+# examples (GENERATED_TASKS, CORPUS_TASKS); test_x2 / test_x4 the test text again in windows of 2 and 4 times
+# the training length (WINDOW_TASKS). A split a task leaves empty or out is not evaluated.
+TEST_SPLITS = ("test", "test_long", "test_x2", "test_x4")
+# Each split of longer windows -> its window length in training lengths.
+WINDOW_SPLITS = {"test_x2": 2, "test_x4": 4}
 
 # task.split: SCAN's splits, each built by its function in scan.py (SPLITTERS), with what it holds out.
 SCAN_SPLITS = {
@@ -90,6 +99,12 @@ TASKS: dict[str, Task] = {
         "/usr/share/sword)",
         BIBLE_KEYS,
     ),
+    "bible_lm": Task(
+        "bible_lm:bible_lm_task",
+        "one Bible's running text (default the World English Bible) as a language model's windows of "
+        "max_tokens tokens, tested on 1, 2 and 4 times that; src_lang: en | es | a SWORD module; path: as bible",
+        BIBLE_LM_KEYS,
+    ),
 }
 
 
@@ -104,5 +119,7 @@ TEXT_TASKS = frozenset({"synth_mt", "parallel", "bible"})
 ALIGNED_TASKS = frozenset({"copy", "reverse", "sort", "recall", "synth_mt"})
 # Tasks whose lengths come from task.min_len / max_len / test_max_len (test_long beyond max_len).
 GENERATED_TASKS = frozenset(tasks_reading("test_max_len"))
-# Corpus tasks: test pairs longer than task.max_tokens form test_long.
+# Corpus tasks: task.max_tokens is the training length; test pairs longer than it form test_long, except
+# in WINDOW_TASKS, whose test text is cut again into the longer windows of WINDOW_SPLITS.
 CORPUS_TASKS = frozenset(tasks_reading("max_tokens"))
+WINDOW_TASKS = frozenset({"bible_lm"})

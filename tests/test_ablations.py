@@ -32,7 +32,7 @@ def test_study_runs_one_tiny_trial(path, single_thread):
     assert spec.description.strip(), f"{path.name} says what it tests"  # its claims: test_bundled_claims.py
     name, overrides = next(iter(spec.variant_overrides().items()))
     cfg = spec.config_for(overrides, spec.seed_pool[0], TINY)
-    if cfg.task.name == "bible" and debian_bibles_missing():
+    if cfg.task.name in ("bible", "bible_lm") and debian_bibles_missing():
         pytest.skip(f"{path.name} {debian_bibles_missing()}")
     result = run_trial(cfg)
     bounds = metric_range(spec.metric.name)

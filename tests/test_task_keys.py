@@ -77,10 +77,20 @@ def bible(name: str, tmp_path, monkeypatch) -> list[TaskConfig]:
                        bpe_vocab_size=60, **corpus)]  # fmt: skip
 
 
+def bible_lm(name: str, tmp_path, monkeypatch) -> list[TaskConfig]:
+    """One module of a tiny SWORD library: Genesis 1-11, so chapter 11 is test text."""
+    pytest.importorskip("pysword")
+    write_module(tmp_path, "tinyen", "en", {("Genesis", c, v): f"en {c} {v} ." for c in range(1, 12)
+                                            for v in (1, 2)})  # fmt: skip
+    return [TaskConfig(name=name, path=str(tmp_path), src_lang="tinyen", tokenizer="bpe", bpe_vocab_size=60,
+                       max_tokens=2, max_examples=20, n_valid=4, n_test=4)]  # fmt: skip
+
+
 # Each task -> the configurations that drive its builder down every branch that reads a key; a task added to
 # TASKS fails below until it has its entry.
 CASES = {"copy": generated, "reverse": generated, "sort": generated, "addition": generated,
-         "recall": generated, "synth_mt": generated, "scan": scan, "parallel": parallel, "bible": bible}  # fmt: skip
+         "recall": generated, "synth_mt": generated, "scan": scan, "parallel": parallel, "bible": bible,
+         "bible_lm": bible_lm}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", TASKS)
@@ -179,7 +189,7 @@ def test_the_issues_cases_say_which_task_reads_the_key(tmp_path):
         "variants.a.task.split: has no effect (a setting of task scan; task.name is copy)"
     ]
     assert study_lines(tmp_path, base=reverse, fixed={"task.path": "x.tsv"}) == [
-        "fixed.task.path: has no effect (a setting of tasks scan, parallel, bible; task.name is reverse)"
+        "fixed.task.path: has no effect (a setting of tasks scan, parallel, bible, bible_lm; task.name is reverse)"
     ]
     assert study_lines(tmp_path, {"task.n_train": 9}, base={"task": {"name": "scan"}}) == [
         "--set task.n_train: has no effect (a setting of tasks copy, reverse, sort, addition, recall, synth_mt; "
@@ -197,7 +207,7 @@ def test_a_shared_task_key_is_refused_only_when_no_variant_reads_it(tmp_path):
     grid = {"task.name": ["copy", "scan"]}
     assert study_lines(tmp_path, factors=grid, fixed={"task.split": "length", "task.vocab_size": 5}) == []
     assert study_lines(tmp_path, factors=grid, fixed={"task.bpe_vocab_size": 5}) == [
-        "fixed.task.bpe_vocab_size: has no effect (a setting of tasks parallel, bible; task.name is copy)"
+        "fixed.task.bpe_vocab_size: has no effect (a setting of tasks parallel, bible, bible_lm; task.name is copy)"
     ]
     advice = "list the variants by name to leave it out where it does nothing"
     assert study_lines(tmp_path, factors={**grid, "task.split": ["simple", "length"]}) == [

@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ablate.models.sequences import EOS_ID, SPECIALS, UNK_ID, through_eos
+from ablate.schema.tasks import TEST_SPLITS
 
 if TYPE_CHECKING:
     from ablate.harness.tasks.tokenizers import Tokenizer
 
-# The split names every task provides; test_long holds lengths beyond training.
-SPLITS = ("train", "valid", "test", "test_long")
+# The split names a task may provide; the test splits are schema/tasks.py's.
+SPLITS = ("train", "valid", *TEST_SPLITS)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ test then keep a sample of task.n_valid / n_test pairs drawn with the fixed SAMP
 `parallel`, task.max_tokens moves longer test pairs to test_long, and task.max_examples caps train with the
 trial's seed.
 
+bible_lm.py reads one of these Bibles alone, with the same cleaning and the same chapters in each split.
+
 Debian 12's modules (WEB 426.0, RV1909 2.60) give 30,082 pairs of the KJV versification's 31,102 verses:
 27,172 train, 1,509 valid, 1,401 test; 25 verses have text on one side only, 941 go with their chapters,
 54 are lopsided. Reading and pairing them takes about two seconds, once per process."""
@@ -37,7 +39,9 @@ import functools
 import html
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -56,6 +60,7 @@ SPLIT_EVERY = 20  # chapter i: valid when i % 20 == 0, test when i % 20 == 10 (5
 SAMPLE_SEED = 0  # the valid / test samples of n_valid / n_test pairs, the same for every trial
 
 Reference = tuple[str, int, int]  # (OSIS book name, chapter, verse)
+T = TypeVar("T")
 
 # Where a module's last verse of a book runs on into what is not scripture (a book's end, a glossary).
 END_OF_TEXT = re.compile(r'<div\b[^>]*\b(?:eID="[^"]*"[^>]*type="book"|type="glossary")')
@@ -113,9 +118,14 @@ def aligned_pairs(
     return pairs, dropped
 
 
+def module_name(lang: str) -> str:
+    """The SWORD module of a language code of BIBLES, or the module `lang` names."""
+    return BIBLES[lang][0] if lang in BIBLES else lang
+
+
 def module_names(cfg: TaskConfig) -> tuple[str, str]:
     langs = (cfg.src_lang, cfg.tgt_lang) if cfg.src_lang is not None else DEFAULT_LANGS
-    return tuple(BIBLES[lang][0] if lang in BIBLES else lang for lang in langs)  # type: ignore[return-value]
+    return module_name(langs[0]), module_name(langs[1])
 
 
 def library(cfg: TaskConfig) -> Path:
@@ -132,10 +142,10 @@ def installed(folder: Path) -> set[str]:
     return names
 
 
-def setup_problem(cfg: TaskConfig) -> str | None:
-    """One line saying what to install (or which task.path to give) for the modules cfg names and for
-    pysword, or None when both are there."""
-    folder, names = library(cfg), module_names(cfg)
+def setup_problem(cfg: TaskConfig, names: tuple[str, ...] | None = None) -> str | None:
+    """One line saying what to install (or which task.path to give) for the modules `names` (default: the
+    two cfg names) and for pysword, or None when both are there."""
+    folder, names = library(cfg), names or module_names(cfg)
     have = installed(folder)
     missing = [name for name in names if name not in have]
     if missing:
@@ -144,11 +154,11 @@ def setup_problem(cfg: TaskConfig) -> str | None:
             f"apt-get install {' '.join(packages)}" if packages else "install them with SWORD's installmgr"
         )
         return (
-            f"task bible: no SWORD module {', '.join(missing)} in {folder} ({install}, "
+            f"task {cfg.name}: no SWORD module {', '.join(missing)} in {folder} ({install}, "
             "or set task.path to the SWORD library that holds them)"
         )
     try:
-        require("pysword", extra="bible", feature="the bible task")
+        require("pysword", extra="bible", feature=f"the {cfg.name} task")
     except ConfigError as e:
         return str(e)
     return None
@@ -176,16 +186,18 @@ def read_module(folder: Path, name: str) -> dict[Reference, str]:
     return verses
 
 
-def split_by_chapter(pairs: list[tuple[Reference, str, str]], chapters: list[tuple[str, int]]) -> Corpus:
-    """train / valid / test by each pair's chapter's index in `chapters` (see the module doc), corpus order
-    kept."""
+def split_by_chapter(
+    items: Iterable[tuple[Reference, T]], chapters: list[tuple[str, int]]
+) -> dict[str, list[T]]:
+    """train / valid / test of each (reference, item) by its chapter's index in `chapters` (see the module
+    doc), order kept."""
     index = {chapter: i for i, chapter in enumerate(chapters)}
-    corpus: Corpus = {"train": [], "valid": [], "test": []}
-    for ref, src, tgt in pairs:
+    splits: dict[str, list[T]] = {"train": [], "valid": [], "test": []}
+    for ref, item in items:
         position = index[ref[:2]] % SPLIT_EVERY
         split = "valid" if position == 0 else "test" if position == SPLIT_EVERY // 2 else "train"
-        corpus[split].append((src, tgt))
-    return corpus
+        splits[split].append(item)
+    return splits
 
 
 @functools.lru_cache(maxsize=2)
@@ -194,7 +206,8 @@ def read_bible(folder: Path, src: str, tgt: str) -> tuple[Corpus, dict[str, int]
     (every trial of a worker reads the same)."""
     source, target = read_module(folder, src), read_module(folder, tgt)
     pairs, dropped = aligned_pairs(source, target)
-    return split_by_chapter(pairs, shared_chapters(source, target)), dropped
+    corpus = split_by_chapter(((ref, (s, t)) for ref, s, t in pairs), shared_chapters(source, target))
+    return corpus, dropped
 
 
 def sample(pairs: list, size: int) -> list:

@@ -14,8 +14,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ablate.harness.tasks.base import Example, TaskData
 from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID
-
-EVAL_SPLITS = ("test", "test_long")
+from ablate.schema.tasks import TEST_SPLITS
 
 
 class EncodedSplit(Dataset):
@@ -126,7 +125,7 @@ class Seq2SeqDataModule(L.LightningDataModule):
         self.batch_tokens = batch_tokens
         self.encoded = {name: EncodedSplit(ex, data) for name, ex in data.splits.items()}
         # The evaluation splits in dataloader order; empty ones (no test_long) are left out.
-        self.eval_splits = [s for s in EVAL_SPLITS if len(self.encoded.get(s, ()))]
+        self.eval_splits = [s for s in TEST_SPLITS if len(self.encoded.get(s, ()))]
 
     def sampler(self, split: str, shuffle: bool) -> BatchSampler:
         src, tgt = self.encoded[split].lengths()
