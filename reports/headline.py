@@ -13,6 +13,7 @@ import pandas as pd
 from ablate.analysis import stats
 from ablate.analysis.claims import KIND_NAMES, ClaimResult, by_kind, effect_name, on_ratio_scale, tally
 from ablate.reports.collect import StudyData
+from ablate.reports.columns import show_g, show_permutation
 from ablate.reports.formats import P_FLOOR, number, pvalue
 
 
@@ -136,10 +137,3 @@ def table_notes(summary: pd.DataFrame) -> list[str]:
     return notes
 
 
-def show_permutation(summary: pd.DataFrame) -> bool:
-    """Whether any row's permutation test could reach 0.05 at its seeds."""
-    return bool((summary["p_perm_floor"] <= 0.05).any())
-
-
-def show_g(summary: pd.DataFrame) -> bool:
-    return bool(np.isfinite(summary["g"].astype(float)).any())

@@ -23,7 +23,7 @@ from ablate.harness import artifacts, attention_maps, tracking
 from ablate.harness.metrics import BLEU_BUCKET, BLEU_BUCKET_SENTENCES
 from ablate.harness.provenance import environment
 from ablate.harness.study.queue import study_progress
-from ablate.reports import dashboard, headline, paired, plots
+from ablate.reports import columns, dashboard, headline, paired, plots
 from ablate.reports.collect import StudyData, collect
 from ablate.reports.files import write_whole
 from ablate.reports.formats import md_cell, number, pvalue
@@ -257,6 +257,7 @@ def _environment(html: bool) -> Environment:
         loader=PackageLoader("ablate.reports", "templates"), autoescape=html, trim_blocks=True, lstrip_blocks=True
     )
     env.filters.update(num=number, pvalue=pvalue, md=md_cell)
+    env.globals.update(zip=zip)
     return env
 
 
@@ -284,10 +285,9 @@ def build_report(
         "metric": spec.metric.name,
         "baseline": spec.baseline_variant(),
         "headline": headline.headline(data, summary, verdicts),
-        "summary": summary.sort_values("rank", na_position="last").to_dict("records"),
+        "variant_table": columns.variant_table(summary, spec.baseline_variant()),
+        "note_table": columns.variant_table(summary, spec.baseline_variant(), columns.NOTE_HEADERS),
         "table_notes": headline.table_notes(summary),
-        "show_permutation": headline.show_permutation(summary),
-        "show_g": headline.show_g(summary),
         "claims": verdicts,
         "claim_groups": headline.claim_groups(verdicts),
         "look_level": claims.look_level(spec),

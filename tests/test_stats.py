@@ -649,3 +649,29 @@ def test_the_permutation_floor_is_the_p_of_two_fully_separated_groups(n_a, n_b, 
     assert stats.permutation_floor(n_a, n_b) == pytest.approx(floor)
     separated = stats.permutation_p(np.arange(n_a, dtype=float), np.arange(n_b, dtype=float) + 100)
     assert separated == pytest.approx(floor)
+
+
+def test_both_templates_show_the_variant_tables_columns_in_one_order():
+    """reports/columns.py is the one list: the Markdown and HTML tables give its headers in its order, leave
+    out a column that cannot mean anything at these seeds (the permutation test at three seeds a side), and
+    mark the baseline's Δ."""
+    from ablate.reports.columns import VARIANT_COLUMNS, variant_table
+    from ablate.reports.render import _environment
+
+    df = table({"base": [0.5, 0.6, 0.7], "worse": [0.1, 0.2, 0.15]}, metric=UNBOUNDED)
+    summary = stats.summarize(df, UNBOUNDED, ["base", "worse"], "base").assign(params=10, wall_time=1.0, aer=np.nan)
+    columns, rows = variant_table(summary, "base")
+    headers = [c.header for c in columns]
+    assert headers == [c.header for c in VARIANT_COLUMNS if c.header != "p (perm.)"]
+    markdown = _environment(html=False).from_string(
+        '{% import "table.md.j2" as t %}{{ t.variant_table(columns, rows) }}'
+    ).render(columns=columns, rows=rows)
+    lines = markdown.splitlines()
+    assert lines[0] == "| " + " | ".join(headers) + " |"
+    assert lines[2].startswith("| base | 3 | 1 | 0.600 |") and "| *baseline* | – |" in lines[2]
+    html = _environment(html=True).from_string(
+        '{% import "table.html.j2" as t %}{{ t.variant_rows(columns, rows) }}'
+    ).render(columns=columns, rows=rows)
+    assert html.splitlines()[0] == "<tr>" + "".join(f"<th>{h}</th>" for h in headers).replace("'", "&#39;") + "</tr>"
+    assert "<td>base</td><td>3</td><td>1</td><td>0.600</td>" in html and "<td><em>baseline</em></td>" in html
+    assert rows[1][headers.index("Δ vs baseline")].text == "-0.450"
