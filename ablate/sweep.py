@@ -123,7 +123,8 @@ def size_line(spec: StudySpec) -> str:
     from ablate.harness.study.validate import seed_count, trial_count, variant_count
 
     seeds = f"{spec.adaptive.min}-{spec.adaptive.max} adaptive" if spec.adaptive else seed_count(spec)
-    tune = f", {spec.tune.trials} tune trials per variant" if spec.tune else ""
+    tuned = "of the baseline" if spec.tune and spec.tune.arm == "baseline" else "per variant"
+    tune = f", {spec.tune.trials} tune trials {tuned}" if spec.tune else ""
     trials = f"{trial_count(spec):,} trials{' at most' if spec.adaptive else ''}"
     return f"[bold]{spec.name}[/]: {variant_count(spec)} variants x {seeds} seeds{tune}: {trials}"
 

@@ -51,7 +51,7 @@ from ablate.harness.fused import Member, run_fused
 from ablate.harness.grouping import FUSE_AT_MOST, wants_fusion, why_not_fused
 from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
 from ablate.harness.study.looks import queue_next_look
-from ablate.harness.study.queue import best_tuned_params, load_phase_study, suggest
+from ablate.harness.study.queue import best_tuned_params, load_phase_study, suggest, tune_sampler
 from ablate.harness.study.storage import chain, masked_url, quiet_experimental, storage_full
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.names import slugify
@@ -456,6 +456,7 @@ class Worker:
         if claim.phase == TUNE:
             assert spec.tune is not None
             seed = spec.tune_seeds[0]
+            claim.study.sampler = tune_sampler(spec, variant, trial.number)
             extra = {key: suggest(trial, key, space) for key, space in spec.tune.params.items()}
             callbacks.append(StepPruning(trial, monitor=self.metric_name(claim)))
             name = f"{variant}-seed{seed}-tune{trial.number}"

@@ -262,6 +262,21 @@ def test_tuned_on_the_baseline_every_variant_trains_with_the_baselines_best(tmp_
     assert sum(row.tune_total for row in study_progress(spec, storage)) == 5
 
 
+def test_workers_claiming_tune_trials_at_once_draw_different_points(tmp_path):
+    """Each worker holds its own sampler: seeded per variant alone, two workers claiming a tune trial each
+    before either finished drew the same random start point. Seeded per trial, they differ, and a worker
+    that claims the same trial number draws its point again."""
+    tune = {"params": {"train.lr": {"log_uniform": [1e-4, 1e-1]}}, "trials": 6}
+    spec, url = prepared(tmp_path, factors={}, variants={"only": {}}, seeds=[0], tune=tune)
+    workers = [Worker(spec, open_storage(url), tmp_path / "runs", "disabled") for _ in range(2)]
+    claims = [worker.claim()[0] for worker in workers]
+    lrs = [worker.job(claim).cfg.train.lr for worker, claim in zip(workers, claims)]
+    assert claims[0].trial.number != claims[1].trial.number and lrs[0] != lrs[1]
+    again = prepared(tmp_path / "again", factors={}, variants={"only": {}}, seeds=[0], tune=tune)
+    worker = Worker(again[0], open_storage(again[1]), tmp_path / "again" / "runs", "disabled")
+    assert worker.job(worker.claim()[0]).cfg.train.lr == lrs[0]
+
+
 def test_tuning_on_the_baseline_needs_one(tmp_path):
     tune = {"params": {"train.lr": {"log_uniform": [1e-4, 1e-1]}}, "arm": "baseline"}
     tree = study_tree(tune=tune, baseline="no-such-variant")

@@ -32,13 +32,16 @@ def suggest(trial, key: str, space: dict[str, list[Value]]) -> Value:
     return TUNE_KINDS[kind].sample(trial, key, args)
 
 
-def tune_sampler(spec: StudySpec, variant: str):
-    """TPE, seeded per variant; the constant liar keeps concurrent workers from sampling the same point."""
+def tune_sampler(spec: StudySpec, variant: str, number: int = 0):
+    """TPE, seeded per variant and tune trial (`number`): each worker's sampler is its own copy, so one seed
+    per variant would draw the same random start point in every worker that claims a trial at once, which
+    the constant liar (acting only once TPE models the history) does not prevent; seeded by the trial's
+    number, a study run again draws the same points."""
     assert spec.tune is not None
     startup = max(2, min(10, spec.tune.trials // 3))
     return optuna.samplers.TPESampler(
         n_startup_trials=startup, multivariate=True, constant_liar=True,
-        seed=zlib.crc32(f"{spec.name}:{variant}".encode()),
+        seed=zlib.crc32(f"{spec.name}:{variant}".encode()) + number,
     )  # fmt: skip
 
 
