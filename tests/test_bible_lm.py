@@ -125,3 +125,22 @@ def test_a_decoder_only_model_trained_a_few_steps_reports_perplexity_at_each_len
         assert result.metrics[f"{split}/ppl"] > 1.0, split
     assert produced_metrics(cfg) <= set(result.metrics)
     assert not any(name.startswith("test_long/") for name in result.metrics)
+
+
+def test_a_window_is_not_closed_with_eos_where_every_other_target_is(library):
+    """Running text goes on past a window: trained to end every window in EOS, a model would learn where L
+    is and leave what it was trained on at L + 1 of any longer window, whatever its positions. Teacher
+    forcing reads BOS and the window's first L - 1 tokens and predicts its L tokens."""
+    from ablate.harness.tasks.datamodule import EncodedSplit, collate
+    from ablate.models.sequences import BOS_ID, EOS_ID
+
+    data = build_task(bible_lm(library), 0)
+    assert not data.target_ends
+    for split in ("train", "test", "test_x4"):
+        encoded = EncodedSplit(data.splits[split], data)
+        ids = data.tgt_vocab.encode(data.splits[split][0].tgt)
+        assert encoded[0][1] == [BOS_ID, *ids]
+        batch = collate([encoded[0]])
+        assert batch["tgt_in"][0].tolist() == [BOS_ID, *ids[:-1]] and batch["tgt_out"][0].tolist() == ids
+    reverse = build_task(TaskConfig(name="reverse", max_len=4, n_train=8, n_valid=4, n_test=4), 0)
+    assert reverse.target_ends and EncodedSplit(reverse.splits["test"], reverse)[0][1][-1] == EOS_ID

@@ -67,6 +67,10 @@ class TaskData:
     meta: dict = field(default_factory=dict)
     # Text tasks are scored with BLEU / chrF on detokenized output as well as exact match.
     is_text: bool = False
+    # Whether a target ends in EOS. A window of running text does not end: trained to close every window
+    # with EOS after L tokens, a language model learns where L is, and every longer window leaves what it
+    # was trained on at L + 1, whatever its positions.
+    target_ends: bool = True
     # How corpus text became tokens (parallel corpora); None means tokens joined by spaces.
     src_tokenizer: Tokenizer | None = None
     tgt_tokenizer: Tokenizer | None = None

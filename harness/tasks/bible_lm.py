@@ -15,8 +15,10 @@ window is left out):
   the context before each token changes.
 
 An Example's target is a window and its source is empty: the model reads EOS alone, which a decoder-only
-model (model.cross_attention false) does not read at all. Not a text task: no BLEU; perplexity is the
-measure, and a window's EOS is one of the tokens it scores."""
+model (model.cross_attention false) does not read at all. A window does not end in EOS (TaskData's
+target_ends): the text goes on past it, and a model taught to close every window at L would learn where L
+is and leave what it was trained on at L + 1 of any longer window. Not a text task: no BLEU; perplexity
+over the window's tokens is the measure."""
 
 from __future__ import annotations
 
@@ -83,5 +85,5 @@ def bible_lm_task(cfg: TaskConfig, seed: int) -> TaskData:
     meta = {"path": str(folder), "module": name, "tokens": {split: len(tokens) for split, tokens in stream.items()}}
     return TaskData(
         "bible_lm", splits, Vocab(()), Vocab.from_examples(splits["train"], "tgt"), train_max_len=length,
-        meta=meta, tgt_tokenizer=tokenizer,
+        meta=meta, tgt_tokenizer=tokenizer, target_ends=False,
     )  # fmt: skip

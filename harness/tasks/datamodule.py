@@ -19,8 +19,9 @@ from ablate.schema.tasks import TEST_SPLITS
 
 class EncodedSplit(Dataset):
     def __init__(self, examples: list[Example], data: TaskData):
+        end = [EOS_ID] if data.target_ends else []
         self.items = [
-            (data.src_vocab.encode(ex.src) + [EOS_ID], [BOS_ID] + data.tgt_vocab.encode(ex.tgt) + [EOS_ID])
+            (data.src_vocab.encode(ex.src) + [EOS_ID], [BOS_ID] + data.tgt_vocab.encode(ex.tgt) + end)
             for ex in examples
         ]
 
