@@ -420,14 +420,15 @@ def test_pos_encoding_accepts_the_registry_names_and_joins_of_different_parts(na
 def test_rope_needs_an_even_head_dimension_and_other_kinds_do_not():
     from pydantic import ValidationError
 
-    message = (
-        "pos_encoding: rope rotates pairs of features and needs an even head dimension (d_model/heads=3)"
-    )
+    message = "pos_encoding: rope rotates pairs of features and needs an even query and key width per head (d_k=3)"
     with pytest.raises(ValidationError, match=re.escape(message)):
         ModelConfig(d_model=6, heads=2, pos_encoding="rope")
+    with pytest.raises(ValidationError, match=re.escape(message)):  # a key width of its own, odd
+        ModelConfig(d_model=8, heads=2, key_dim=3, pos_encoding="rope")
     for name in ("sinusoidal", "alibi", "none"):
         ModelConfig(d_model=6, heads=2, pos_encoding=name)
     ModelConfig(d_model=8, heads=2, pos_encoding="rope")
+    ModelConfig(d_model=6, heads=2, key_dim=4, pos_encoding="rope")  # d_model/heads = 3, but d_k = 4
 
 
 @pytest.mark.parametrize(
