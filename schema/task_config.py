@@ -59,6 +59,9 @@ class TaskConfig(BaseModel):
             raise ValueError(
                 f"min_tokens: must not exceed max_tokens={self.max_tokens} (got {self.min_tokens})"
             )
+        for key in TASKS[self.name].needs if self.name in TASKS else ():
+            if getattr(self, key) is None:
+                raise ValueError(f"{key}: must be set for task {self.name}")
         # The sides go together where a task reads both (bible_lm reads src_lang alone; its tgt_lang is ignored).
         pairs = self.name not in TASKS or "tgt_lang" in TASKS[self.name].reads
         if pairs and (self.src_lang is None) != (self.tgt_lang is None):

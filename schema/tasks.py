@@ -53,6 +53,8 @@ class Task(NamedTuple):
     about: str  # what the task is, in one line
     # The task.* keys `build` reads besides task.name; with task.tokenizer, also those its tokenizer reads.
     reads: tuple[str, ...]
+    # Those of them it cannot run without (their default is unset): refused when missing, before any trial.
+    needs: tuple[str, ...] = ()
 
     def keys(self) -> tuple[str, ...]:
         """Every task.* key the task reads under some configuration: its own and, with task.tokenizer, every
@@ -104,6 +106,7 @@ TASKS: dict[str, Task] = {
         "one Bible's running text (default the World English Bible) as a language model's windows of "
         "max_tokens tokens, tested on 1, 2 and 4 times that; src_lang: en | es | a SWORD module; path: as bible",
         BIBLE_LM_KEYS,
+        needs=("max_tokens",),
     ),
 }
 

@@ -149,7 +149,9 @@ def problems(path, sets: dict | None = None) -> list[str]:
 @pytest.mark.parametrize("block", ["variants", "fixed", "base"])
 @pytest.mark.parametrize("name, tokenizer", CONFIGURED)
 def test_a_task_key_is_refused_where_it_is_set_when_its_task_ignores_it(name, tokenizer, block, tmp_path):
-    chosen = {"name": name, **({"tokenizer": tokenizer} if tokenizer else {})}
+    # The task, its tokenizer, and the keys it cannot run without (TASKS' `needs`).
+    chosen = {"name": name, **({"tokenizer": tokenizer} if tokenizer else {}),
+              **{key: VALUES[key] for key in TASKS[name].needs}}  # fmt: skip
     reads = {*chosen, *TASKS[name].reads, *(TOKENIZERS[tokenizer] if tokenizer else ())}
     where = {"variants": "variants.a", "fixed": "fixed", "base": "base"}[block]
     for key in TaskConfig.model_fields.keys() - chosen.keys():

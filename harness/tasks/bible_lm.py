@@ -60,8 +60,6 @@ def windows(tokens: list[str], length: int) -> list[tuple[str, ...]]:
 
 
 def bible_lm_task(cfg: TaskConfig, seed: int) -> TaskData:
-    if cfg.max_tokens is None:
-        raise ConfigError("task.max_tokens: the bible_lm task needs its training window's length in tokens")
     name = module_name(cfg.src_lang or DEFAULT_LANGS[0])
     problem = setup_problem(cfg, (name,))
     if problem:
