@@ -135,5 +135,3 @@ def table_notes(summary: pd.DataFrame) -> list[str]:
     if len(compared_rows) and not show_g(summary):
         notes.append(f"Hedges' g not shown: it needs {stats.G_MIN_SEEDS} seeds a side.")
     return notes
-
-
