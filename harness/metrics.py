@@ -22,15 +22,7 @@ from ablate.harness.tasks.base import TaskData
 from ablate.models.sequences import SequenceScore, summarise
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.metric_registry import METRICS
-from ablate.schema.tasks import (
-    ALIGNED_TASKS,
-    CORPUS_TASKS,
-    GENERATED_TASKS,
-    TEST_SPLITS,
-    TEXT_TASKS,
-    WINDOW_SPLITS,
-    WINDOW_TASKS,
-)
+from ablate.schema.tasks import ALIGNED_TASKS, TEXT_TASKS
 
 Row = tuple[Sequence[int], Sequence[int]]  # (prediction ids, target ids)
 Alignment = Iterable[tuple[int, int]]  # (source index, target index) pairs
@@ -189,16 +181,8 @@ def alignment_error_rate(
 def produced_metrics(cfg: ExperimentConfig) -> set[str]:
     """The `split/name` metrics a trial of `cfg` reports (run_trial): each of the registry's
     (schema.metric_registry) whose `reported_for` holds for `cfg`, on the test splits the task fills
-    (schema.tasks' TEST_SPLITS), and on `val` too where the module logs it at every validation."""
+    (TaskConfig.test_splits), and on `val` too where the module logs it at every validation."""
     task, model = cfg.task, cfg.model
-    windows = task.name in WINDOW_TASKS
-    fills = {  # each test split: whether cfg's task fills it
-        "test": True,
-        "test_long": (task.name in GENERATED_TASKS and task.long_max_len > task.max_len)
-        or (task.name in CORPUS_TASKS and not windows and task.max_tokens is not None),
-        **{split: windows for split in WINDOW_SPLITS},
-    }
-    test_splits = [split for split in TEST_SPLITS if fills[split]]
     transformer = model.arch == "transformer"
     cross_attends = model.cross_attention if transformer else model.attention != "none"
     reports = {  # each of the registry's `reported_for`
@@ -210,4 +194,4 @@ def produced_metrics(cfg: ExperimentConfig) -> set[str]:
     }
     reported = [m for m in METRICS.values() if reports[m.reported_for]]
     validated = {f"val/{m.name}" for m in reported if m.every_split}
-    return validated | {f"{split}/{m.name}" for split in test_splits for m in reported}
+    return validated | {f"{split}/{m.name}" for split in task.test_splits for m in reported}

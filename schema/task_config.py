@@ -37,6 +37,9 @@ class TaskConfig(BaseModel):
     min_tokens: Count = 1  # pairs with a shorter side are dropped
     # longer train / valid pairs are dropped; longer test pairs form test_long
     max_tokens: int | None = Field(None, ge=1, strict=True)
+    # where test_long starts instead (test pairs of more tokens), so that variants trained on different
+    # max_tokens are tested on the same pairs
+    long_after: int | None = Field(None, ge=1, strict=True)
     max_examples: int | None = Field(None, ge=1, strict=True)  # cap on training pairs (a seeded sample)
 
     @field_validator(*REGISTRIES)
@@ -55,10 +58,11 @@ class TaskConfig(BaseModel):
             raise ValueError(
                 f"test_max_len: must be at least max_len={self.max_len} (got {self.test_max_len})"
             )
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens: must not exceed max_tokens={self.max_tokens} (got {self.min_tokens})"
-            )
+        for key in ("max_tokens", "long_after"):
+            if getattr(self, key) is not None and self.min_tokens > getattr(self, key):
+                raise ValueError(
+                    f"min_tokens: must not exceed {key}={getattr(self, key)} (got {self.min_tokens})"
+                )
         for key in TASKS[self.name].needs if self.name in TASKS else ():
             if getattr(self, key) is None:
                 raise ValueError(f"{key}: must be set for task {self.name}")
@@ -73,6 +77,23 @@ class TaskConfig(BaseModel):
     @property
     def long_max_len(self) -> int:
         return self.test_max_len if self.test_max_len is not None else 2 * self.max_len
+
+    @property
+    def long_cut(self) -> int | None:
+        """The length beyond which test examples form test_long, or None where the task makes none: a
+        generated task's max_len (when test_max_len goes beyond it), a corpus task's long_after, else its
+        max_tokens."""
+        task = TASKS[self.name]
+        if "test_long" not in task.test_splits:
+            return None
+        if "test_max_len" in task.reads:
+            return self.max_len if self.long_max_len > self.max_len else None
+        return self.long_after if self.long_after is not None else self.max_tokens
+
+    @property
+    def test_splits(self) -> list[str]:
+        """The test splits this configuration's task fills, in TEST_SPLITS order."""
+        return [s for s in TASKS[self.name].test_splits if s != "test_long" or self.long_cut is not None]
 
 
 def ignored_task_keys(cfg: TaskConfig) -> dict[str, str]:

@@ -18,16 +18,17 @@ GENERATED_KEYS = ("min_len", "max_len", "test_max_len", "n_train", "n_valid", "n
 SYMBOL_KEYS = (*GENERATED_KEYS, "vocab_size")
 SCAN_KEYS = ("split", "path", "n_valid")
 # corpus_task (corpora.py), and with task.tokenizer also the keys its tokenizer reads (TOKENIZERS).
-CORPUS_KEYS = ("tokenizer", "min_tokens", "max_tokens", "max_examples")
+CORPUS_KEYS = ("tokenizer", "min_tokens", "max_tokens", "long_after", "max_examples")
 PARALLEL_KEYS = ("path", "src_lang", "tgt_lang", "hf_config", "n_valid", "n_test", *CORPUS_KEYS)
 BIBLE_KEYS = ("path", "src_lang", "tgt_lang", "n_valid", "n_test", *CORPUS_KEYS)
 # One Bible as running text: no pairs, so no target language and no shortest pair.
 BIBLE_LM_KEYS = ("path", "src_lang", "n_valid", "n_test", "tokenizer", "max_tokens", "max_examples")
 
 # The test splits, in the order they are evaluated: test holds the training lengths; test_long longer
-# examples (GENERATED_TASKS, CORPUS_TASKS); test_x2 / test_x4 the test text again in windows of 2 and 4 times
-# the training length (WINDOW_TASKS). A split a task leaves empty or out is not evaluated.
+# examples (beyond TaskConfig.long_cut); test_x2 / test_x4 the test text again in windows of 2 and 4 times
+# the training length. Each task declares those it fills (Task.test_splits); an empty split is not evaluated.
 TEST_SPLITS = ("test", "test_long", "test_x2", "test_x4")
+LENGTH_SPLITS = ("test", "test_long")
 # Each split of longer windows -> its window length in training lengths.
 WINDOW_SPLITS = {"test_x2": 2, "test_x4": 4}
 
@@ -55,6 +56,9 @@ class Task(NamedTuple):
     reads: tuple[str, ...]
     # Those of them it cannot run without (their default is unset): refused when missing, before any trial.
     needs: tuple[str, ...] = ()
+    # The test splits it fills, of TEST_SPLITS; test_long only where the configuration sets a length apart
+    # (TaskConfig.test_splits).
+    test_splits: tuple[str, ...] = LENGTH_SPLITS
 
     def keys(self) -> tuple[str, ...]:
         """Every task.* key the task reads under some configuration: its own and, with task.tokenizer, every
@@ -87,7 +91,10 @@ TASKS: dict[str, Task] = {
         GENERATED_KEYS,
     ),
     "scan": Task(
-        "scan:scan_task", "SCAN commands -> actions; path: a folder of the official files (optional)", SCAN_KEYS
+        "scan:scan_task",
+        "SCAN commands -> actions; path: a folder of the official files (optional)",
+        SCAN_KEYS,
+        test_splits=("test",),
     ),
     "parallel": Task(
         "corpora:parallel_task",
@@ -107,6 +114,7 @@ TASKS: dict[str, Task] = {
         "max_tokens tokens, tested on 1, 2 and 4 times that; src_lang: en | es | a SWORD module; path: as bible",
         BIBLE_LM_KEYS,
         needs=("max_tokens",),
+        test_splits=("test", *WINDOW_SPLITS),
     ),
 }
 
@@ -122,7 +130,5 @@ TEXT_TASKS = frozenset({"synth_mt", "parallel", "bible"})
 ALIGNED_TASKS = frozenset({"copy", "reverse", "sort", "recall", "synth_mt"})
 # Tasks whose lengths come from task.min_len / max_len / test_max_len (test_long beyond max_len).
 GENERATED_TASKS = frozenset(tasks_reading("test_max_len"))
-# Corpus tasks: task.max_tokens is the training length; test pairs longer than it form test_long, except
-# in WINDOW_TASKS, whose test text is cut again into the longer windows of WINDOW_SPLITS.
+# Tasks whose training length is task.max_tokens (pairs or windows of at most that many tokens).
 CORPUS_TASKS = frozenset(tasks_reading("max_tokens"))
-WINDOW_TASKS = frozenset({"bible_lm"})

@@ -7,6 +7,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.tokenizers import BpeTokenizer
+from ablate.schema.config import config_from_tree
 from ablate.schema.errors import ConfigError
 from ablate.schema.task_config import TaskConfig
 
@@ -164,6 +165,26 @@ def test_length_filters_send_long_test_pairs_to_test_long_and_the_cap_samples_tr
     capped = build_task(parallel(path, max_tokens=6, max_examples=10), 0)
     assert len(capped.splits["train"]) == 10 and set(capped.splits["train"]) <= set(data.splits["train"])
     assert capped.splits["test"] == data.splits["test"]
+
+
+def test_long_after_tests_trials_trained_on_different_lengths_on_the_same_pairs(tmp_path):
+    path = write_tsv(tmp_path / "corpus.tsv", sentence_pairs(200), attribution=False)  # 6 to 15 words
+
+    def lengths(data, split):
+        return {max(len(ex.src), len(ex.tgt)) for ex in data.splits[split]}
+
+    short, long = (build_task(parallel(path, max_tokens=n, long_after=8), 0) for n in (6, 8))
+    assert max(lengths(short, "train")) == 6 and max(lengths(long, "train")) == 8
+    for split in ("test", "test_long"):
+        assert short.splits[split] == long.splits[split] and short.splits[split]
+    assert max(lengths(short, "test")) == 8 and min(lengths(short, "test_long")) > 8
+    # Without max_tokens training keeps every length, and long_after alone splits the test pairs.
+    every = build_task(parallel(path, long_after=8), 0)
+    assert every.splits["test"] == long.splits["test"] and max(lengths(every, "train")) > 8
+    for key in ("max_tokens", "long_after"):
+        with pytest.raises(ConfigError) as e:
+            config_from_tree({"task": {"name": "parallel", "path": str(path), "min_tokens": 5, key: 3}}, {})
+        assert e.value.problems == [("task.min_tokens", f"must not exceed {key}=3 (got 5)")]
 
 
 def one_line(error: pytest.ExceptionInfo) -> str:

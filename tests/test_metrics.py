@@ -292,6 +292,10 @@ EVERY = {"loss", "ppl", "seq_acc", "tok_acc"}
         ("lstm", {"name": "parallel", "path": "pairs.tsv", "max_tokens": 20}, {}, ("test", "test_long"),
          {"bleu", "chrf"}),
         ("lstm", {"name": "parallel", "path": "pairs.tsv"}, {}, ("test",), {"bleu", "chrf"}),
+        # ... or long_after sets the boundary itself, training on every length.
+        ("lstm", {"name": "parallel", "path": "pairs.tsv", "long_after": 20}, {}, ("test", "test_long"),
+         {"bleu", "chrf"}),
+        ("lstm", {"name": "scan"}, {}, ("test",), set()),  # SCAN's length split is its test split
     ],
 )  # fmt: skip
 def test_produced_metrics_follow_the_task_and_the_model(preset, task, model, splits, names):

@@ -24,8 +24,8 @@ versification both modules share (Genesis 1 is 0, in canonical order, whatever t
 valid when i is 0 modulo SPLIT_EVERY, to test when it is SPLIT_EVERY / 2 modulo SPLIT_EVERY, to train
 otherwise (a chapter's verses stay together, and every part of the Bible is in every split). valid and
 test then keep a sample of task.n_valid / n_test pairs drawn with the fixed SAMPLE_SEED; as for
-`parallel`, task.max_tokens moves longer test pairs to test_long, and task.max_examples caps train with the
-trial's seed.
+`parallel`, task.max_tokens (or task.long_after) moves longer test pairs to test_long, and
+task.max_examples caps train with the trial's seed.
 
 bible_lm.py reads one of these Bibles alone, with the same cleaning and the same chapters in each split.
 

@@ -13,7 +13,8 @@ What task.path names decides the format:
 Where the corpus has no valid / test split, a seeded sample of min(task.n_valid / n_test, a tenth of
 the pairs) is held out of train. The tokenizers (task.tokenizer) learn from the training split only.
 Pairs with a side shorter than task.min_tokens are dropped; with task.max_tokens, longer train / valid
-pairs are dropped and longer test pairs become test_long. task.max_examples then caps train."""
+pairs are dropped and longer test pairs become test_long (task.long_after moves that boundary, so that
+trials trained on different lengths are tested on the same pairs). task.max_examples then caps train."""
 
 from __future__ import annotations
 
@@ -202,7 +203,10 @@ def hold_out(corpus: Corpus, cfg: TaskConfig, seed: int) -> Corpus:
 
 
 def length_filter(splits: dict[str, list[Example]], cfg: TaskConfig) -> dict[str, list[Example]]:
-    lo, hi = cfg.min_tokens, cfg.max_tokens or float("inf")
+    """train / valid of pairs within [min_tokens, max_tokens] (tokens of either side); test of those up to
+    TaskConfig.long_cut, test_long of the longer ones."""
+    lo = cfg.min_tokens
+    hi = {"train": cfg.max_tokens, "valid": cfg.max_tokens, "test": cfg.long_cut}
 
     def shortest(ex: Example) -> int:
         return min(len(ex.src), len(ex.tgt))
@@ -210,10 +214,11 @@ def length_filter(splits: dict[str, list[Example]], cfg: TaskConfig) -> dict[str
     def longest(ex: Example) -> int:
         return max(len(ex.src), len(ex.tgt))
 
-    kept = {
-        name: [ex for ex in splits[name] if lo <= shortest(ex) and longest(ex) <= hi] for name in SPLITS[:3]
-    }
-    kept["test_long"] = [ex for ex in splits["test"] if lo <= shortest(ex) and longest(ex) > hi]
+    def within(ex: Example, name: str) -> bool:
+        return lo <= shortest(ex) and (hi[name] is None or longest(ex) <= hi[name])
+
+    kept = {name: [ex for ex in splits[name] if within(ex, name)] for name in SPLITS[:3]}
+    kept["test_long"] = [ex for ex in splits["test"] if lo <= shortest(ex) and not within(ex, "test")]
     return kept
 
 
