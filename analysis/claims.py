@@ -715,13 +715,18 @@ def _reason(r: ClaimResult) -> str:
 
 
 def claim_variants(spec: StudySpec, claim: ClaimSpec) -> list[str]:
-    """Every variant a claim compares: both sides of each of its arms, and of its control."""
+    """Every variant a claim's verdict reads: both sides of each of its arms, of its control, and the
+    baseline whose level `judge_from` checks (a claim that does not compare the baseline is judged from
+    its level all the same)."""
     settings = variant_settings(spec)
     found = [v for _, within in claim.arms(spec.metric.name) for side in claim_sides(settings, claim, within)
              for v in side]  # fmt: skip
     control = control_claim(claim, spec.metric.name)
     if control is not None:
         found += [v for side in claim_sides(settings, control, {}) for v in side]
+    baseline = spec.baseline_variant()
+    if spec.judge_from is not None and baseline is not None:
+        found.append(baseline)
     return list(dict.fromkeys(found))
 
 

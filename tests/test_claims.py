@@ -228,6 +228,27 @@ def test_a_baseline_short_of_the_studys_level_decides_no_claim():
     assert claims.evaluate_all(on_loss, weak.assign(**{"test/loss": 0.5}))[0].verdict == REPRODUCED
 
 
+def test_a_claim_that_leaves_the_baseline_out_is_judged_from_its_level_too():
+    """bible's RNNsearch-30 against RNNencdec-50 compares two variants, neither of them the baseline whose
+    level judge_from reads: the looks read the baseline's trials as well, so the claim is undecidable too."""
+    spec = StudySpec.model_validate({
+        "name": "bible", "seeds": [0, 1, 2], "baseline": "attn50",
+        "variants": {"plain50": {"preset": "lstm", "task.max_tokens": 50},
+                     "attn50": {"preset": "lstm-bahdanau", "task.max_tokens": 50},
+                     "attn30": {"preset": "lstm-bahdanau", "task.max_tokens": 30}},
+        "judge_from": {"metric": "test/bleu", "value": 10.0},
+        "claims": [{"text": "t", "compare": {"task.max_tokens": 30}, "to": {"preset": "lstm"},
+                    "metric": "test/bleu", "expect": "higher", "margin": 1.0}],
+    })  # fmt: skip
+    bleu = {"plain50": [0.2, 0.3, 0.25], "attn50": [0.6, 0.7, 0.65], "attn30": [4.0, 4.5, 5.0]}
+    weak = trials({(v, s): {"test/bleu": x} for v, xs in bleu.items() for s, x in enumerate(xs)})
+    assert claims.claim_variants(spec, spec.claims[0]) == ["attn30", "plain50", "attn50"]
+    (result,) = claims.evaluate_all(spec, weak)
+    assert result.verdict == claims.UNDECIDABLE and "the baseline attn50 reaches test/bleu 0.65" in result.reason
+    strong = weak.assign(**{"test/bleu": weak["test/bleu"].where(weak["variant"] != "attn50", 12.0)})
+    assert claims.evaluate_all(spec, strong)[0].verdict == REPRODUCED
+
+
 def test_a_profile_sets_its_own_level_or_none():
     tree = {"name": "lvl", "judge_from": {"metric": "test/bleu", "value": 10},
             "profiles": {"cpu": {}, "gpu": {"judge_from": {"metric": "test/bleu", "value": 20}},
