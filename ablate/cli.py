@@ -131,6 +131,13 @@ def train(
 WandbOption = Annotated[
     str | None, typer.Option("--wandb", help="online | offline | disabled (default: online with credentials)")
 ]
+# The local launcher's options (harness/launchers/local.py), as text: its Options model reads the counts.
+WorkersOption = Annotated[str | None, typer.Option("--workers", metavar="N", help="Local CPU worker processes.")]
+DevicesOption = Annotated[
+    str | None, typer.Option("--devices", help="GPUs to use, e.g. 0,1: worker processes per GPU.")
+]
+PerDeviceOption = Annotated[str, typer.Option("--per-device", metavar="N", help="Worker processes per GPU.")]
+ReportDirOption = Annotated[Path | None, typer.Option("--report-dir", help="Where to write the report.")]
 
 
 @app.command()
@@ -138,15 +145,9 @@ def sweep(
     study: Annotated[str, typer.Argument(help="Study file (or the name of a bundled one).")],
     storage: StorageOption = None,
     out: RunsOption = Path("runs"),
-    workers: Annotated[
-        str | None, typer.Option("--workers", metavar="N", help="Local CPU worker processes.")
-    ] = None,
-    devices: Annotated[
-        str | None, typer.Option("--devices", help="GPUs to use, e.g. 0,1: worker processes per GPU.")
-    ] = None,
-    per_device: Annotated[
-        str, typer.Option("--per-device", metavar="N", help="Worker processes per GPU.")
-    ] = "1",
+    workers: WorkersOption = None,
+    devices: DevicesOption = None,
+    per_device: PerDeviceOption = "1",
     wandb: WandbOption = None,
     sets: SetOption = None,
     profile: Annotated[
@@ -399,9 +400,7 @@ def report(
     study: Annotated[str, typer.Argument(help="Study name or study file.")],
     storage: StorageOption = None,
     out: RunsOption = Path("runs"),
-    report_dir: Annotated[
-        Path | None, typer.Option("--report-dir", help="Where to write the report.")
-    ] = None,
+    report_dir: ReportDirOption = None,
     artifacts: ArtifactsOption = None,
 ) -> None:
     """Rebuild a study's report from its storage (and its trials' files in the artifact store)."""
