@@ -295,3 +295,21 @@ def test_failed_trial_keeps_its_reason_and_the_sweep_goes_on(tmp_path, monkeypat
     assert trials["hot"].state == TrialState.FAIL
     assert trials["hot"].user_attrs["fail_reason"] == "FloatingPointError: loss is nan"
     assert trials["ok"].user_attrs["artifacts"].keys() == {"metrics.json"}
+
+
+def test_a_factor_reaches_its_layer_by_the_route_the_architecture_names(tmp_path):
+    """docs/ARCHITECTURE.md's route of one factor, model.pos_encoding, from the study file to its layer,
+    followed hop by hop: what each hop hands on is what the next one reads."""
+    from ablate.harness.trial import Prepared
+    from ablate.models import positional_layers
+
+    spec = load_study(write(tmp_path, study_tree(factors={"model.pos_encoding": ["sinusoidal", "alibi"]})))  # 1
+    variants = spec.variant_overrides()  # 2: what the queue stores and Worker.job reads back
+    assert list(variants.values()) == [{"model.pos_encoding": "sinusoidal"}, {"model.pos_encoding": "alibi"}]
+    cfg = spec.config_for(variants["pos_encoding=alibi"], seed=0)  # 3: as Worker.job builds it
+    assert cfg.model.pos_encoding == "alibi"
+    module = Prepared.of(cfg).module  # 4: run_trial's module, Seq2SeqModule(cfg.model, ...)
+    model = module.model  # 5: build_model's family for model.arch
+    positions = model.positions  # 6: build_positions, from the registry's entry for alibi
+    assert isinstance(positions.score_bias["src"], positional_layers.ALiBi)
+    assert isinstance(positions.embedding, positional_layers.NoEncoding) and positions.rotary is None
