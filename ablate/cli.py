@@ -22,7 +22,15 @@ from rich.table import Table
 
 from ablate.harness.launchers import LAUNCHERS
 from ablate.schema.errors import ConfigError
-from ablate.sweep import ThreadOptions, check_artifacts, checked, is_study_file, stored_study, study_name
+from ablate.sweep import (
+    ThreadOptions,
+    check_artifacts,
+    checked,
+    is_study_file,
+    join_study,
+    stored_study,
+    study_name,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 console = Console(stderr=True)
@@ -214,8 +222,7 @@ def worker(
     SIGTERM, SIGUSR1 or Ctrl-C: the running trial checkpoints and waits again; the same command resumes it."""
     from ablate.harness import tracking
     from ablate.harness.artifacts import default_storage_url
-    from ablate.harness.study.queue import prepare_study
-    from ablate.harness.study.storage import check_readable, open_storage
+    from ablate.harness.study.storage import open_storage
     from ablate.harness.study.validate import load_study, raise_problems, run_problems
 
     from_file = not stored and is_study_file(study)
@@ -225,10 +232,7 @@ def worker(
         problems = run_problems(out, storage, None, wandb)
         if from_file:
             spec = load_study(study, also=problems)
-            url = storage or default_storage_url(spec.slug, out)
-            store = open_storage(url)
-            check_readable(store, url, spec.name)
-            spec = prepare_study(spec, store)  # the stored spec, when the study was already there
+            store = join_study(study, spec, storage or default_storage_url(spec.slug, out))
         else:
             raise_problems("", [], problems)
     except ConfigError as e:

@@ -149,8 +149,7 @@ def sweep(
     from ablate.harness import signals, tracking
     from ablate.harness.artifacts import default_storage_url
     from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
-    from ablate.harness.study.queue import prepare_study
-    from ablate.harness.study.storage import check_readable, masked_url, open_storage
+    from ablate.harness.study.storage import masked_url
     from ablate.harness.study.validate import raise_problems
 
     spec, launch = load_sweep(study, profile, sets, options)
@@ -159,15 +158,7 @@ def sweep(
     mode = tracking.resolve_mode(options.wandb)  # type: ignore[arg-type]
     url = options.storage or default_storage_url(spec.slug, options.out)
     raise_problems("", [], launch.problems(url, options.out))
-    store = open_storage(url, heartbeat=spec.heartbeat)
-    check_readable(store, url, spec.name)
-    stored = prepare_study(spec, store)
-    if stored != spec:
-        changed = ", ".join(k for k in type(spec).model_fields if getattr(stored, k) != getattr(spec, k))
-        raise ConfigError(
-            f"{study}: {masked_url(url)} already holds study {spec.name!r} with a different {changed}; "
-            "rename the study or give another --out / --storage"
-        )
+    store = join_study(study, spec, url)
     procs = launch.start(spec, url, options.out, mode, options.artifacts)
     if procs is None:  # a scheduler runs them now
         return None
@@ -269,6 +260,25 @@ def _notebook_output(progress):
     from IPython.display import display
 
     return display(progress, display_id=True)
+
+
+def join_study(study: str, spec: StudySpec, url: str):
+    """The storage at `url`, opened (created where it is new) with the study `spec` queued in it: the one
+    way `ablate sweep`, `ablate worker STUDY_FILE` and Study.run join a study from its file. A study of that
+    name stored with another spec is refused (ConfigError), since every worker runs the stored one."""
+    from ablate.harness.study.queue import prepare_study
+    from ablate.harness.study.storage import check_readable, masked_url, open_storage
+
+    store = open_storage(url, heartbeat=spec.heartbeat)
+    check_readable(store, url, spec.name)
+    stored = prepare_study(spec, store)
+    if stored != spec:
+        changed = ", ".join(k for k in type(spec).model_fields if getattr(stored, k) != getattr(spec, k))
+        raise ConfigError(
+            f"{study}: {masked_url(url)} already holds study {spec.name!r} with a different {changed}; "
+            "rename the study or give another --out / --storage"
+        )
+    return store
 
 
 def stored_study(

@@ -212,3 +212,22 @@ def test_a_heartbeat_that_cannot_be_recorded_says_so_in_one_line_and_beats_on(ca
             time.sleep(0.01)
     err = capsys.readouterr().err
     assert set(err.splitlines()) == {"heartbeat of trial 7 not recorded (StorageInternalError); retrying"}
+
+
+def test_a_worker_given_a_file_that_differs_from_the_stored_study_is_refused(tmp_path):
+    """`ablate worker FILE` joins the study as `ablate sweep` does: a storage that holds the study under
+    the same name with another spec is refused before any trial runs, not run with the stored spec."""
+    from typer.testing import CliRunner
+
+    from ablate.cli import app
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    prepare_study(tiny_spec(), open_storage(url))
+    changed = tmp_path / "tiny.yaml"
+    changed.write_text(yaml.safe_dump(tiny_study(seeds=[0, 1])))
+    done = CliRunner().invoke(app, ["worker", str(changed), "--out", str(tmp_path / "runs"), "--storage", url,
+                                    "--wandb", "disabled", "--no-report"])  # fmt: skip
+    assert done.exit_code == 2, done.output
+    assert "already holds study 'tiny' with a different seeds" in done.output
+    phase = load_phase_study(tiny_spec(), open_storage(url), EVAL)
+    assert [t.state for t in phase.get_trials()] == [TrialState.WAITING]
