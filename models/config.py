@@ -6,7 +6,7 @@ and `norm` from models/kinds.py. Each switch belongs to a family
 (LSTM_KEYS, TRANSFORMER_KEYS), and some act only through a part the model may lack (input feeding needs
 attention): `ignored_keys` says which ones the configured model ignores, so a study cannot count two variants that build one model as two. Presets are
 named configs; `preset_keys(name, overrides)` gives one's keys with changes (the harness validates them
-with the rest of an experiment), `ModelConfig.from_name` builds it.
+with the rest of an experiment; `ModelConfig(**preset_keys(name))` builds one alone).
 """
 
 from __future__ import annotations
@@ -158,10 +158,6 @@ class ModelConfig(BaseModel):
             return limit, limit
         score = SCORES.get(self.attention)
         return (score.max_length(self.max_positions) if score else None), None
-
-    @classmethod
-    def from_name(cls, name: str, **overrides: Any) -> ModelConfig:
-        return cls(**preset_keys(name, overrides))
 
 
 # The switches of one family, which the other ignores; the rest (d_model, layers, ...) both read.

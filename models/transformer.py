@@ -293,13 +293,6 @@ class Transformer(nn.Module):
             for hook in hooks:
                 hook.remove()
 
-    @torch.no_grad()
-    def hidden_states(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[str, list[torch.Tensor]]:
-        """Every encoder and decoder layer's output (B, L, D) in one teacher-forced pass."""
-        with self.record_states() as states:
-            self(src, tgt_in)
-        return states
-
     # Incremental decoding (models/decoding.py): every state tensor is batch-first so beams can reorder it.
     def init_state(self, src: torch.Tensor) -> dict[str, torch.Tensor]:
         memory, padding, _ = self.encode(src)

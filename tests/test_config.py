@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ablate.models import build_model
-from ablate.models.config import PRESETS, ModelConfig
+from ablate.models.config import PRESETS, ModelConfig, preset_keys
 from ablate.models.positional import POSITIONAL
 from ablate.models.scores import SCORES, WINDOWS
 from ablate.models.transformer_scores import TRANSFORMER_SCORES
@@ -54,13 +54,13 @@ def test_unknown_preset():
 def test_preset_then_overrides_win():
     cfg = build_config({"preset": "transformer-pre-ln", "model": {"heads": 2}}, {"model.d_model": 32})
     assert (cfg.model.norm, cfg.model.heads, cfg.model.d_model) == ("pre", 2, 32)
-    assert ModelConfig.from_name("lstm-bahdanau").attention == "additive"
+    assert ModelConfig(**preset_keys("lstm-bahdanau")).attention == "additive"
     assert {"lstm", "lstm-bahdanau", "lstm-luong-dot", "transformer", "transformer-pre-ln"} <= set(PRESETS)
 
 
 def test_presets_resolve_in_one_place():
     for name in PRESETS:
-        assert build_config({"preset": name}).model == ModelConfig.from_name(name)
+        assert build_config({"preset": name}).model == ModelConfig(**preset_keys(name))
     assert error_of({"preset": "gpt5"}) == f"preset: unknown preset 'gpt5'; known: {', '.join(PRESETS)}"
 
 
@@ -201,8 +201,8 @@ def test_lstm_shape_checks_apply_only_where_they_matter():
     assert build_config({}, {"model.attention_heads": 3}).model.attention_heads == 3
 
 
-def test_from_name_applies_its_overrides_on_the_preset():
-    cfg = ModelConfig.from_name("lstm-luong-dot", d_model=32, input_feeding=False)
+def test_preset_keys_apply_their_overrides_on_the_preset():
+    cfg = ModelConfig(**preset_keys("lstm-luong-dot", {"d_model": 32, "input_feeding": False}))
     assert (cfg.arch, cfg.attention, cfg.attention_query) == ("lstm", "dot", "current")
     assert (cfg.d_model, cfg.input_feeding) == (32, False)  # the preset says True
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ablate.models import build_model
 from ablate.models.attention import MultiHeadAttention, ScoreAttention
-from ablate.models.config import PRESETS, ModelConfig
+from ablate.models.config import PRESETS, ModelConfig, preset_keys
 from ablate.models.decoding import beam_search, greedy_decode
 from ablate.models.kinds import CELLS
 from ablate.models.scores import WINDOWS, make_score
@@ -220,7 +220,7 @@ def test_the_step_loop_projects_the_source_once(kind, projection, query):
 @pytest.mark.parametrize("preset", RNN_PRESETS)
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_padding_changes_nothing(preset, cell):
-    cfg = ModelConfig.from_name(preset, d_model=16, layers=2, dropout=0.0, cell=cell, attention_heads=2)
+    cfg = ModelConfig(**preset_keys(preset, dict(d_model=16, layers=2, dropout=0.0, cell=cell, attention_heads=2)))
     torch.manual_seed(0)
     model = build_model(cfg, VOCAB, VOCAB, 0).eval()
     src, tgt_in = batch([4, 9], seed=2), batch([3, 8], seed=3)
