@@ -23,9 +23,6 @@ from ablate.bench.training import bench_lstm, bench_mfu, bench_overhead, bench_p
 from ablate.bench.workload import bench_sizes
 from ablate.harness import provenance
 
-FIGURE_KEYS = ("a_transformer_step", "b_harness_overhead", "c_lstm_parallel", "d_greedy", "d_beam",
-               "e_padding", "f_sweep_scaling", "g_mfu", "h_fused_seeds", "i_fused_trials")  # fmt: skip
-
 
 def machine(device: torch.device) -> dict[str, Any]:
     info = {

@@ -98,19 +98,6 @@ def cluster_bootstrap(
     return {"bleu_baseline": bleu_baseline, "bleu": bleu, "p": float((exceeding + 1) / (len(drawn[0]) + 1))}
 
 
-def paired_bootstrap(
-    baseline: Sequence[Sequence[str]], system: Sequence[Sequence[str]], references: Sequence[str],
-    drawn: np.ndarray | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """{bleu_baseline, bleu, p, signature}: cluster_bootstrap of `system` against `baseline`, each given as
-    its seeds' translations of `references` (seed by seed, paired by position), resampled by `drawn` (by
-    default, RESAMPLES draws seeded as sacreBLEU's)."""
-    metric = bleu_metric()
-    drawn = draws(len(references)) if drawn is None else drawn
-    base, own = ([sentence_stats(metric, hyps, references) for hyps in side] for side in (baseline, system))
-    return {**cluster_bootstrap(metric, base, own, drawn), "signature": signature(metric, len(drawn))}
-
-
 def _by_seed(split_rows: pd.DataFrame, variant: str) -> dict[Any, pd.DataFrame]:
     """The variant's translations of one split by seed, of each seed's latest trial (a retried grid point
     counts once, as in every other table of the report)."""

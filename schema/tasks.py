@@ -128,7 +128,5 @@ def tasks_reading(key: str) -> list[str]:
 # depend on it): text scored with BLEU / chrF (TaskData.is_text), gold word alignments (Example.alignment).
 TEXT_TASKS = frozenset({"synth_mt", "parallel", "bible"})
 ALIGNED_TASKS = frozenset({"copy", "reverse", "sort", "recall", "synth_mt"})
-# Tasks whose lengths come from task.min_len / max_len / test_max_len (test_long beyond max_len).
-GENERATED_TASKS = frozenset(tasks_reading("test_max_len"))
 # Tasks whose training length is task.max_tokens (pairs or windows of at most that many tokens).
 CORPUS_TASKS = frozenset(tasks_reading("max_tokens"))

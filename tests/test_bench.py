@@ -12,7 +12,7 @@ from conftest import ablate
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
-from ablate.bench.run import FIGURE_KEYS, resolve_device
+from ablate.bench.run import resolve_device
 from ablate.bench.timing import interleaved
 from ablate.bench.training import TorchTransformer, transformer_train_flops
 from ablate.bench.workload import Sizes, random_batch, transformer_config
@@ -25,6 +25,9 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 SIZES = Sizes(d_model=32, heads=4, d_ff=64, layers=2, batch=6, length=9, vocab=30, steps=1, repeats=1)
 CPU = torch.device("cpu")
+# Every figure `ablate bench` measures, in the order it prints them (d_greedy's step also gives d_beam).
+FIGURE_KEYS = ("a_transformer_step", "b_harness_overhead", "c_lstm_parallel", "d_greedy", "d_beam",
+               "e_padding", "f_sweep_scaling", "g_mfu", "h_fused_seeds", "i_fused_trials")  # fmt: skip
 
 
 def test_quick_bench_yields_every_figure_as_json():

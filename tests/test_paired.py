@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from ablate.harness.metrics import bleu_metric
-from ablate.reports.paired import RESAMPLES, paired_bootstrap, paired_tests
+from ablate.reports.paired import RESAMPLES, cluster_bootstrap, draws, paired_tests, sentence_stats, signature
 
 REFERENCES = ["the cat sat on the mat", "a dog ran in the park", "it is raining today", "we sat on the mat",
               "birds sing in the early morning light", "the old man and the sea went out"]  # fmt: skip
@@ -20,6 +20,16 @@ BASELINE = ["the cat sat on a mat", "a dog ran in a park", "it rains today", "we
             "birds sing in the morning light", "the old man and sea went out"]  # fmt: skip
 SYSTEM = ["the cat is on the mat", "a dog ran in the park", "it is raining", "we sat on the mat",
           "birds sing in the early morning", "the old man and the sea went out"]  # fmt: skip
+
+
+def paired_bootstrap(baseline, system, references, drawn=None) -> dict:
+    """{bleu_baseline, bleu, p, signature}: cluster_bootstrap of `system` against `baseline`, each given as
+    its seeds' translations of `references` (seed by seed, paired by position), resampled by `drawn` (by
+    default, RESAMPLES draws seeded as sacreBLEU's): what paired_tests computes for one split."""
+    metric = bleu_metric()
+    drawn = draws(len(references)) if drawn is None else drawn
+    base, own = ([sentence_stats(metric, hyps, references) for hyps in side] for side in (baseline, system))
+    return {**cluster_bootstrap(metric, base, own, drawn), "signature": signature(metric, len(drawn))}
 
 
 def test_paired_bootstrap_is_what_the_sacrebleu_command_reports(tmp_path):
