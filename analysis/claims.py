@@ -116,7 +116,7 @@ import pandas as pd
 
 from ablate.analysis.stats import LEVEL, diff_ci, examples, mean_ci, seed_values, t_quantile
 from ablate.schema.metric_registry import UNBOUNDED, MetricRange, metric_info
-from ablate.schema.spec import ClaimSpec, StudySpec, Value, variant_settings
+from ablate.schema.spec import AGREEMENT, ClaimSpec, StudySpec, Value, variant_settings
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
 # Too few completed seeds on a side while trials of the claim are still queued or running: not judged yet.
@@ -125,7 +125,6 @@ CEILING, FLOOR, UNLEARNT = "uninformative (ceiling)", "uninformative (floor)", "
 UNATTAINABLE = "uninformative (margin unattainable)"
 INSENSITIVE = "uninformative (insensitive)"
 UNDECIDABLE = "uninformative (below the study's level)"
-AGREEMENT = ("similar", "not_worse")  # the expects that hold where the metric cannot move: controls, bounds
 MIN_SEEDS = 2
 MIN_SEEDS_EXACT = 3  # exact match: see the module docstring
 MAX_PROJECTED_SEEDS = 1000  # seeds_to_decide looks no further

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ablate.reports.formats import number, pvalue
+from ablate.reports.formats import bounds, number, pvalue
 
 Row = dict[str, Any]  # one row of stats.summarize, as the templates receive it
 
@@ -48,7 +48,7 @@ def _plain(key: str, digits: int = 3) -> Callable[[Row, str | None], Cell]:
 
 
 def _interval(low: str, high: str) -> Callable[[Row, str | None], Cell]:
-    return lambda r, baseline: Cell(f"[{number(r[low])}, {number(r[high])}]")
+    return lambda r, baseline: Cell(bounds(r[low], r[high]))
 
 
 def _diff(r: Row, baseline: str | None) -> Cell:

@@ -16,10 +16,14 @@ from ablate.analysis.claims import ClaimResult
 from ablate.analysis.compare import ClaimRow, Comparison, VariantMean
 from ablate.analysis.stats import LEVEL
 from ablate.reports.files import write_whole
-from ablate.reports.formats import md_cell, number
+from ablate.reports.formats import bounds, md_cell, number
+from ablate.schema.metric_registry import METRICS
 
 Cells = tuple[list[str], list[list[str]]]  # a header and rows of cell texts
-DELTA = "Δ: compare - to, log(compare / to) on a loss or perplexity"  # claims.effect_name, for every metric
+# What Δ is on each scale (claims.effect_name), naming the metrics judged as ratios (the registry's).
+DELTA = "Δ: compare - to, log(compare / to) on " + " or ".join(
+    m.name for m in METRICS.values() if m.scale == "ratio"
+)
 LEFT = ("claim", "variant", "verdict", "margin", "changed", "in")  # the columns of words; numbers align right
 
 
@@ -28,7 +32,7 @@ def interval(value: float, low: float, high: float, level: float = LEVEL) -> str
     study's looks); a dash without a value."""
     if not math.isfinite(value):
         return "–"
-    text = f"{number(value)} [{number(low)}, {number(high)}]"
+    text = f"{number(value)} {bounds(low, high)}"
     return text if level == LEVEL else f"{text} ({f'{level:.1%}'.replace('.0%', '%')})"
 
 

@@ -1,5 +1,6 @@
 """How the report writes a number, the same in its tables and in its sentences: three decimals by default,
-a dash for a missing value, a p-value below P_FLOOR as below it; and user text in a Markdown table cell."""
+a dash for a missing value, an interval's ends in brackets, a p-value below P_FLOOR as below it; and user
+text in a Markdown table cell."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ def number(x, digits: int = 3) -> str:
     except (TypeError, ValueError):
         return "–"
     return f"{value:.{digits}f}" if np.isfinite(value) else "–"
+
+
+def bounds(low, high) -> str:
+    """A confidence interval's two ends: '[-0.910, -0.810]'."""
+    return f"[{number(low)}, {number(high)}]"
 
 
 def pvalue(p) -> str:

@@ -14,7 +14,7 @@ from ablate.analysis import stats
 from ablate.analysis.claims import KIND_NAMES, ClaimResult, by_kind, effect_name, on_ratio_scale, tally
 from ablate.reports.collect import StudyData
 from ablate.reports.columns import show_g, show_permutation
-from ablate.reports.formats import P_FLOOR, number, pvalue
+from ablate.reports.formats import P_FLOOR, bounds, number, pvalue
 
 
 def headline(data: StudyData, summary: pd.DataFrame, claims: list[ClaimResult]) -> dict[str, object]:
@@ -27,7 +27,7 @@ def headline(data: StudyData, summary: pd.DataFrame, claims: list[ClaimResult]) 
 
 
 def _ci(lo: float, hi: float) -> str:
-    return f"95% CI [{number(lo)}, {number(hi)}]" if np.isfinite(lo) else "no CI (one seed)"
+    return f"95% CI {bounds(lo, hi)}" if np.isfinite(lo) else "no CI (one seed)"
 
 
 def _p(p: float) -> str:
@@ -103,7 +103,7 @@ def claim_line(result: ClaimResult) -> dict[str, str]:
         "statement": _statement(result.claim.text),
         "verdict": result.verdict,
         "numbers": f"{effect_name(result.metric) if ratio else 'Δ'} = {number(result.diff)}, "
-        f"{100 * result.level:.3g}% CI [{number(result.ci_low)}, {number(result.ci_high)}], "
+        f"{100 * result.level:.3g}% CI {bounds(result.ci_low, result.ci_high)}, "
         f"expected {result.expected}{as_ratio}.{failed}",
         "confounds": " ".join(result.claim.confounds.split()),
     }
@@ -126,10 +126,10 @@ def table_notes(summary: pd.DataFrame) -> list[str]:
         n = int(summary["n"].min())
         notes.append(
             f"Permutation test not shown: with {n} seeds a side its smallest possible p is "
-            f"{floors.min():.3f} (2 of C({2 * n}, {n}) = {math.comb(2 * n, n)} relabellings), so it could "
+            f"{number(floors.min())} (2 of C({2 * n}, {n}) = {math.comb(2 * n, n)} relabellings), so it could "
             "never reach 0.05."
             if summary["n"].nunique() == 1
-            else f"Permutation test not shown: at these seeds its smallest possible p is {floors.min():.3f} "
+            else f"Permutation test not shown: at these seeds its smallest possible p is {number(floors.min())} "
             "or more, so it could never reach 0.05."
         )
     if len(compared_rows) and not show_g(summary):

@@ -70,6 +70,11 @@ class ClaimControl(BaseModel):
     to: dict[str, Value]
 
 
+# The expects that hold where the metric cannot move, so they need a positive control and can never fail
+# where the margin spans the metric's whole range (analysis.claims, harness.study.validate).
+AGREEMENT = ("similar", "not_worse")
+
+
 class ClaimSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     text: str
@@ -99,7 +104,7 @@ class ClaimSpec(BaseModel):
     @model_validator(mode="after")
     def _control(self) -> ClaimSpec:
         # Only agreement can hold because the metric does not move; a reproduced difference shows it moves.
-        if self.control is not None and self.expect not in ("similar", "not_worse"):
+        if self.control is not None and self.expect not in AGREEMENT:
             raise ValueError(f"control: only a similar or not_worse claim takes one (expect is {self.expect})")
         if self.control is not None and self.versus is not None:
             raise ValueError("control: a positive control is one difference; an interaction takes none")

@@ -34,6 +34,7 @@ from ablate.schema.config import (
 from ablate.schema.errors import ConfigError
 from ablate.schema.metric_registry import metric_info
 from ablate.schema.spec import (
+    AGREEMENT,
     TUNE_KINDS,
     AdaptiveSeeds,
     ClaimSpec,
@@ -338,8 +339,6 @@ def judging_problems(where: str, claim: ClaimSpec, spec: StudySpec) -> list[Prob
     """What would keep a claim from ever being judged as it reads (analysis.claims): a margin its metric's
     range cannot reach (or, for `similar` and `not_worse`, cannot miss), and an interaction that subtracts a
     ratio from a difference."""
-    from ablate.analysis.claims import AGREEMENT
-
     metrics = [metric for metric, _ in claim.arms(spec.metric.name)]
     info = {m: metric_info(m) for m in metrics}
     problems = []
