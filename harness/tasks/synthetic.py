@@ -113,7 +113,8 @@ def sample_splits(name: str, sample: Sampler, cfg: TaskConfig, seed: int, shorte
     valid = _sample_split(rngs[1], cfg.n_valid, lo, hi, sample, {e.src for e in test})
     held_out = {e.src for e in test} | {e.src for e in valid}
     train = _sample_split(rngs[0], cfg.n_train, lo, hi, sample, held_out)
-    test_long = _sample_split(rngs[3], cfg.n_test, hi + 1, long_hi, sample, set()) if long_hi > hi else []
+    has_long = cfg.long_cut is not None  # the one statement of when a task has a test_long split
+    test_long = _sample_split(rngs[3], cfg.n_test, hi + 1, long_hi, sample, set()) if has_long else []
     return {"train": train, "valid": valid, "test": test, "test_long": test_long}
 
 
