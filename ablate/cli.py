@@ -241,7 +241,8 @@ def worker(
         spec, store = _stored_study("worker", study, storage, out, stored=stored)
     try:
         mode = tracking.resolve_mode(wandb)  # type: ignore[arg-type]
-        store = open_storage(store.url, create_dir=False, heartbeat=spec.heartbeat)  # the study's periods
+        if not from_file:  # found read-only: open it again with the study's heartbeat periods
+            store = open_storage(store.url, create_dir=False, heartbeat=spec.heartbeat)
     except ConfigError as e:
         raise fail(str(e)) from None
     if threads:
