@@ -23,7 +23,7 @@ from ablate.bench.workload import (
 )
 from ablate.models import build_model
 from ablate.models.config import ModelConfig
-from ablate.models.module import token_cross_entropy
+from ablate.models.steps import token_cross_entropy
 from ablate.models.positional_layers import sinusoidal_table
 from ablate.models.sequences import PAD_ID
 

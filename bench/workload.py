@@ -10,7 +10,7 @@ from torch import nn
 
 from ablate.bench.timing import autocast
 from ablate.models.config import ModelConfig
-from ablate.models.module import token_cross_entropy
+from ablate.models.steps import token_cross_entropy
 from ablate.models.sequences import BOS_ID, PAD_ID
 
 

@@ -35,8 +35,7 @@ from ablate.harness import artifacts, signals
 from ablate.harness.callbacks import TrialFailed, peak_rss_mb, reset_peak_rss
 from ablate.harness.checkpoints import FUSED_STATE, Preempted
 from ablate.harness.grouping import why_not_fused
-from ablate.harness.tasks.datamodule import collate
-from ablate.harness.trial import MONITOR, Prepared, TrialResult, build_trainer
+from ablate.harness.trial import MONITOR, Prepared, TrialResult, build_trainer, resolve_precision
 from ablate.models.ensemble import (
     ActiveSeeds,
     clip_grad_norm_per_seed,
@@ -46,7 +45,8 @@ from ablate.models.ensemble import (
     seed_dropout,
     seed_state_dict,
 )
-from ablate.models.module import optimizer_and_schedule, per_seed_loss
+from ablate.models.module import optimizer_and_schedule
+from ablate.models.steps import Steps, seed_losses
 from ablate.models.sequences import PAD_ID
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.errors import ConfigError, RunFailed
@@ -123,11 +123,11 @@ class Seed:
         return self.batches_done == self.num_batches
 
     def epochs(self, sampler) -> Iterator[dict[str, torch.Tensor]]:
-        encoded = self.prepared.dm.encoded["train"]
+        dm = self.prepared.dm
         while True:
             sampler.resume_at(self.epoch, self.batches_done)
             for indices in sampler:
-                yield collate([encoded[i] for i in indices])
+                yield dm.collate("train", [dm.encoded["train"][i] for i in indices])
             self.epoch, self.batches_done = self.epoch + 1, 0
 
     def state(self, fused, optimizer, scheduler, k: int, generator: torch.Generator, step: int) -> dict:
@@ -179,6 +179,14 @@ def stack_batches(batches: list[dict[str, torch.Tensor]], device: torch.device) 
     return {name: t.pin_memory().to(device, non_blocking=True) for name, t in stacked.items()}
 
 
+def autocast(precision: str, device: torch.device) -> AbstractContextManager:
+    """What Lightning's precision plugin wraps a trial alone's steps in: bf16 autocast for bf16-mixed (the
+    only mixed precision fused seeds take, harness/grouping.py), nothing at full precision."""
+    if resolve_precision(precision) == "bf16-mixed":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
 class FusedGroup:
     """K eval trials of one variant trained as one model; `run` returns each seed's TrialResult, or the
     exception its trial fails with (it diverged; it trained no step). A stop signal raises Preempted for the
@@ -218,11 +226,16 @@ class FusedGroup:
             self.model.parameters(), self.cfg.train, fused=self.device.type == "cuda" or None
         )
         self.active = ActiveSeeds(self.optimizer)
+        # The step compiled whole as a trial alone compiles (train.compile), under the trial's autocast.
+        self.steps = Steps(self.cfg.train.compile, self.cfg.model)
+        self.autocast = autocast(self.cfg.train.precision, self.device)
+        self.training = torch.ones(self.k, dtype=torch.bool, device=self.device)  # (K,): the seeds training
         if self.step:
             self.restore(states)
         for k, seed in enumerate(self.seeds):
             if seed.stopped:
                 self.active.stop(k)
+                self.training[k] = False
             seed.prepared.module.to(self.device)
 
     def restore(self, states: list[dict]) -> None:
@@ -292,10 +305,9 @@ class FusedGroup:
         self.model.train()
         batches = [seed.next_batch() for seed in self.seeds]
         batch = stack_batches(batches, self.device)
-        logits = self.model(batch["src"], batch["tgt_in"])
-        losses = per_seed_loss(logits, batch["tgt_out"], k, t.label_smoothing)  # (K,)
-        training = [i for i, seed in enumerate(self.seeds) if not seed.stopped]
-        losses[training].sum().backward()
+        with self.autocast:
+            total, losses = self.steps.run(seed_losses, self.model, batch, t.label_smoothing, k, self.training)
+        total.backward()
         if self.active.stopped:  # a stopped seed's slice may hold NaN: it stays out of every step
             for p in self.model.parameters():
                 if p.grad is not None:
@@ -321,6 +333,7 @@ class FusedGroup:
         seed = self.seeds[k]
         seed.failure, seed.stopped, seed.steps = failure, True, self.step
         self.active.stop(k)
+        self.training[k] = False
 
     def check_divergence(self, seed: Seed) -> bool:
         """DivergenceGuard's check for one seed: its trial fails alone, with the trial's own message."""
@@ -347,7 +360,8 @@ class FusedGroup:
             module.model.load_state_dict(state)
             module.eval()
             loader = seed.prepared.dm.val_dataloader()
-            metrics = module.validate({name: t.to(self.device) for name, t in batch.items()} for batch in loader)
+            with self.autocast:
+                metrics = module.validate({name: t.to(self.device) for name, t in batch.items()} for batch in loader)
             row = {"step": self.step, "train/loss": float(seed.last_loss), "train/lr": seed.lr, **metrics}
             seed.history.append(row)
             rows.append(row)

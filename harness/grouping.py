@@ -11,17 +11,16 @@ FUSE_AT_MOST = 16  # seeds in one fused model: the GPU figure's group
 def why_not_fused(cfgs: list[ExperimentConfig]) -> str | None:
     """Why these trials' configs cannot train as one model, or None. They must be one variant (equal but
     for the seed) with batches of a fixed number of examples (a token budget gives each seed batches of
-    its own sizes), at full precision (the fused loop has no autocast), and not compiled."""
+    its own sizes), at full precision or under bf16 autocast (the precisions that keep fp32 weights and need
+    no loss scaling). Compiled or not, as a trial alone (train.compile)."""
     first = cfgs[0]
     train = first.train
     if any(cfg.model_copy(update={"seed": first.seed}) != first for cfg in cfgs[1:]):
         return "the trials are not one variant"
     if train.batch_tokens is not None:
         return "train.batch_tokens gives each seed batches of its own sizes"
-    if train.precision not in ("auto", "32-true"):
-        return f"train.precision={train.precision} (fused seeds train in fp32)"
-    if train.compile:
-        return "train.compile compiles one seed's model"
+    if train.precision not in ("auto", "32-true", "bf16-mixed"):
+        return f"train.precision={train.precision} (fused seeds train in fp32 or under bf16 autocast)"
     return None
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import WandbLogger
@@ -42,6 +43,7 @@ from ablate.harness.tasks import TaskData, build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
 from ablate.models.decoding import generation_budget
 from ablate.models.module import Seq2SeqModule
+from ablate.models.steps import compiles
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.errors import ConfigError, RunFailed
 
@@ -107,6 +109,16 @@ def check_positions(cfg: ExperimentConfig, data: TaskData) -> None:
             )
 
 
+def data_module(cfg: ExperimentConfig, data: TaskData) -> Seq2SeqDataModule:
+    """The trial's batches; lengths from a bounded set when its step compiles on the device it trains on
+    (the Trainer's accelerator="auto")."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return Seq2SeqDataModule(
+        data, cfg.train.batch_size, cfg.seed, batch_tokens=cfg.train.batch_tokens,
+        bounded_lengths=compiles(cfg.train.compile, cfg.model, device),
+    )  # fmt: skip
+
+
 def build_module(cfg: ExperimentConfig, data: TaskData, eval_splits: list[str]) -> Seq2SeqModule:
     # Dropout from the trial seed's own generator: the masks seed k draws fused (harness/fused.py).
     return Seq2SeqModule(
@@ -131,7 +143,7 @@ class Prepared:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         data = build_task(cfg.task, cfg.seed)
         check_positions(cfg, data)
-        dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed, batch_tokens=cfg.train.batch_tokens)
+        dm = data_module(cfg, data)
         module = build_module(cfg, data, dm.eval_splits)
         return cls(cfg, data, dm, module, select_probes(data))
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 
 from ablate.models import build_model
 from ablate.models.config import ModelConfig
@@ -20,6 +19,7 @@ from ablate.models.decoding import beam_search, greedy_decode, max_target_length
 from ablate.models.ensemble import seed_dropout
 from ablate.models.optim import SCHEDULES, OptimConfig
 from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID, score
+from ablate.models.steps import Steps, loss_sums, summed_losses, training_loss
 
 
 def lr_lambda(schedule: str, warmup_steps: int, max_steps: int):
@@ -31,29 +31,6 @@ def lr_lambda(schedule: str, warmup_steps: int, max_steps: int):
         return multiplier(step, warmup, max_steps)
 
     return at
-
-
-def token_cross_entropy(
-    logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0, reduction: str = "mean"
-) -> torch.Tensor:
-    """logits (B, T, V), target (B, T) -> cross entropy over the non-padding positions.
-
-    With smoothing eps the target distribution is (1 - eps) on the gold token plus eps / V on every
-    token, so the loss is (1 - eps) * NLL + eps * mean_v(-log p_v). Computed in float32 under autocast."""
-    return F.cross_entropy(
-        logits.float().flatten(0, 1), target.flatten(),
-        ignore_index=PAD_ID, label_smoothing=label_smoothing, reduction=reduction,
-    )  # fmt: skip
-
-
-def per_seed_loss(
-    logits: torch.Tensor, target: torch.Tensor, seeds: int, label_smoothing: float = 0.0
-) -> torch.Tensor:
-    """A fused model's logits (K·B, T, V), target (K·B, T) -> (K,): each seed's own token_cross_entropy, the
-    mean over its non-padding tokens. Train on their sum: a mean over seeds would divide each seed's
-    gradient by K."""
-    tokens = token_cross_entropy(logits, target, label_smoothing, reduction="none").view(seeds, -1)
-    return tokens.sum(1) / (target != PAD_ID).view(seeds, -1).sum(1)
 
 
 # Running sums per evaluated split, in this order; `split_metrics` turns them into metrics.
@@ -96,9 +73,9 @@ class Seq2SeqModule(L.LightningModule):
         self.hparams["model"] = self.model_cfg.model_dump()
         self.hparams["optim"] = self.optim.model_dump()
         self.model = build_model(self.model_cfg, src_vocab, tgt_vocab, PAD_ID)
-        if self.optim.compile:
-            # Compiles forward in place: parameter names, and so checkpoints, stay those of the plain model.
-            self.model.compile()
+        # The training and validation steps, compiled whole or eager (train.compile; models/steps.py). The
+        # model itself stays plain: parameter names, and so checkpoints, are those of the eager model.
+        self.steps = Steps(self.optim.compile, self.model_cfg)
         self.eval_splits = list(eval_splits)
         self._sums: dict[str, torch.Tensor] = {}
         self._dropout: list[torch.Generator] | None = None
@@ -145,8 +122,7 @@ class Seq2SeqModule(L.LightningModule):
             )
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        logits = self.model(batch["src"], batch["tgt_in"])
-        loss = token_cross_entropy(logits, batch["tgt_out"], self.optim.label_smoothing)
+        loss = self.steps.run(training_loss, self.model, batch, self.optim.label_smoothing)
         self.log("train/loss", loss, prog_bar=True)
         # Not LearningRateMonitor: it refuses to run without a logger, and the trial history keeps train/lr
         # with or without one.
@@ -158,14 +134,13 @@ class Seq2SeqModule(L.LightningModule):
         (B, L), and with need_weights the teacher-forced attention weights and layer outputs of the same
         forward pass that gave the loss (see `forward` and `record_states` of the model families)."""
         weights, states = {}, {}
+        target = batch["tgt_out"]
         if need_weights:
             with self.model.record_states() as states:
                 logits, weights = self.model(batch["src"], batch["tgt_in"], need_weights=True)
+            sums = summed_losses(logits, target, self.optim.label_smoothing)
         else:
-            logits = self.model(batch["src"], batch["tgt_in"])
-        target = batch["tgt_out"]
-        loss = token_cross_entropy(logits, target, self.optim.label_smoothing, reduction="sum")
-        nll = token_cross_entropy(logits, target, reduction="sum")
+            sums = self.steps.run(loss_sums, self.model, batch, self.optim.label_smoothing)
         pred = self.generate(batch["src"], beam_size)
         scores = [score(p, t) for p, t in zip(pred.tolist(), target.tolist())]
         counts = (
@@ -173,8 +148,8 @@ class Seq2SeqModule(L.LightningModule):
             sum(s.exact for s in scores),
             sum(s.correct for s in scores),
         )
-        counts = torch.tensor([*counts, len(scores)], dtype=torch.float64, device=loss.device)
-        sums = torch.cat([torch.stack([loss, nll]).double(), counts])  # in the order of SUMS
+        counts = torch.tensor([*counts, len(scores)], dtype=torch.float64, device=sums.device)
+        sums = torch.cat([sums, counts])  # in the order of SUMS
         self._sums[split] = self._sums.get(split, 0) + sums
         return {"pred": pred, "scores": scores, "weights": weights, "states": states}
 

@@ -47,7 +47,8 @@ class OptimConfig(BaseModel):
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
     beam_size: Count = 1  # test decoding; validation decodes greedily
     length_penalty: float = Field(0.6, ge=0.0)  # GNMT alpha for beam search; 0 ranks by raw log-probability
-    compile: bool = False
+    # The training and validation steps compiled whole (models/steps.py); auto: where that was measured faster.
+    compile: bool | Literal["auto"] = "auto"
 
     @classmethod
     def of(cls, settings: BaseModel | dict) -> OptimConfig:

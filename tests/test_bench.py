@@ -18,7 +18,7 @@ from ablate.bench.training import TorchTransformer, transformer_train_flops
 from ablate.bench.workload import Sizes, random_batch, transformer_config
 from ablate.cli import app
 from ablate.models import build_model
-from ablate.models.module import token_cross_entropy
+from ablate.models.steps import token_cross_entropy
 from ablate.models.sequences import PAD_ID
 
 pytestmark = pytest.mark.usefixtures("single_thread")

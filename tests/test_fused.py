@@ -31,7 +31,7 @@ from ablate.models.ensemble import (
     seed_dropout,
     seed_state_dict,
 )
-from ablate.models.module import per_seed_loss, token_cross_entropy
+from ablate.models.steps import per_seed_loss, token_cross_entropy
 from ablate.models.positional import POSITIONAL
 from ablate.models.rnn import RNN
 from ablate.models.scores import SCORES

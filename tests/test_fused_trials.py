@@ -180,7 +180,9 @@ def test_what_cannot_train_fused_is_said():
     assert why_not_fused([base, config(1, "transformer")]) is None
     assert why_not_fused([base, config(1, "lstm")]) == "the trials are not one variant"
     assert "batch_tokens" in why_not_fused([config(0, "transformer", batch_tokens=200)])
-    assert "precision" in why_not_fused([config(0, "transformer", precision="bf16-mixed")])
+    assert why_not_fused([config(0, "transformer", precision="bf16-mixed")]) is None
+    assert why_not_fused([config(0, "transformer", compile=True)]) is None
+    assert "precision" in why_not_fused([config(0, "transformer", precision="16-mixed")])
 
 
 # The worker ------------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from ablate.harness.callbacks import peak_rss_mb
 from ablate.harness.probes import heatmap
 from ablate.harness.tasks import build_task
 from ablate.harness.trial import build_module, resolve_precision, run_trial
-from ablate.models.module import Seq2SeqModule, lr_lambda, token_cross_entropy
+from ablate.models.module import Seq2SeqModule, lr_lambda
+from ablate.models.steps import token_cross_entropy
 from ablate.models.optim import OptimConfig
 from ablate.models.sequences import EOS_ID
 from ablate.schema.config import load_config
@@ -99,7 +100,7 @@ def test_training_settings_reach_the_module_whole():
 def test_compile_keeps_checkpoint_names():
     plain = Seq2SeqModule({"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}, 10, 10)
     compiled = Seq2SeqModule({"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}, 10, 10, {"compile": True})
-    assert compiled.model._compiled_call_impl is not None
+    assert compiled.steps.setting is True and compiled.model._compiled_call_impl is None  # the steps compile
     assert list(compiled.state_dict()) == list(plain.state_dict())
 
 

@@ -21,7 +21,7 @@ from torch import nn
 from ablate.harness.grouping import wants_fusion
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
-from ablate.harness.trial import build_module, build_trainer, run_trial
+from ablate.harness.trial import build_module, build_trainer, data_module, run_trial
 from ablate.models.sequences import PAD_ID
 from ablate.schema.config import ExperimentConfig, build_config
 from tests.conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
@@ -48,7 +48,7 @@ def build(root, overrides: dict[str, Any]) -> Built:
     cfg = build_config(tree, overrides)
     L.seed_everything(cfg.seed, verbose=False)
     data = build_task(cfg.task, cfg.seed)
-    dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed, batch_tokens=cfg.train.batch_tokens)
+    dm = data_module(cfg, data)
     torch.manual_seed(0)  # equal seeds: two builds differ only by what the changed key does
     module = build_module(cfg, data, dm.eval_splits)
     trainer = build_trainer(cfg, [], [], False, str(root))
@@ -219,8 +219,9 @@ def check_deterministic(base, changed):
 
 
 def check_compile(base, changed):
-    assert base.module.model._compiled_call_impl is None
-    assert changed.module.model._compiled_call_impl is not None
+    cpu = torch.device("cpu")  # auto compiles on CUDA alone
+    assert not base.module.steps.compiling(cpu) and not base.datamodule.bounded_lengths
+    assert changed.module.steps.compiling(cpu) and changed.datamodule.bounded_lengths
 
 
 def check_val_every(base, changed):

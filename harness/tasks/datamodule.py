@@ -7,6 +7,8 @@ the i-th example of a test batch stream belongs to data.splits[split][i]."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import lightning as L
 import numpy as np
 import torch
@@ -14,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ablate.harness.tasks.base import Example, TaskData
 from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID
+from ablate.models.steps import padded_length
 from ablate.schema.tasks import TEST_SPLITS
 
 
@@ -38,17 +41,25 @@ class EncodedSplit(Dataset):
         return src, tgt
 
 
-def pad(seqs: list[list[int]]) -> torch.Tensor:
-    out = torch.full((len(seqs), max(map(len, seqs))), PAD_ID, dtype=torch.long)
+def pad(seqs: list[list[int]], cap: int | None = None) -> torch.Tensor:
+    """(B, longest) ids; with `cap`, the longest rounded up to a compiled step's length (models/steps.py
+    padded_length), never past cap."""
+    longest = max(map(len, seqs))
+    out = torch.full((len(seqs), longest if cap is None else padded_length(longest, cap)), PAD_ID, dtype=torch.long)
     for i, s in enumerate(seqs):
         out[i, : len(s)] = torch.tensor(s)
     return out
 
 
-def collate(batch: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
+def collate(
+    batch: list[tuple[list[int], list[int]]], caps: tuple[int, int] | None = None
+) -> dict[str, torch.Tensor]:
+    """caps: (longest source, longest target with BOS and EOS) of the split, for a compiled step's bounded
+    set of lengths; None pads to the batch's own longest."""
     src, tgt = zip(*batch)
-    tgt = pad(list(tgt))  # (B, T+1): BOS ... EOS
-    return {"src": pad(list(src)), "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
+    src_cap, tgt_cap = caps or (None, None)
+    tgt = pad(list(tgt), tgt_cap)  # (B, T+1): BOS ... EOS
+    return {"src": pad(list(src), src_cap), "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
 
 
 def pack(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[list[int]]:
@@ -115,18 +126,24 @@ class BatchSampler(Sampler[list[int]]):
 
 class Seq2SeqDataModule(L.LightningDataModule):
     """Loaders for a TaskData. With `batch_tokens`, training and evaluation batches are sized by a
-    token budget (batch_size and eval_batch_size are then unused)."""
+    token budget (batch_size and eval_batch_size are then unused). With `bounded_lengths` (a compiled
+    step), each batch's lengths are rounded up to a bounded set (`collate`'s caps)."""
 
     def __init__(
         self, data: TaskData, batch_size: int, seed: int, eval_batch_size: int = 256, *,
-        batch_tokens: int | None = None,
+        batch_tokens: int | None = None, bounded_lengths: bool = False,
     ):  # fmt: skip
         super().__init__()
         self.data, self.batch_size, self.seed, self.eval_batch_size = data, batch_size, seed, eval_batch_size
-        self.batch_tokens = batch_tokens
+        self.batch_tokens, self.bounded_lengths = batch_tokens, bounded_lengths
         self.encoded = {name: EncodedSplit(ex, data) for name, ex in data.splits.items()}
         # The evaluation splits in dataloader order; empty ones (no test_long) are left out.
         self.eval_splits = [s for s in TEST_SPLITS if len(self.encoded.get(s, ()))]
+        # Each split's longest source and target (BOS and EOS included): what its bounded lengths stop at.
+        self.caps = {
+            split: (int(src.max()), int(tgt.max()) + 1)
+            for split, (src, tgt) in ((name, e.lengths()) for name, e in self.encoded.items() if len(e))
+        } if bounded_lengths else {}  # fmt: skip
 
     def sampler(self, split: str, shuffle: bool) -> BatchSampler:
         src, tgt = self.encoded[split].lengths()
@@ -134,6 +151,10 @@ class Seq2SeqDataModule(L.LightningDataModule):
             return BatchSampler(np.maximum(src, tgt), self.seed, shuffle, batch_tokens=self.batch_tokens)
         size = self.batch_size if shuffle else self.eval_batch_size
         return BatchSampler(src, self.seed, shuffle, batch_size=size)
+
+    def collate(self, split: str, batch: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
+        """A batch of `split` as its loader gives it."""
+        return collate(batch, self.caps.get(split))
 
     def padding_fraction(self, split: str = "train") -> float:
         """Share of padding among the src and tgt_in positions of one epoch's batches of `split`."""
@@ -149,7 +170,7 @@ class Seq2SeqDataModule(L.LightningDataModule):
         # iterator draws a base seed; from its own generator, so the global RNG (dropout) is the same
         # whenever a loader starts, and a resumed run continues its stream (harness.checkpoints).
         return DataLoader(
-            self.encoded[split], batch_sampler=self.sampler(split, shuffle), collate_fn=collate,
+            self.encoded[split], batch_sampler=self.sampler(split, shuffle), collate_fn=partial(self.collate, split),
             pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(self.seed),
         )  # fmt: skip
 

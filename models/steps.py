@@ -1,0 +1,165 @@
+"""The step functions every loop runs, each the same whether eager or compiled whole: a trial's training
+loss, a fused group's per-seed losses, and a validation batch's loss sums; `train.compile` says which.
+
+Compiled, each is one graph (`torch.compile(fullgraph=True)`: a graph break is an error, not a silent
+fallback), its backward compiled with it; on CUDA it runs captured as CUDA graphs (`reduce-overhead`),
+where an eager step waits on Python between a few hundred small kernels. Lengths are padded to a multiple
+of LENGTH_MULTIPLE (harness/tasks/datamodule.py) so a run compiles for a bounded set of shapes, and
+dynamo's automatic dynamic shapes make a length that changes once symbolic from then on.
+
+What stays eager, and why (EAGER_PARTS): the LSTM family, whose encoder packs each batch by lengths read on
+the host; a model with dropout, whose masks are drawn per seed over lengths read on the host (what keeps a
+fused seed's masks its own alone); decoding, whose loop grows the key/value cache a step at a time and
+stops when every sequence has ended; and the test pass's teacher-forced forward, which records attention
+weights and layer outputs through hooks. Decoding and the test forward run eager inside a compiled run;
+a model that cannot compile whole trains eager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ablate.models.config import ModelConfig
+
+from ablate.models.sequences import PAD_ID
+
+LENGTH_MULTIPLE = 8  # a batch's lengths are padded up to a multiple of this when compiled
+
+# What cannot compile whole, with the reason: the first two keep a model's steps eager; the last two run
+# eager inside a compiled run.
+EAGER_PARTS = {
+    "model.arch: lstm": "the encoder packs each batch (pack_padded_sequence) by lengths read on the host, "
+    "which dynamo does not trace",
+    "model.dropout > 0": "each seed draws its masks from its own generator over its own lengths, read on the "
+    "host, so that a seed's masks are the same fused or alone",
+    "decoding (greedy and beam search)": "each step grows the key/value cache by one position and the loop "
+    "stops once every sequence has ended, a check on the host",
+    "the test pass's teacher-forced forward": "it records attention weights and layer outputs through "
+    "forward hooks (record_states), once per trial",
+}
+
+# On a CPU the compiled step was no faster (BENCHMARKS.md, figure j: 16.5 ms eager against 21.5 ms compiled
+# at the quickstart's size, 909 against 883 ms at a GPU profile's, after 33 and 45 s of compiling), so auto
+# compiles only on CUDA, where the eager step is bound by kernel launches.
+AUTO_COMPILES_ON = ("cuda",)
+
+
+def why_eager(cfg: ModelConfig) -> str | None:
+    """Why this model's training step cannot compile whole, or None."""
+    if cfg.arch == "lstm":
+        return EAGER_PARTS["model.arch: lstm"]
+    if cfg.dropout > 0:
+        return EAGER_PARTS["model.dropout > 0"]
+    return None
+
+
+def compiles(setting: bool | str, cfg: ModelConfig, device: str) -> bool:
+    """train.compile resolved for a model on a device type: true compiles every model that compiles whole
+    (the others run eager, EAGER_PARTS says why); auto does so on the devices where compiling was measured
+    faster (AUTO_COMPILES_ON); false never."""
+    wanted = setting is True or (setting == "auto" and device in AUTO_COMPILES_ON)
+    return wanted and why_eager(cfg) is None
+
+
+def padded_length(length: int, cap: int) -> int:
+    """A length rounded up to a multiple of LENGTH_MULTIPLE, never past `cap` (the longest of the split, which
+    learned positions were checked against)."""
+    return min(-(-length // LENGTH_MULTIPLE) * LENGTH_MULTIPLE, max(cap, length))
+
+
+def token_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0, reduction: str = "mean"
+) -> torch.Tensor:
+    """logits (B, T, V), target (B, T) -> cross entropy over the non-padding positions.
+
+    With smoothing eps the target distribution is (1 - eps) on the gold token plus eps / V on every
+    token, so the loss is (1 - eps) * NLL + eps * mean_v(-log p_v). Computed in float32 under autocast."""
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), target.flatten(),
+        ignore_index=PAD_ID, label_smoothing=label_smoothing, reduction=reduction,
+    )  # fmt: skip
+
+
+def per_seed_loss(
+    logits: torch.Tensor, target: torch.Tensor, seeds: int, label_smoothing: float = 0.0
+) -> torch.Tensor:
+    """A fused model's logits (K·B, T, V), target (K·B, T) -> (K,): each seed's own token_cross_entropy, the
+    mean over its non-padding tokens. Train on their sum: a mean over seeds would divide each seed's
+    gradient by K."""
+    tokens = token_cross_entropy(logits, target, label_smoothing, reduction="none").view(seeds, -1)
+    return tokens.sum(1) / (target != PAD_ID).view(seeds, -1).sum(1)
+
+
+def training_loss(
+    model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float
+) -> torch.Tensor:
+    """A trial's training loss: the mean label-smoothed cross entropy over the non-padding target tokens."""
+    return token_cross_entropy(model(src, tgt_in), tgt_out, label_smoothing)
+
+
+def seed_losses(
+    model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float,
+    seeds: int, training: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A fused group's step: (the sum of the training seeds' losses, to train on; each seed's loss (K,)).
+    training (K,) bool: the seeds still training (a stopped seed's loss may be NaN, so it is selected out,
+    not multiplied by 0)."""
+    losses = per_seed_loss(model(src, tgt_in), tgt_out, seeds, label_smoothing)
+    return torch.where(training, losses, torch.zeros_like(losses)).sum(), losses
+
+
+def loss_sums(
+    model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float
+) -> torch.Tensor:
+    """A validation batch's summed_losses."""
+    return summed_losses(model(src, tgt_in), tgt_out, label_smoothing)
+
+
+def summed_losses(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """(smoothed loss, NLL) summed over the non-padding target tokens, (2,) float64."""
+    loss = token_cross_entropy(logits, target, label_smoothing, reduction="sum")
+    nll = token_cross_entropy(logits, target, reduction="sum")
+    return torch.stack([loss, nll]).double()
+
+
+def compiled(fn: Callable, device: str, backend: str | Callable = "inductor") -> Callable:
+    """fn compiled whole, captured as CUDA graphs on CUDA. backend: another dynamo backend (tests count
+    compilations or check tracing without code generation)."""
+    mode = "reduce-overhead" if device == "cuda" and backend == "inductor" else None
+    return torch.compile(fn, fullgraph=True, mode=mode, backend=backend)
+
+
+class Steps:
+    """A model's step functions, eager or compiled as `compiles` resolves train.compile on the device the
+    batch is on, each built once per device type. backend: another dynamo backend (tests count compilations
+    or check tracing without generating code)."""
+
+    def __init__(self, setting: bool | str, cfg: ModelConfig, backend: str | Callable = "inductor"):
+        self.setting, self.cfg, self.backend = setting, cfg, backend
+        self._built: dict[tuple[str, str], Callable] = {}
+
+    def compiling(self, device: torch.device) -> bool:
+        return compiles(self.setting, self.cfg, device.type)
+
+    def run(
+        self, fn: Callable, model: nn.Module, batch: dict[str, torch.Tensor], *args
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """fn(model, src, tgt_in, tgt_out, *args), compiled or not. Captured as CUDA graphs, its outputs live
+        in memory the next replay reuses: each call is marked a new step and what it returns is copied
+        (clone keeps the autograd graph), so a logged loss outlives the step."""
+        device = batch["src"].device
+        key = (fn.__name__, device.type)
+        if key not in self._built:
+            self._built[key] = compiled(fn, device.type, self.backend) if self.compiling(device) else fn
+        step = self._built[key]
+        captured = step is not fn and device.type == "cuda"
+        if captured:
+            torch.compiler.cudagraph_mark_step_begin()
+        out = step(model, batch["src"], batch["tgt_in"], batch["tgt_out"], *args)
+        if not captured:
+            return out
+        return tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
