@@ -474,6 +474,9 @@ def bench(
         bool,
         typer.Option("--json", help="Print each figure as a JSON line when it is measured, then the whole run."),
     ] = False,
+    only: Annotated[
+        str | None, typer.Option("--only", help="Comma-separated figure keys (a_transformer_step,j_compile,...).")
+    ] = None,
 ) -> None:
     """Throughput of the fast paths against their references (bench/__init__.py says what each figure is).
     Each figure is printed as soon as it is measured, so a run stopped early keeps what finished."""
@@ -481,6 +484,7 @@ def bench(
 
     try:
         resolved = benchmarks.resolve_device(device)
+        keys = benchmarks.chosen(only)
         threads = checked(ThreadOptions, {"threads": threads}, from_text=True).threads
     except (ValueError, ConfigError) as e:
         raise fail(str(e)) from None
@@ -492,7 +496,7 @@ def bench(
         print(json.dumps({"figure": figure}) if as_json else benchmarks.figure_line(figure), flush=True)
 
     result = benchmarks.run_bench(
-        resolved, quick, progress=lambda what: console.print(f"measuring {what}"), done=done
+        resolved, quick, progress=lambda what: console.print(f"measuring {what}"), done=done, only=keys
     )
     if as_json:
         print(json.dumps(result))

@@ -12,6 +12,10 @@ Figures (keys of the JSON object; each has a value, a unit, a target and a statu
   h_fused_seeds        K seeds of the quickstart's Transformer fused into one model over the same K trained one by
                        one, seed-steps/s (K = 4 on a CPU, 16 on a GPU)
   i_fused_trials       the same K seeds as whole trials through the harness, one fused group over K trials alone
+  j_compile_<size>     a training step compiled whole (train.compile) against the same step eager, at the
+                       quickstart's size and a GPU profile's, time ratio (and the compile time)
+  k_trial_vs_captured  a trial's step at the quickstart's size over the same step captured as one CUDA graph
+                       (CUDA only)
 
 Timing: warm-up calls, then the median of several repeats, with the compared runs interleaved (ABAB...)
 so that load from other processes falls on both sides alike.
@@ -23,5 +27,6 @@ One job per file; each imports only from those above it:
   decoding.py   figures d: greedy and beam search throughput
   sweep.py      figure f: sweeps with K worker processes
   fused.py      figures h and i: fused seeds against the same seeds trained apart (a step; whole trials)
+  compile.py    figures j and k: compiled and captured steps against eager ones
   run.py        every figure in order, the machine they ran on, the device, the table (`ablate bench`)
 """

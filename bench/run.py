@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ablate.bench.compile import bench_captured, bench_compile
 from ablate.bench.decoding import bench_decoding
 from ablate.bench.fused import bench_fused, bench_fused_trials
 from ablate.bench.sweep import bench_sweep
@@ -59,17 +60,9 @@ def guarded(key: str, what: str, measure: Callable[[], Figure | list[Figure]]) -
     return result if isinstance(result, list) else [result]
 
 
-def run_bench(
-    device: torch.device,
-    quick: bool = False,
-    progress: Callable[[str], None] = lambda _: None,
-    done: Callable[[dict[str, Any]], None] = lambda _: None,
-):
-    """Every figure, in order; returns {'machine': ..., 'quick': ..., 'figures': {key: figure dict}}.
-    `done` gets each figure's dict as soon as it is measured, so a run killed later keeps what finished."""
-    sizes = bench_sizes(device, quick)
-    info = machine(device)
-    steps = [
+def figure_steps(sizes, device: torch.device, quick: bool) -> list[tuple[str, str, Callable]]:
+    """(key, what, measure) of every figure, in order: the one list of figure keys."""
+    return [
         ("a_transformer_step", "Transformer step", lambda: bench_transformer(sizes, device)),
         ("b_harness_overhead", "harness overhead", lambda: bench_overhead(device, quick, 1 if quick else 7)),
         ("c_lstm_parallel", "LSTM family", lambda: bench_lstm(sizes, device)),
@@ -79,9 +72,39 @@ def run_bench(
         ("g_mfu", "MFU", lambda: bench_mfu(device, quick)),
         ("h_fused_seeds", "fused seeds", lambda: bench_fused(device, quick)),
         ("i_fused_trials", "fused trials", lambda: bench_fused_trials(device, quick)),
+        ("j_compile", "compiled steps", lambda: bench_compile(device, quick)),
+        ("k_trial_vs_captured", "a trial's step against a CUDA graph", lambda: bench_captured(device, quick)),
     ]
+
+
+def chosen(only: str | None) -> set[str] | None:
+    """--only's keys, each checked against the figures (ValueError naming an unknown one)."""
+    if only is None:
+        return None
+    keys = {key.strip() for key in only.split(",") if key.strip()}
+    known = [key for key, _, _ in figure_steps(None, torch.device("cpu"), True)]
+    unknown = sorted(keys - set(known))
+    if unknown or not keys:
+        raise ValueError(f"--only: unknown figure {', '.join(unknown) or '(none named)'}; known: {', '.join(known)}")
+    return keys
+
+
+def run_bench(
+    device: torch.device,
+    quick: bool = False,
+    progress: Callable[[str], None] = lambda _: None,
+    done: Callable[[dict[str, Any]], None] = lambda _: None,
+    only: set[str] | None = None,
+):
+    """Every figure (or those keyed in `only`), in order; returns {'machine': ..., 'quick': ..., 'figures':
+    {key: figure dict}}. `done` gets each figure's dict as soon as it is measured, so a run killed later
+    keeps what finished."""
+    sizes = bench_sizes(device, quick)
+    info = machine(device)
     figures: list[Figure] = []
-    for key, what, measure in steps:
+    for key, what, measure in figure_steps(sizes, device, quick):
+        if only is not None and key not in only:
+            continue
         progress(what)
         start = time.perf_counter()
         for figure in guarded(key, what, measure):

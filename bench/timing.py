@@ -58,10 +58,10 @@ def interleaved(
             break
         for name, run in runs.items():
             synchronize(device)
-            start = time.perf_counter()
+            began = time.perf_counter()
             run()
             synchronize(device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(time.perf_counter() - began)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

@@ -23,9 +23,9 @@ from ablate.bench.workload import (
 )
 from ablate.models import build_model
 from ablate.models.config import ModelConfig
-from ablate.models.steps import token_cross_entropy
 from ablate.models.positional_layers import sinusoidal_table
 from ablate.models.sequences import PAD_ID
+from ablate.models.steps import token_cross_entropy
 
 # a. Transformer training step against torch.nn.Transformer ----------------------------------------------
 
@@ -103,31 +103,46 @@ def overhead_config(quick: bool):
     })  # fmt: skip
 
 
-def bench_overhead(device: torch.device, quick: bool, repeats: int) -> Figure:
+def trial_fit(cfg, device: torch.device):
+    """(a closure fitting the trial's module for train.max_steps through the trial's Trainer and cost callback,
+    from the same initial weights each call; the module, its data and those weights), no validation."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from ablate.harness.callbacks import CostMonitor
     from ablate.harness.tasks import build_task
-    from ablate.harness.tasks.datamodule import Seq2SeqDataModule
-    from ablate.harness.trial import build_module, build_trainer
+    from ablate.harness.trial import build_module, build_trainer, data_module
 
-    cfg = overhead_config(quick)
     data = build_task(cfg.task, cfg.seed)
-    dm = Seq2SeqDataModule(data, cfg.train.batch_size, cfg.seed)
+    dm = data_module(cfg, data)
     L.seed_everything(cfg.seed, verbose=False)
     module = build_module(cfg, data, dm.eval_splits)
-    plain = build_module(cfg, data, dm.eval_splits)  # its configure_optimizers gives the same AdamW
     initial = copy.deepcopy(module.state_dict())
-    steps, root = cfg.train.max_steps, tempfile.mkdtemp(prefix="bench-overhead-")
+    root = tempfile.mkdtemp(prefix="bench-trial-")
 
-    def lightning() -> None:
+    def fit() -> None:
         module.load_state_dict(initial)
-        # The trial's Trainer and cost callback; no validation, so nothing selects a checkpoint to save.
+        # No validation, so nothing selects a checkpoint to save.
         callbacks = [CostMonitor(), ModelCheckpoint(dirpath=root, save_top_k=0)]
-        loader = dm.train_dataloader()
         trainer = build_trainer(cfg, callbacks, [], False, root)
-        trainer.fit(module, train_dataloaders=loader)
+        trainer.fit(module, train_dataloaders=dm.train_dataloader())
+
+    return fit, module, dm, initial
+
+
+def trial_step_seconds(cfg, device: torch.device) -> float:
+    """Seconds per training step of a trial at `cfg`, after a first fit that pays start-up and compiling."""
+    fit, *_ = trial_fit(cfg, device)
+    return interleaved({"trial": fit}, device, repeats=3, warmup=1)["trial"] / cfg.train.max_steps
+
+
+def bench_overhead(device: torch.device, quick: bool, repeats: int) -> Figure:
+    from ablate.harness.trial import build_module
+
+    cfg = overhead_config(quick)
+    lightning, module, dm, initial = trial_fit(cfg, device)
+    plain = build_module(cfg, dm.data, dm.eval_splits)  # its configure_optimizers gives the same AdamW
+    steps = cfg.train.max_steps
 
     def plain_loop() -> None:
         plain.load_state_dict(initial)

@@ -10,8 +10,8 @@ from torch import nn
 
 from ablate.bench.timing import autocast
 from ablate.models.config import ModelConfig
-from ablate.models.steps import token_cross_entropy
 from ablate.models.sequences import BOS_ID, PAD_ID
+from ablate.models.steps import token_cross_entropy
 
 
 @dataclass(frozen=True)

@@ -126,20 +126,21 @@ def summed_losses(logits: torch.Tensor, target: torch.Tensor, label_smoothing: f
     return torch.stack([loss, nll]).double()
 
 
-def compiled(fn: Callable, device: str, backend: str | Callable = "inductor") -> Callable:
-    """fn compiled whole, captured as CUDA graphs on CUDA. backend: another dynamo backend (tests count
-    compilations or check tracing without code generation)."""
-    mode = "reduce-overhead" if device == "cuda" and backend == "inductor" else None
-    return torch.compile(fn, fullgraph=True, mode=mode, backend=backend)
+BACKEND: str | Callable = "inductor"  # tests set another dynamo backend: one that counts, or traces alone
+
+
+def compiled(fn: Callable, device: str) -> Callable:
+    """fn compiled whole, captured as CUDA graphs on CUDA."""
+    mode = "reduce-overhead" if device == "cuda" and BACKEND == "inductor" else None
+    return torch.compile(fn, fullgraph=True, mode=mode, backend=BACKEND)
 
 
 class Steps:
     """A model's step functions, eager or compiled as `compiles` resolves train.compile on the device the
-    batch is on, each built once per device type. backend: another dynamo backend (tests count compilations
-    or check tracing without generating code)."""
+    batch is on, each built once per device type."""
 
-    def __init__(self, setting: bool | str, cfg: ModelConfig, backend: str | Callable = "inductor"):
-        self.setting, self.cfg, self.backend = setting, cfg, backend
+    def __init__(self, setting: bool | str, cfg: ModelConfig):
+        self.setting, self.cfg = setting, cfg
         self._built: dict[tuple[str, str], Callable] = {}
 
     def compiling(self, device: torch.device) -> bool:
@@ -154,7 +155,7 @@ class Steps:
         device = batch["src"].device
         key = (fn.__name__, device.type)
         if key not in self._built:
-            self._built[key] = compiled(fn, device.type, self.backend) if self.compiling(device) else fn
+            self._built[key] = compiled(fn, device.type) if self.compiling(device) else fn
         step = self._built[key]
         captured = step is not fn and device.type == "cuda"
         if captured:

@@ -27,7 +27,8 @@ SIZES = Sizes(d_model=32, heads=4, d_ff=64, layers=2, batch=6, length=9, vocab=3
 CPU = torch.device("cpu")
 # Every figure `ablate bench` measures, in the order it prints them (d_greedy's step also gives d_beam).
 FIGURE_KEYS = ("a_transformer_step", "b_harness_overhead", "c_lstm_parallel", "d_greedy", "d_beam",
-               "e_padding", "f_sweep_scaling", "g_mfu", "h_fused_seeds", "i_fused_trials")  # fmt: skip
+               "e_padding", "f_sweep_scaling", "g_mfu", "h_fused_seeds", "i_fused_trials", "j_compile_quickstart",
+               "k_trial_vs_captured")  # fmt: skip
 
 
 def test_quick_bench_yields_every_figure_as_json():
@@ -141,3 +142,11 @@ def test_a_spent_budget_starts_no_new_repeat():
     calls: list[str] = []
     interleaved({"a": lambda: calls.append("a")}, CPU, repeats=5, warmup=1, budget_s=0.0)
     assert calls == ["a", "a"]  # the warm-up, then the one repeat that always runs
+
+
+def test_only_measures_the_figures_named_and_refuses_an_unknown_one():
+    proc = ablate("bench", "--quick", "--json", "--device", "cpu", "--only", "e_padding,k_trial_vs_captured")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(json.loads(proc.stdout.strip().splitlines()[-1])["figures"]) == ["e_padding", "k_trial_vs_captured"]
+    proc = ablate("bench", "--quick", "--device", "cpu", "--only", "e_padding,z_nothing")
+    assert proc.returncode == 2 and "--only: unknown figure z_nothing; known: a_transformer_step" in proc.stderr

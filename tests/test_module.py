@@ -375,6 +375,7 @@ def test_cpu_peak_memory_is_each_trials_own():
     assert 0 < result.peak_mem_mb < high - 400
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bf16_mixed_on_cuda():
     if not torch.cuda.is_bf16_supported():
@@ -477,7 +478,7 @@ def test_training_step_logs_the_smoothed_loss_and_the_lr():
     assert progress_bar == {"train/loss"}
 
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])

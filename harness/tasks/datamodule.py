@@ -41,11 +41,9 @@ class EncodedSplit(Dataset):
         return src, tgt
 
 
-def pad(seqs: list[list[int]], cap: int | None = None) -> torch.Tensor:
-    """(B, longest) ids; with `cap`, the longest rounded up to a compiled step's length (models/steps.py
-    padded_length), never past cap."""
-    longest = max(map(len, seqs))
-    out = torch.full((len(seqs), longest if cap is None else padded_length(longest, cap)), PAD_ID, dtype=torch.long)
+def pad(seqs: list[list[int]], width: int | None = None) -> torch.Tensor:
+    """(B, width) ids, PAD after each sequence; width: the longest by default."""
+    out = torch.full((len(seqs), width or max(map(len, seqs))), PAD_ID, dtype=torch.long)
     for i, s in enumerate(seqs):
         out[i, : len(s)] = torch.tensor(s)
     return out
@@ -54,12 +52,15 @@ def pad(seqs: list[list[int]], cap: int | None = None) -> torch.Tensor:
 def collate(
     batch: list[tuple[list[int], list[int]]], caps: tuple[int, int] | None = None
 ) -> dict[str, torch.Tensor]:
-    """caps: (longest source, longest target with BOS and EOS) of the split, for a compiled step's bounded
-    set of lengths; None pads to the batch's own longest."""
+    """caps: the split's longest source and decoder input (tgt_in), for a compiled step's bounded set of
+    lengths (models/steps.py padded_length); None pads to the batch's own longest."""
     src, tgt = zip(*batch)
-    src_cap, tgt_cap = caps or (None, None)
-    tgt = pad(list(tgt), tgt_cap)  # (B, T+1): BOS ... EOS
-    return {"src": pad(list(src), src_cap), "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
+    src_width = tgt_width = None
+    if caps is not None:
+        src_width = padded_length(max(map(len, src)), caps[0])
+        tgt_width = padded_length(max(map(len, tgt)) - 1, caps[1]) + 1
+    tgt = pad(list(tgt), tgt_width)  # (B, T+1): BOS ... EOS
+    return {"src": pad(list(src), src_width), "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
 
 
 def pack(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[list[int]]:
@@ -139,9 +140,9 @@ class Seq2SeqDataModule(L.LightningDataModule):
         self.encoded = {name: EncodedSplit(ex, data) for name, ex in data.splits.items()}
         # The evaluation splits in dataloader order; empty ones (no test_long) are left out.
         self.eval_splits = [s for s in TEST_SPLITS if len(self.encoded.get(s, ()))]
-        # Each split's longest source and target (BOS and EOS included): what its bounded lengths stop at.
+        # Each split's longest source and decoder input: what its bounded lengths stop at.
         self.caps = {
-            split: (int(src.max()), int(tgt.max()) + 1)
+            split: (int(src.max()), int(tgt.max()))
             for split, (src, tgt) in ((name, e.lengths()) for name, e in self.encoded.items() if len(e))
         } if bounded_lengths else {}  # fmt: skip
 
