@@ -15,8 +15,8 @@ from ablate.harness.fused import Member, run_fused, stack_batches
 from ablate.harness.trial import run_trial
 from ablate.models import build_model
 from ablate.models.ensemble import clip_grad_norm_per_seed, fuse_models, seed_dropout
-from ablate.models.steps import per_seed_loss, token_cross_entropy
 from ablate.models.sequences import PAD_ID
+from ablate.models.steps import per_seed_loss, token_cross_entropy
 from ablate.schema.config import build_config
 
 # The quickstart study's Transformer and batches (ablations/quickstart.yaml: d_model 64, 2 + 2 layers, no

@@ -77,13 +77,13 @@ def figure_steps(sizes, device: torch.device, quick: bool) -> list[tuple[str, st
     ]
 
 
-def chosen(only: str | None) -> set[str] | None:
-    """--only's keys, each checked against the figures (ValueError naming an unknown one)."""
+def chosen(only: str | None) -> list[str] | None:
+    """--only's keys in the order given, each checked against the figures (ValueError naming an unknown one)."""
     if only is None:
         return None
-    keys = {key.strip() for key in only.split(",") if key.strip()}
+    keys = list(dict.fromkeys(key.strip() for key in only.split(",") if key.strip()))
     known = [key for key, _, _ in figure_steps(None, torch.device("cpu"), True)]
-    unknown = sorted(keys - set(known))
+    unknown = sorted(set(keys) - set(known))
     if unknown or not keys:
         raise ValueError(f"--only: unknown figure {', '.join(unknown) or '(none named)'}; known: {', '.join(known)}")
     return keys
@@ -94,17 +94,17 @@ def run_bench(
     quick: bool = False,
     progress: Callable[[str], None] = lambda _: None,
     done: Callable[[dict[str, Any]], None] = lambda _: None,
-    only: set[str] | None = None,
+    only: list[str] | None = None,
 ):
-    """Every figure (or those keyed in `only`), in order; returns {'machine': ..., 'quick': ..., 'figures':
-    {key: figure dict}}. `done` gets each figure's dict as soon as it is measured, so a run killed later
-    keeps what finished."""
+    """Every figure in order, or those keyed in `only` in its order; returns {'machine': ..., 'quick': ...,
+    'figures': {key: figure dict}}. `done` gets each figure's dict as soon as it is measured, so a run killed
+    later keeps what finished."""
     sizes = bench_sizes(device, quick)
     info = machine(device)
+    steps = {key: (what, measure) for key, what, measure in figure_steps(sizes, device, quick)}
     figures: list[Figure] = []
-    for key, what, measure in figure_steps(sizes, device, quick):
-        if only is not None and key not in only:
-            continue
+    for key in only or steps:
+        what, measure = steps[key]
         progress(what)
         start = time.perf_counter()
         for figure in guarded(key, what, measure):

@@ -46,8 +46,8 @@ from ablate.models.ensemble import (
     seed_state_dict,
 )
 from ablate.models.module import optimizer_and_schedule
-from ablate.models.steps import Steps, seed_losses
 from ablate.models.sequences import PAD_ID
+from ablate.models.steps import Steps, seed_losses
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.errors import ConfigError, RunFailed
 

@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablate.models.config import ModelConfig
-
 from ablate.models.sequences import PAD_ID
 
 LENGTH_MULTIPLE = 8  # a batch's lengths are padded up to a multiple of this when compiled

@@ -31,7 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 VERSIONS = ("torch", "lightning", "optuna", "optuna-integration", "wandb", "pydantic", "sqlalchemy", "pandas",
             "attention-ablate")  # fmt: skip
-GPU_FIGURES = "f_sweep_scaling,g_mfu,h_fused_seeds,i_fused_trials,j_compile,k_trial_vs_captured"
+# In the order they run: the quickest and most telling first, the sweep figure (minutes of worker start-ups) last.
+GPU_FIGURES = "k_trial_vs_captured,h_fused_seeds,j_compile,g_mfu,i_fused_trials,f_sweep_scaling"
 CPU_FIGURES = "h_fused_seeds,j_compile,k_trial_vs_captured"
 # The tests that need CUDA (marked `cuda`), and the compiled steps' whole trials, which run on the GPU there.
 TESTS = ["tests/test_compile.py", "tests/test_module.py", "-m", "cuda or not slow",
@@ -155,10 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     code, lines = streamed([ablate_exe(), "sweep", *study, "--out", str(runs), "--wandb", "disabled"],
                            max(left() - 30, 10), log)  # fmt: skip
-    status_code, status = streamed([ablate_exe(), "status", study[0], "--out", str(runs)], 20, log)
+    name = study[0] if args.cpu else f"{args.study}-gpu"  # a profile's study is stored as <name>-<profile>
+    _, status = streamed([ablate_exe(), "status", name, "--out", str(runs)], 20, log)
     finished = code == 0
     log.record("study", command=study, exit_code=code, seconds=round(time.monotonic() - began, 1),
-               finished=finished, status=status, report=str(runs / study[0] / "report" / "report.md"))  # fmt: skip
+               finished=finished, status=status, report=str(runs / name / "report" / "report.md"))  # fmt: skip
     if code not in (0, 124):
         failed.append("study")
     log.say(f"device check: {'every step ran' if not failed else 'failed: ' + ', '.join(failed)}; "

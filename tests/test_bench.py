@@ -18,8 +18,8 @@ from ablate.bench.training import TorchTransformer, transformer_train_flops
 from ablate.bench.workload import Sizes, random_batch, transformer_config
 from ablate.cli import app
 from ablate.models import build_model
-from ablate.models.steps import token_cross_entropy
 from ablate.models.sequences import PAD_ID
+from ablate.models.steps import token_cross_entropy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -31,11 +31,11 @@ from ablate.models.ensemble import (
     seed_dropout,
     seed_state_dict,
 )
-from ablate.models.steps import per_seed_loss, token_cross_entropy
 from ablate.models.positional import POSITIONAL
 from ablate.models.rnn import RNN
 from ablate.models.scores import SCORES
 from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID
+from ablate.models.steps import per_seed_loss, token_cross_entropy
 from ablate.models.transformer_scores import TRANSFORMER_SCORES
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -17,9 +17,9 @@ from ablate.harness.probes import heatmap
 from ablate.harness.tasks import build_task
 from ablate.harness.trial import build_module, resolve_precision, run_trial
 from ablate.models.module import Seq2SeqModule, lr_lambda
-from ablate.models.steps import token_cross_entropy
 from ablate.models.optim import OptimConfig
 from ablate.models.sequences import EOS_ID
+from ablate.models.steps import token_cross_entropy
 from ablate.schema.config import load_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
