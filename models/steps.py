@@ -17,6 +17,7 @@ a model that cannot compile whole trains eager.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 
 import torch
@@ -134,13 +135,23 @@ def compiled(fn: Callable, device: str) -> Callable:
     return torch.compile(fn, fullgraph=True, mode=mode, backend=BACKEND)
 
 
+# Dynamo keeps the graphs of a function per code object, and at its recompile limit (8) a fullgraph compile
+# fails: a worker that runs many variants would reach it. So each model configuration compiles its own copy
+# of each step (its own code object), shared by the trials of that configuration in this process.
+_COMPILED: dict[tuple[str, ModelConfig, str], Callable] = {}
+
+
+def own_copy(fn: Callable) -> Callable:
+    """fn with a code object of its own, so dynamo's cache for it starts empty."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
 class Steps:
     """A model's step functions, eager or compiled as `compiles` resolves train.compile on the device the
-    batch is on, each built once per device type."""
+    batch is on."""
 
     def __init__(self, setting: bool | str, cfg: ModelConfig):
         self.setting, self.cfg = setting, cfg
-        self._built: dict[tuple[str, str], Callable] = {}
 
     def compiling(self, device: torch.device) -> bool:
         return compiles(self.setting, self.cfg, device.type)
@@ -152,10 +163,12 @@ class Steps:
         in memory the next replay reuses: each call is marked a new step and what it returns is copied
         (clone keeps the autograd graph), so a logged loss outlives the step."""
         device = batch["src"].device
-        key = (fn.__name__, device.type)
-        if key not in self._built:
-            self._built[key] = compiled(fn, device.type) if self.compiling(device) else fn
-        step = self._built[key]
+        step = fn
+        if self.compiling(device):
+            key = (fn.__name__, self.cfg, device.type)
+            if key not in _COMPILED:
+                _COMPILED[key] = compiled(own_copy(fn), device.type)
+            step = _COMPILED[key]
         captured = step is not fn and device.type == "cuda"
         if captured:
             torch.compiler.cudagraph_mark_step_begin()

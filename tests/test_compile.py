@@ -62,6 +62,7 @@ def backend(monkeypatch):
 
     torch.compiler.reset()
     monkeypatch.setattr(steps_module, "BACKEND", counting)
+    monkeypatch.setattr(steps_module, "_COMPILED", {})  # steps compiled by an earlier test's backend
     yield graphs
     torch.compiler.reset()
 
@@ -174,6 +175,20 @@ def test_a_run_over_many_lengths_compiles_a_bounded_number_of_times(backend):
     assert len(backend) <= 4
 
 
+def test_a_process_that_trains_many_configurations_never_reaches_the_recompile_limit(backend):
+    # A worker runs trial after trial: one function compiled for all of them would reach dynamo's recompile
+    # limit (8 graphs a code object), where fullgraph fails. Each configuration compiles its own copy.
+    batch = seed_batch(0, 0)
+    for heads in (1, 2, 4, 8):
+        for pos in ("sinusoidal", "none", "learned"):
+            cfg = ModelConfig(arch="transformer", d_model=16, layers=1, heads=heads, d_ff=32, dropout=0.0,
+                              pos_encoding=pos, max_positions=16)  # fmt: skip
+            for _ in range(2):  # a second trial of the configuration reuses its graphs
+                model = build_model(cfg, VOCAB, VOCAB, PAD_ID)
+                Steps(True, cfg).run(training_loss, model, batch, 0.0).backward()
+    assert torch._dynamo.config.recompile_limit < len(backend) <= 2 * 12  # 12 configurations, none failed
+
+
 def tiny(seed: int = 3, **train):
     return build_config({
         "preset": "transformer", "seed": seed,
@@ -200,9 +215,10 @@ def test_a_compiled_trial_gets_the_numbers_of_an_eager_one(backend):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("fused", [False, True], ids=["alone", "fused"])
-def test_a_captured_trial_on_cuda_gets_the_numbers_of_an_eager_one(fused):
+def test_a_captured_trial_on_cuda_gets_the_numbers_of_an_eager_one(fused, monkeypatch):
     # Inductor's code, captured as CUDA graphs (mode reduce-overhead): what train.compile auto runs on a GPU.
     torch.compiler.reset()
+    monkeypatch.setattr(steps_module, "_COMPILED", {})
     eager = [run_trial(tiny(seed, compile=False)) for seed in (3, 4)]
     if fused:
         compiled = run_fused([Member(tiny(seed, compile="auto", fuse_seeds=True)) for seed in (3, 4)])
