@@ -20,9 +20,14 @@ from ablate.models.positional import POSITIONAL, check_fits, positional_kind
 from ablate.models.scores import SCORES, WINDOWS
 from ablate.models.transformer_scores import TRANSFORMER_SCORES, check_scale
 
-Scale = Literal["sqrt", "none"] | float
+# Every number a config takes has both ends. The upper ones hold a value to what one machine can train, far
+# above any study's, so that a slip of a few zeros is refused up front, not found when memory or time runs out.
+MAX_SIZE = 2**20  # widths, heads, layers, positions, lengths, vocabularies, batch rows, beams
+MAX_MANY = 10**9  # examples, steps, tokens of a batch budget
 # A count of at least one; strict, so a boolean (YAML's `true`) is not taken for 1.
-Count = Annotated[int, Field(ge=1, strict=True)]
+Count = Annotated[int, Field(ge=1, le=MAX_SIZE, strict=True)]
+Many = Annotated[int, Field(ge=1, le=MAX_MANY, strict=True)]
+Scale = Literal["sqrt", "none"] | Annotated[float, Field(ge=-1e6, le=1e6)]
 
 
 class ModelConfig(BaseModel):
@@ -48,7 +53,7 @@ class ModelConfig(BaseModel):
     heads: Count = 4
     # d_k, the width of each head's queries and keys (Vaswani et al.'s Table 3 (B) varies it alone); unset:
     # d_model / heads, the width of each head's values.
-    key_dim: int | None = Field(None, ge=1, strict=True)
+    key_dim: Count | None = None
     d_ff: Count = 256
     scale: Scale = "sqrt"
     score: Literal[tuple(TRANSFORMER_SCORES)] = "dot"  # type: ignore[valid-type]
@@ -56,7 +61,7 @@ class ModelConfig(BaseModel):
         "sinusoidal",
         description=f"{' | '.join(POSITIONAL)}, or kinds with different parts joined by +, e.g. alibi+sinusoidal",
     )
-    pos_base: float = Field(10000.0, gt=1.0)
+    pos_base: float = Field(10000.0, gt=1.0, le=1e12)
     # Where learned position rows start: small, N(0, 0.02²), as they did before the key; embedding, on the
     # token embeddings' scale (std ≈ 1.4 under embed_scale), so that neither drowns the other at the start.
     pos_init: Literal["small", "embedding"] = "small"

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ablate.models.config import Count
+from ablate.models.config import MAX_MANY, Count, Many
 
 
 def constant(step: int, warmup: int, max_steps: int) -> float:
@@ -39,14 +39,14 @@ SCHEDULES = {"constant": constant, "inverse_sqrt": inverse_sqrt, "cosine": cosin
 class OptimConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
-    lr: float = Field(1e-3, gt=0.0)
-    weight_decay: float = Field(0.01, ge=0.0)
+    lr: float = Field(1e-3, gt=0.0, le=1e6)  # 1e6: a run made to diverge (tests of divergence)
+    weight_decay: float = Field(0.01, ge=0.0, le=10.0)
     schedule: Literal[tuple(SCHEDULES)] = "constant"  # type: ignore[valid-type]
-    warmup_steps: int = Field(0, ge=0, strict=True)
-    max_steps: Count = 1000  # the end of the cosine schedule, and the Trainer's step budget
+    warmup_steps: int = Field(0, ge=0, le=MAX_MANY, strict=True)
+    max_steps: Many = 1000  # the end of the cosine schedule, and the Trainer's step budget
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
     beam_size: Count = 1  # test decoding; validation decodes greedily
-    length_penalty: float = Field(0.6, ge=0.0)  # GNMT alpha for beam search; 0 ranks by raw log-probability
+    length_penalty: float = Field(0.6, ge=0.0, le=100.0)  # GNMT alpha for beam search; 0 ranks by raw log-probability
     # The training and validation steps compiled whole (models/steps.py); auto: where that was measured faster.
     compile: bool | Literal["auto"] = "auto"
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
-from ablate.models.config import Count, ModelConfig, preset_keys
+from ablate.models.config import MAX_MANY, Count, Many, ModelConfig, preset_keys
 from ablate.models.optim import OptimConfig
 from ablate.schema.errors import ConfigError
 from ablate.schema.task_config import TaskConfig, ignored_task_keys
@@ -28,19 +28,19 @@ class TrainConfig(OptimConfig):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
     batch_size: Count = 64
-    batch_tokens: int | None = Field(None, ge=1, strict=True)
+    batch_tokens: Many | None = None
     # Budgets that train something: a zero or negative one would report an untrained model.
-    max_epochs: int | None = Field(None, ge=1, strict=True)
-    max_time: float | None = Field(None, gt=0.0)  # seconds
-    grad_clip: float | None = Field(1.0, gt=0.0)
+    max_epochs: Many | None = None
+    max_time: float | None = Field(None, gt=0.0, le=366 * 86400.0)  # seconds, a year at most
+    grad_clip: float | None = Field(1.0, gt=0.0, le=1e9)
     # auto: fp32 on every device, one precision for every variant (harness/trial.py resolve_precision).
     precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true"] = "auto"
     # validations without a better val/loss before stopping; None: never
-    patience: int | None = Field(None, ge=1, strict=True)
+    patience: Many | None = None
     deterministic: bool = False
-    val_every: Count = 250  # steps between validations
+    val_every: Many = 250  # steps between validations
     # Steps between full-state checkpoints a retried or preempted trial resumes from; 0: none.
-    checkpoint_every: int = Field(500, ge=0, strict=True)
+    checkpoint_every: int = Field(500, ge=0, le=MAX_MANY, strict=True)
     keep_checkpoints: bool = False  # keep a finished trial's resume checkpoint (else it is removed)
     # The eval seeds of a variant train as one model (harness/fused.py); auto: where that pays, on a GPU (harness/grouping.py).
     fuse_seeds: bool | Literal["auto"] = "auto"
@@ -84,18 +84,21 @@ KINDS = {int: "integer", float: "number", bool: "true | false", str: "text"}
 
 def allowed(field: FieldInfo) -> str:
     """A field's choices, its kind with the schema's bounds, and 'unset' where None is accepted."""
-    bounds = [
-        f"{op} {str(getattr(m, attr)).removesuffix('.0')}"
-        for m in field.metadata
-        for attr, op in BOUNDS
-        if hasattr(m, attr)
-    ]
     annotation = field.annotation
     types = (get_args(annotation) if get_origin(annotation) is not Literal else ()) or (annotation,)
     choices = [str(c) for t in types if get_origin(t) is Literal for c in get_args(t)]
     parts = [" | ".join(choices)] if choices else []
-    parts += [" ".join([KINDS[t], ", ".join(bounds)]).strip() for t in types if t in KINDS]
+    for t in types:  # a bounded member of a union (`Count | None`) carries its bounds with it
+        kind, metadata = (get_args(t)[0], t.__metadata__) if get_origin(t) is Annotated else (t, field.metadata)
+        if kind in KINDS:
+            parts.append(" ".join([KINDS[kind], ", ".join(bounds(metadata))]).strip())
     return ", or ".join(parts + (["unset"] if type(None) in types else []))
+
+
+def bounds(metadata) -> list[str]:
+    """'>= 1', '<= 1048576', ... of a field's constraints (pydantic's, or a Field's inside Annotated)."""
+    flat = [c for m in metadata for c in (m.metadata if isinstance(m, FieldInfo) else [m])]
+    return [f"{op} {str(getattr(m, attr)).removesuffix('.0')}" for m in flat for attr, op in BOUNDS if hasattr(m, attr)]
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -19,8 +19,6 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
-    PositiveInt,
-    StrictInt,
     Tag,
     field_validator,
     model_validator,
@@ -32,7 +30,11 @@ from ablate.schema.errors import ConfigError
 from ablate.schema.metric_registry import metric_info
 from ablate.schema.names import checked_name, slugify
 
-Value = str | int | float | bool
+Value = str | int | float | bool  # a config key's value: its range is the config's
+# Seeds: what numpy's and torch's seeding accept; at most MAX_SEEDS of them, a grid a machine can queue.
+Seed = Annotated[int, Field(ge=0, lt=2**32, strict=True)]
+MAX_SEEDS = 10**5
+MAX_TUNE_SEEDS = 1000  # seeds a tune candidate trains
 
 
 class MetricSpec(BaseModel):
@@ -88,8 +90,9 @@ class ClaimSpec(BaseModel):
     versus: ClaimVersus | None = None  # an interaction: (compare - to) minus (compare - to) on versus
     # not_worse: non-inferiority, compare at most the margin worse than to in the metric's direction.
     expect: Literal["lower", "higher", "similar", "not_worse"]
-    margin: float = 0.0
-    chance: float | None = None  # the metric's value for a model that learned nothing of the task
+    margin: float = Field(0.0, allow_inf_nan=False)  # its reach on the metric: validate.py
+    # the metric's value for a model that learned nothing of the task, within the metric's range (validate.py)
+    chance: float | None = Field(None, allow_inf_nan=False)
     control: ClaimControl | None = None  # a `similar` or `not_worse` claim's positive control
     source: ClaimSource | None = None
     confounds: str = ""  # what the study cannot separate from the claimed factor
@@ -154,13 +157,17 @@ class TuneSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     # Literals of the registries' keys, so that pydantic's error names every accepted one.
     params: dict[str, dict[Literal[tuple(TUNE_KINDS)], list[Value]]]  # type: ignore[valid-type]
-    trials: PositiveInt = 8
+    trials: int = Field(8, ge=1, le=10**6, strict=True)
     pruner: Literal[tuple(PRUNERS)] = "hyperband"  # type: ignore[valid-type]
     metric: MetricSpec | None = None  # default: the study metric measured on the validation split
     # Seeds each candidate trains, scored on their mean (trained fused where they can be): a count (seeds
     # right after the eval seed pool), or the seeds themselves, none of them an eval seed. Unset: the first
     # eval seed alone.
-    seeds: PositiveInt | list[Annotated[int, Field(ge=0, lt=2**32, strict=True)]] | None = None
+    seeds: (
+        Annotated[int, Field(ge=1, le=MAX_TUNE_SEEDS, strict=True)]
+        | Annotated[list[Seed], Field(max_length=MAX_TUNE_SEEDS)]
+        | None
+    ) = None
     # Which variants tune: each its own parameters, or the baseline alone, whose best parameters every
     # variant then trains with (chosen blind to how the other arms do).
     arm: Literal["each", "baseline"] = "each"
@@ -172,8 +179,8 @@ class HeartbeatSpec(BaseModel):
     worker, wherever it runs, uses the same periods."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    interval: int = Field(15, ge=1)
-    grace: int = Field(60, ge=1)
+    interval: int = Field(15, ge=1, le=86400)
+    grace: int = Field(60, ge=1, le=86400)
 
     @model_validator(mode="after")
     def _grace(self) -> HeartbeatSpec:
@@ -188,10 +195,10 @@ class AdaptiveSeeds(BaseModel):
     100 .. 100 + max - 1: a replication on fresh seeds. See analysis.claims for the looks."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    min: int = Field(ge=2, strict=True)  # a claim needs two seeds a side
-    max: int = Field(strict=True)
-    step: int = Field(1, ge=1, strict=True)
-    start: int = Field(0, ge=0, strict=True)
+    min: int = Field(ge=2, le=MAX_SEEDS, strict=True)  # a claim needs two seeds a side
+    max: int = Field(ge=2, le=MAX_SEEDS, strict=True)
+    step: int = Field(1, ge=1, le=MAX_SEEDS, strict=True)
+    start: int = Field(0, ge=0, lt=2**32 - MAX_SEEDS, strict=True)
 
     @model_validator(mode="after")
     def _max(self) -> AdaptiveSeeds:
@@ -203,7 +210,8 @@ class AdaptiveSeeds(BaseModel):
 # A mapping is a seed range, anything else a list: errors then speak of the form the user wrote. The tags
 # are not identifiers, so error locations leave them out ('seeds.min: ...').
 SeedsField = Annotated[
-    Annotated[list[StrictInt], Tag("seed-list")] | Annotated[AdaptiveSeeds, Tag("seed-range")],
+    Annotated[list[Seed], Field(max_length=MAX_SEEDS), Tag("seed-list")]
+    | Annotated[AdaptiveSeeds, Tag("seed-range")],
     Discriminator(lambda v: "seed-range" if isinstance(v, dict | AdaptiveSeeds) else "seed-list"),
 ]
 
@@ -215,7 +223,9 @@ class JudgeFrom(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     metric: str  # e.g. test/bleu
-    value: float  # the baseline's mean must reach it (at least, or at most where lower is better)
+    # the baseline's mean must reach it (at least, or at most where lower is better); within the metric's
+    # range (validate.py)
+    value: float = Field(allow_inf_nan=False)
     why: str = ""  # one line for the report: what a model below it cannot do
 
 

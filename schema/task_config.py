@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ablate.models.config import Count
+from ablate.models.config import Count, Many
 from ablate.schema.tasks import SCAN_SPLITS, TASKS, TOKENIZER_KEYS, TOKENIZERS, tasks_reading
 
 # Each key that names one entry of a registry -> that registry: the names it accepts are the registry's keys.
@@ -21,11 +21,11 @@ class TaskConfig(BaseModel):
     name: str = Field("reverse", description="a name in the tasks table above")  # checked by ExperimentConfig
     min_len: Count = 1
     max_len: Count = 10
-    test_max_len: int | None = Field(None, ge=1, strict=True)  # default: 2 * max_len
+    test_max_len: Count | None = None  # default: 2 * max_len
     vocab_size: Count = 10
-    n_train: Count = 5000
-    n_valid: Count = 500
-    n_test: Count = 1000
+    n_train: Many = 5000
+    n_valid: Many = 500
+    n_test: Many = 1000
     split: str = Field("simple", description=" | ".join(SCAN_SPLITS))
     path: str | None = None
     tokenizer: str = Field("word", description=" | ".join(TOKENIZERS))
@@ -36,11 +36,11 @@ class TaskConfig(BaseModel):
     hf_config: str | None = None  # configuration of a Hugging Face hub dataset, e.g. en-fr
     min_tokens: Count = 1  # pairs with a shorter side are dropped
     # longer train / valid pairs are dropped; longer test pairs form test_long
-    max_tokens: int | None = Field(None, ge=1, strict=True)
+    max_tokens: Count | None = None
     # where test_long starts instead (test pairs of more tokens), so that variants trained on different
     # max_tokens are tested on the same pairs
-    long_after: int | None = Field(None, ge=1, strict=True)
-    max_examples: int | None = Field(None, ge=1, strict=True)  # cap on training pairs (a seeded sample)
+    long_after: Count | None = None
+    max_examples: Many | None = None  # cap on training pairs (a seeded sample)
 
     @field_validator(*REGISTRIES)
     @classmethod

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import re
+import typing
 
 import pytest
 import torch
+import yaml
 
 from ablate.models import build_model
 from ablate.models.config import PRESETS, ModelConfig, preset_keys
 from ablate.models.positional import POSITIONAL
 from ablate.models.scores import SCORES, WINDOWS
 from ablate.models.transformer_scores import TRANSFORMER_SCORES
-from ablate.schema.config import accepted_values, build_config, load_config, parse_override
+from ablate.schema.config import ExperimentConfig, accepted_values, build_config, load_config, parse_override
 from ablate.schema.errors import ConfigError
 from tests.conftest import ablate
 
@@ -109,8 +111,8 @@ def test_accepted_values_name_every_key_with_its_choices():
     assert accepts["model.score"] == " | ".join(TRANSFORMER_SCORES)
     assert accepts["model.pos_encoding"].startswith(" | ".join(POSITIONAL) + ", or kinds")
     assert (accepts["model.scale"], accepts["task.test_max_len"]) == (
-        "sqrt | none, or number",
-        "integer >= 1, or unset",
+        "sqrt | none, or number >= -1000000, <= 1000000",
+        "integer >= 1, <= 1048576, or unset",
     )
 
 
@@ -301,3 +303,74 @@ def test_a_key_width_needs_the_projections_that_make_it():
         load_config(None, "lstm", ["model.key_dim=4"])
     assert load_config(None, None, ["model.key_dim=4"]).model.d_k == 4
     assert load_config(None, None, ["model.d_model=32", "model.heads=4"]).model.d_k == 8
+
+
+# Numbers whose range is their metric's, checked with the study (harness/study/validate.py): finite here.
+RANGED_BY_METRIC = {"StudySpec.claims[].margin", "StudySpec.claims[].chance", "StudySpec.judge_from.value"}
+
+
+def numeric_fields_without_bounds() -> list[str]:
+    """Every int or float the study schema and the config take (in unions and lists too), lacking a lower or
+    an upper bound in the schema itself. A dict of config values is the config's to range."""
+    import annotated_types
+    from pydantic import BaseModel
+    from pydantic.fields import FieldInfo
+
+    from ablate.schema.spec import StudySpec
+
+    def constraints(metadata) -> list:
+        return [c for m in metadata for c in (m.metadata if isinstance(m, FieldInfo) else [m])]
+
+    def unbounded(annotation, metadata, where: str) -> list[str]:
+        origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+        if origin is typing.Annotated:
+            return unbounded(args[0], [*metadata, *annotation.__metadata__], where)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return walk(annotation, where)
+        if origin is dict:
+            return []
+        if origin is list:
+            return unbounded(args[0], [], f"{where}[]")
+        if args and origin is not typing.Literal:  # a union: each member with the field's own bounds
+            return [w for a in args if a is not type(None) for w in unbounded(a, metadata, where)]
+        if annotation in (int, float):
+            kinds = {type(c) for c in constraints(metadata)}
+            low = kinds & {annotated_types.Ge, annotated_types.Gt}
+            high = kinds & {annotated_types.Le, annotated_types.Lt}
+            return [] if low and high else [where]
+        return []
+
+    def walk(model, prefix: str) -> list[str]:
+        return [w for name, f in model.model_fields.items()
+                for w in unbounded(f.annotation, f.metadata, f"{prefix}.{name}")]  # fmt: skip
+
+    return walk(ExperimentConfig, "ExperimentConfig") + walk(StudySpec, "StudySpec")
+
+
+def test_every_number_of_the_schema_has_both_ends():
+    assert sorted(set(numeric_fields_without_bounds()) - RANGED_BY_METRIC) == []
+
+
+@pytest.mark.parametrize(
+    "extra, problem",
+    [
+        ({"judge_from": {"metric": "test/seq_acc", "value": 5.0}},
+         "judge_from.value: 5 is outside test/seq_acc's range [0, 1]"),
+        ({"judge_from": {"metric": "test/seq_acc", "value": float("nan")}}, "judge_from.value: Input should be a finite number"),
+        ({"judge_from": {"metric": "test/seq_acc", "value": float("inf")}}, "judge_from.value: Input should be a finite number"),
+        ({"claims": [{"text": "t", "compare": {"model.norm": "pre"}, "to": {"model.norm": "post"}, "expect": "lower",
+                      "chance": -0.5}]}, "claims[0].chance: -0.5 is outside test/seq_acc's range [0, 1]"),
+        ({"tune": {"params": {"train.lr": {"log_uniform": [1e-4, 1e-2]}}, "seeds": 10**9}},
+         "tune.seeds: Input should be less than or equal to 1000"),
+    ],
+)  # fmt: skip
+def test_levels_and_counts_outside_their_range_are_refused_up_front(tmp_path, extra, problem):
+    from ablate.harness.study.validate import load_study
+
+    tree = {"name": "s", "seeds": [0, 1], "metric": {"name": "test/seq_acc", "direction": "maximize"},
+            "base": {"task": {"name": "reverse"}}, "factors": {"model.norm": ["pre", "post"]}, **extra}  # fmt: skip
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError) as refused:
+        load_study(path, read_data=False)
+    assert problem in str(refused.value)

@@ -282,9 +282,21 @@ def reference_problems(spec: StudySpec, configs: dict[str, ExperimentConfig]) ->
         problems.append(("baseline", f"unknown variant {spec.baseline!r}"))
     if spec.judge_from is not None:
         problems += metric_problems("judge_from.metric", spec.judge_from.metric, produced)
+        problems += in_range("judge_from.value", spec.judge_from.value, spec.judge_from.metric)
     for i, claim in enumerate(spec.claims):
         problems += claim_problems(f"claims[{i}]", claim, spec, produced)
+        if claim.chance is not None:
+            problems += in_range(f"claims[{i}].chance", claim.chance, claim.metric or spec.metric.name)
     return problems
+
+
+def in_range(where: str, value: float, metric: str) -> list[Problem]:
+    """A level on a metric (judge_from's, a claim's chance) that its metric can take: one outside the range
+    would judge every claim below it, or every seed failed."""
+    bounds = metric_info(metric).range
+    if bounds.low <= value <= bounds.high:
+        return []
+    return [(where, f"{value:g} is outside {metric}'s range [{bounds.low:g}, {bounds.high:g}]")]
 
 
 def metric_problems(where: str, metric: str, produced: dict[str, set[str]]) -> list[Problem]:
