@@ -10,7 +10,7 @@ library. tests/test_task_keys.py records what each builder reads against what it
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 # The task.* keys each family's builder reads. Generated tasks (synthetic.py's sample_splits): lengths and
 # split sizes; a task of vocab_size symbols also its vocabulary size.
@@ -59,6 +59,10 @@ class Task(NamedTuple):
     # The test splits it fills, of TEST_SPLITS; test_long only where the configuration sets a length apart
     # (TaskConfig.test_splits).
     test_splits: tuple[str, ...] = LENGTH_SPLITS
+    # What it reads from this machine, checked with the study before anything is made (by building the task
+    # once): "nothing" (it generates its data), "always" (files or modules it cannot run without), or
+    # "path" (what task.path names, when it names something local).
+    reads_machine: Literal["nothing", "always", "path"] = "nothing"
 
     def keys(self) -> tuple[str, ...]:
         """Every task.* key the task reads under some configuration: its own and, with task.tokenizer, every
@@ -95,11 +99,13 @@ TASKS: dict[str, Task] = {
         "SCAN commands -> actions; path: a folder of the official files (optional)",
         SCAN_KEYS,
         test_splits=("test",),
+        reads_machine="path",
     ),
     "parallel": Task(
         "corpora:parallel_task",
         "sentence pairs; path: TSV | JSONL | Moses prefix | save_to_disk folder | hub name",
         PARALLEL_KEYS,
+        reads_machine="path",
     ),
     "bible": Task(
         "bible:bible_task",
@@ -107,6 +113,7 @@ TASKS: dict[str, Task] = {
         "src_lang/tgt_lang: en | es | a SWORD module; path: the SWORD library (default $SWORD_PATH, else "
         "/usr/share/sword)",
         BIBLE_KEYS,
+        reads_machine="always",
     ),
     "bible_lm": Task(
         "bible_lm:bible_lm_task",
@@ -115,6 +122,7 @@ TASKS: dict[str, Task] = {
         BIBLE_LM_KEYS,
         needs=("max_tokens",),
         test_splits=("test", *WINDOW_SPLITS),
+        reads_machine="always",
     ),
 }
 

@@ -46,6 +46,7 @@ from ablate.schema.spec import (
     variant_settings,
 )
 from ablate.schema.task_config import TaskConfig
+from ablate.schema.tasks import TASKS
 
 Problem = tuple[str, str]  # (where in the study file or command line, what is wrong)
 MAX_SHOWN = 20
@@ -375,15 +376,16 @@ def judging_problems(where: str, claim: ClaimSpec, spec: StudySpec) -> list[Prob
 
 
 def data_problems(spec: StudySpec, configs: dict[str, ExperimentConfig], set_keys: set[str]) -> list[Problem]:
-    """Each local corpus (and the bible task's SWORD modules), read once by the task's own reader: it
-    exists, parses and fills every split. Corpora named on the Hugging Face hub are fetched by the trial
-    itself."""
+    """What each task reads from this machine (its registry entry's `reads_machine`: a local corpus, the
+    Bibles' SWORD modules, SCAN's files), read once by the task's own reader: it exists, parses and fills
+    every split. Corpora named on the Hugging Face hub are fetched by the trial itself."""
     from ablate.harness.tasks.corpora import looks_local  # the task registry: seconds of imports, when needed
 
     problems, read = [], {}
     for name, cfg in configs.items():
         task = cfg.task
-        local = task.name == "bible" or (task.name == "parallel" and task.path and looks_local(task.path))
+        reads = TASKS[task.name].reads_machine
+        local = reads == "always" or (reads == "path" and task.path is not None and looks_local(task.path))
         if not local or task in read:
             continue
         read[task] = corpus_problem(task, cfg.seed)
