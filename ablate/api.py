@@ -63,7 +63,7 @@ class Study:
         self.spec = spec  # the study file as checked (schema/spec.py)
 
     def __repr__(self) -> str:
-        return f"<Study {Console().render_str(size_line(self.spec)).plain}>"
+        return f"<Study {size_line(self.spec).plain}>"
 
     @property
     def name(self) -> str:

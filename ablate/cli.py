@@ -22,6 +22,7 @@ from rich.table import Table
 
 from ablate.harness.launchers import LAUNCHERS
 from ablate.schema.errors import ConfigError
+from ablate.schema.text import shown, terminal
 from ablate.sweep import (
     ThreadOptions,
     check_artifacts,
@@ -76,7 +77,7 @@ def fail(message: str) -> typer.Exit:
     if os.environ.get("ABLATE_DEBUG") == "1":
         traceback.print_exc()
     for line in message.splitlines():  # a study's problems, one a line
-        typer.echo(f"error: {line}", err=True)
+        typer.echo(f"error: {shown(line)}", err=True)
     return typer.Exit(code=2)
 
 
@@ -259,7 +260,7 @@ def worker(
         from ablate.reports.render import build_report
 
         report = build_report(spec, store, out, wandb_mode=mode, artifact_location=artifacts)
-        console.print(f"report: {report / 'report.html'}")
+        console.print(terminal(f"report: {report / 'report.html'}"))
 
 
 @app.command()
@@ -276,13 +277,13 @@ def status(
 
     spec, store = _stored_study("status", study, storage, out, stored=stored)
     rows = study_progress(spec, store)
-    table = Table(title=f"{spec.name}")
+    table = Table(title=terminal(spec.name))
     columns = ["variant", *(["tune"] if spec.tune else []), "done", "running", "failed", "pruned", "elapsed"]
     for column in columns:
         table.add_column(column, justify="left" if column == "variant" else "right")
     for r in rows:
         tune = [f"{r.tune_done}/{r.tune_total}"] if spec.tune else []
-        table.add_row(r.variant, *tune, f"{r.done}/{r.total}", str(r.running), str(r.failed), str(r.pruned),
+        table.add_row(terminal(r.variant), *tune, f"{r.done}/{r.total}", str(r.running), str(r.failed), str(r.pruned),
                       _duration(r.elapsed_s))  # fmt: skip
     out_console = Console()
     out_console.print(table)
@@ -311,7 +312,8 @@ def looks_table(spec, store) -> Table:
     for column in ("kind", "claim", "look", "seeds", "verdict", "decided"):
         table.add_column(column, justify="right" if column in ("look", "seeds") else "left")
     for r in tests_first(results):
-        table.add_row(r.kind, r.claim.text, f"{r.look + 1}/{r.looks}", str(r.seeds), r.verdict, r.decision)
+        table.add_row(r.kind, terminal(r.claim.text), f"{r.look + 1}/{r.looks}", str(r.seeds), r.verdict,
+                      terminal(r.decision))  # fmt: skip
     return table
 
 
@@ -420,7 +422,7 @@ def report(
     from ablate.reports.render import build_report
 
     out_dir = build_report(spec, store, out, report_dir, artifact_location=artifacts)
-    console.print(f"report built in {time.perf_counter() - start:.1f} s: {out_dir / 'report.html'}")
+    console.print(terminal(f"report built in {time.perf_counter() - start:.1f} s: {out_dir / 'report.html'}"))
 
 
 @app.command()

@@ -18,6 +18,7 @@ from rich.console import Console
 from ablate.harness.launchers import local
 from ablate.schema.config import one_line, validation_problems
 from ablate.schema.errors import ConfigError, RunFailed
+from ablate.schema.text import shown, terminal
 
 if TYPE_CHECKING:
     from ablate.harness.launchers import Launch
@@ -118,15 +119,19 @@ def load_sweep(
     return spec, launch
 
 
-def size_line(spec: StudySpec) -> str:
-    """'quickstart: 3 variants x 2 seeds: 6 trials', in rich markup."""
+def size_line(spec: StudySpec):
+    """'quickstart: 3 variants x 2 seeds: 6 trials', a Rich Text with the name in bold (never read as markup)."""
+    from rich.text import Text
+
     from ablate.harness.study.validate import seed_count, trial_count, variant_count
 
     seeds = f"{spec.adaptive.min}-{spec.adaptive.max} adaptive" if spec.adaptive else seed_count(spec)
     tuned = "of the baseline" if spec.tune and spec.tune.arm == "baseline" else "per variant"
     tune = f", {spec.tune.trials} tune trials {tuned}" if spec.tune else ""
     trials = f"{trial_count(spec):,} trials{' at most' if spec.adaptive else ''}"
-    return f"[bold]{spec.name}[/]: {variant_count(spec)} variants x {seeds} seeds{tune}: {trials}"
+    return Text.assemble(
+        (shown(spec.name), "bold"), f": {variant_count(spec)} variants x {seeds} seeds{tune}: {trials}"
+    )
 
 
 def sweep(
@@ -184,7 +189,7 @@ def sweep(
         from ablate.reports.render import build_report
 
         report = build_report(spec, store, options.out, wandb_mode=mode, artifact_location=options.artifacts)
-        console.print(f"report: {report / 'report.html'}")
+        console.print(terminal(f"report: {report / 'report.html'}"))
     if crashed:
         raise RunFailed(f"{len(crashed)} worker(s) exited with an error (codes {crashed})")
     return report
@@ -202,7 +207,7 @@ def watch_workers(spec: StudySpec, store, procs, console: Console) -> None:
                TextColumn("{task.fields[left]}")]  # fmt: skip
     # Rich's live display in Jupyter needs ipywidgets; one output updated in place needs nothing more.
     progress = Progress(*columns, console=console, disable=console.is_jupyter)
-    shown = _notebook_output(progress) if console.is_jupyter else None
+    notebook = _notebook_output(progress) if console.is_jupyter else None
     try:
         with progress:
             tasks = {}
@@ -222,8 +227,8 @@ def watch_workers(spec: StudySpec, store, procs, console: Console) -> None:
                     if phase not in tasks:
                         tasks[phase] = progress.add_task(phase, total=total, left="")
                     progress.update(tasks[phase], completed=done, total=total, **fields)
-                if shown is not None:
-                    shown.update(progress)
+                if notebook is not None:
+                    notebook.update(progress)
                 if all(p.poll() is not None for p in procs):
                     return
                 if signals.received():

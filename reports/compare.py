@@ -10,7 +10,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from ablate.analysis.claims import ClaimResult
 from ablate.analysis.compare import ClaimRow, Comparison, VariantMean
@@ -18,6 +17,7 @@ from ablate.analysis.stats import LEVEL
 from ablate.reports.files import write_whole
 from ablate.reports.formats import bounds, md_cell, number
 from ablate.schema.metric_registry import METRICS
+from ablate.schema.text import terminal
 
 Cells = tuple[list[str], list[list[str]]]  # a header and rows of cell texts
 # What Δ is on each scale (claims.effect_name), naming the metrics judged as ratios (the registry's).
@@ -85,14 +85,14 @@ def runs_line(c: Comparison) -> list[str]:
 def show(c: Comparison, console: Console) -> None:
     """The two tables on the terminal (user text printed as it is, never read as rich markup)."""
     for line in runs_line(c):
-        console.print(Text(line))
+        console.print(terminal(line))
     for title, (header, rows) in ((f"claims ({DELTA})", claim_table(c)),
                                   (f"{c.metric} per variant", variant_table(c))):  # fmt: skip
-        table = Table(title=title)
+        table = Table(title=terminal(title))
         for name in header:  # folded, never cut: a verdict or a bound is read whole
-            table.add_column(name, justify="left" if name.endswith(LEFT) else "right", overflow="fold")
+            table.add_column(terminal(name), justify="left" if name.endswith(LEFT) else "right", overflow="fold")
         for cells in rows:
-            table.add_row(*map(Text, cells))
+            table.add_row(*map(terminal, cells))
         console.print(table)
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from ablate.schema.text import shown
+
 P_FLOOR = 0.001  # a smaller p-value is written as below it: "<0.001"
 
 
@@ -39,5 +41,5 @@ _ENTITY = re.compile(r"&(?=#?\w+;)")
 def md_cell(text: Any) -> str:
     """A Markdown table cell: no pipes, newlines or raw HTML from user text. A bare `&` stays as it is so
     the raw file reads well; only one that would start an entity (`&lt;`) is escaped."""
-    s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    s = shown(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
     return _ENTITY.sub("&amp;", s).replace("<", "&lt;").replace(">", "&gt;")

@@ -17,6 +17,7 @@ import optuna
 import pandas as pd
 import yaml
 from jinja2 import Environment, PackageLoader
+from markupsafe import Markup
 
 from ablate.analysis import claims, stats
 from ablate.harness import artifacts, attention_maps, tracking
@@ -29,6 +30,7 @@ from ablate.reports.files import write_whole
 from ablate.reports.formats import md_cell, number, pvalue
 from ablate.schema.spec import StudySpec, short_name, tune_metric, validation_metric
 from ablate.schema.tasks import CORPUS_TASKS
+from ablate.schema.text import csv_cell, shown
 
 ATTENTION_VARIANTS = 4  # heatmap rows: the baseline, then the best-ranked variants with cross attention
 
@@ -253,9 +255,12 @@ def seeds_run(spec: StudySpec, df: pd.DataFrame) -> str:
 
 
 def _environment(html: bool) -> Environment:
+    # Every value a template writes goes through `shown` (control characters escaped), but what is already
+    # markup the report made (Markup: figures, tables it built).
     env = Environment(
-        loader=PackageLoader("ablate.reports", "templates"), autoescape=html, trim_blocks=True, lstrip_blocks=True
-    )
+        loader=PackageLoader("ablate.reports", "templates"), autoescape=html, trim_blocks=True, lstrip_blocks=True,
+        finalize=lambda v: shown(v) if isinstance(v, str) and not isinstance(v, Markup) else v,
+    )  # fmt: skip
     env.filters.update(num=number, pvalue=pvalue, md=md_cell)
     env.globals.update(zip=zip)
     return env
@@ -305,7 +310,7 @@ def build_report(
     }
     for name, (png, _) in figs.items():
         write_whole(out_dir / f"{name}.png", png)
-    write_whole(out_dir / "results.csv", data.trials.to_csv(index=False))
+    write_whole(out_dir / "results.csv", data.trials.map(csv_cell).to_csv(index=False))
     write_whole(out_dir / "report.md", _environment(False).get_template("report.md.j2").render(**context))
     write_whole(
         out_dir / "report.html", _environment(True).get_template("report.html.j2").render(**context)
