@@ -408,3 +408,24 @@ def test_a_lock_a_statement_gave_up_on_after_opening_is_one_line(tmp_path):
     except optuna.exceptions.StorageInternalError as wrapped:
         assert error_line(wrapped) == (1, f"storage locked by another process; gave up after {LOCK_WAIT_S} s")
     assert error_line(RuntimeError("a bug")) is None
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        ("DROP TABLE trials", "damaged: Optuna's table trials missing"),
+        ("DROP TABLE trial_values; DROP TABLE trial_params", "damaged: Optuna's tables trial_params, trial_values missing"),
+        ("ALTER TABLE trials DROP COLUMN datetime_complete", "damaged: Optuna's column trials.datetime_complete missing"),
+    ],
+)  # fmt: skip
+def test_a_storage_whose_schema_is_damaged_is_one_line_for_every_command_that_opens_it(tmp_path, stored, damage, said):
+    runs, db = copy_runs(stored, tmp_path, damage)
+    before = fingerprint(db)
+    line = f"error: storage sqlite:///{db}: {said}"
+    study = str(stored[0])
+    for command in (["status", "tiny"], ["report", "tiny"], ["dashboard", "tiny", "--port", free_port()],
+                    ["sweep", study, "--wandb", "disabled"], ["worker", study, "--wandb", "disabled"],
+                    ["compare", "tiny", "tiny", "--out", str(runs)]):  # fmt: skip
+        proc = ablate(*command, "--out", str(runs), timeout=120)
+        assert (proc.returncode, proc.stderr.splitlines()) == (2, [line]), (command, proc.stderr[-2000:])
+        assert fingerprint(db) == before, command

@@ -134,6 +134,7 @@ class Schema:
     """What a database says of itself: its tables and, in an Optuna storage, the version rows."""
 
     tables: frozenset[str]
+    columns: frozenset[tuple[str, str]] = frozenset()  # (table, column) of every table
     version: object = None  # version_info.schema_version (an int, unless the row is damaged)
     library: str | None = None  # version_info.library_version: the Optuna that made the storage
     revision: str | None = None  # alembic_version: the schema's last migration
@@ -141,7 +142,9 @@ class Schema:
 
 def read_schema(connection) -> Schema:
     """The tables and version rows of the database `connection` reads, written to by nothing here."""
-    tables = frozenset(sa.inspect(connection).get_table_names())
+    inspector = sa.inspect(connection)
+    tables = frozenset(inspector.get_table_names())
+    columns = frozenset((table, c["name"]) for table in tables for c in inspector.get_columns(table))
     version = library = revision = None
     if "version_info" in tables:
         version, library = connection.execute(
@@ -149,7 +152,7 @@ def read_schema(connection) -> Schema:
         ).first() or (None, None)
     if "alembic_version" in tables:
         revision = connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
-    return Schema(tables, version, library, revision)
+    return Schema(tables, columns, version, library, revision)
 
 
 @functools.cache
@@ -183,6 +186,13 @@ def schema_problem(found: Schema) -> str | None:
     if found.version < this.version or found.revision != this.revision:
         return (f"written by Optuna {found.library}, whose schema Optuna {optuna.__version__} reads once "
                 "upgraded: optuna storage upgrade --storage <this URL>")  # fmt: skip
+    # This Optuna's schema, finished (its version rows are written last): what it lacks was taken from it.
+    missing = sorted(this.tables - found.tables)
+    if missing:
+        return f"damaged: Optuna's table{'s' * (len(missing) > 1)} {', '.join(missing)} missing"
+    lost = sorted(f"{table}.{column}" for table, column in this.columns - found.columns)
+    if lost:
+        return f"damaged: Optuna's column{'s' * (len(lost) > 1)} {', '.join(lost)} missing"
     return None
 
 
