@@ -198,7 +198,7 @@ class AdaptiveSeeds(BaseModel):
     min: int = Field(ge=2, le=MAX_SEEDS, strict=True)  # a claim needs two seeds a side
     max: int = Field(ge=2, le=MAX_SEEDS, strict=True)
     step: int = Field(1, ge=1, le=MAX_SEEDS, strict=True)
-    start: int = Field(0, ge=0, lt=2**32 - MAX_SEEDS, strict=True)
+    start: int = Field(0, ge=0, lt=2**32, strict=True)  # the last seed, start + max - 1, is checked below it too
 
     @model_validator(mode="after")
     def _max(self) -> AdaptiveSeeds:
