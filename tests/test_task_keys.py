@@ -218,22 +218,27 @@ def test_a_shared_task_key_is_refused_only_when_no_variant_reads_it(tmp_path):
     ]
 
 
+def data_refusal(tmp_path, name: str, **task) -> list[str]:
+    """The lines load_study refuses a one-variant study of task `name` with, its data read."""
+    needed = {"max_tokens": 16} if "max_tokens" in TASKS[name].needs else {}
+    study = tmp_path / "s.yaml"
+    study.write_text(yaml.safe_dump({
+        "name": "s", "seeds": [0], "metric": {"name": "test/loss", "direction": "minimize"},
+        "base": {"preset": "transformer", "task": {"name": name, **needed, **task}}, "variants": {"a": {}},
+    }))  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        load_study(study, read_data=True)
+    return str(refused.value).splitlines()
+
+
 @pytest.mark.parametrize("name", [name for name, task in TASKS.items() if task.reads_machine != "nothing"])
 def test_every_task_that_reads_this_machine_is_checked_for_it_before_the_study_exists(tmp_path, name):
     # However the task is named and whatever it reads (a corpus, the SWORD modules, SCAN's files): data it
     # cannot find is one problem naming task.path, found by load_study, before any storage or trial exists.
     missing = tmp_path / "nothing-here"
-    task = {"name": name, "path": str(missing), **({"max_tokens": 16} if "max_tokens" in TASKS[name].needs else {})}
-    study = tmp_path / "s.yaml"
-    study.write_text(yaml.safe_dump({
-        "name": "s", "seeds": [0], "metric": {"name": "test/loss", "direction": "minimize"},
-        "base": {"preset": "transformer", "task": task}, "variants": {"a": {}},
-    }))  # fmt: skip
-    with pytest.raises(ConfigError) as refused:
-        load_study(study, read_data=True)
-    lines = str(refused.value).splitlines()
+    lines = data_refusal(tmp_path, name, path=str(missing))
     assert len(lines) == 1 and "task.path" in lines[0] and str(missing) in lines[0], lines
-    assert list(tmp_path.iterdir()) == [study]
+    assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]
 
 
 def test_a_task_declares_what_it_reads_from_this_machine():
@@ -246,13 +251,5 @@ def test_a_task_whose_default_data_is_missing_is_refused_up_front(tmp_path, monk
     # The Bibles' default library ($SWORD_PATH) without the modules: as `ablate sweep bible-lm` on a machine
     # without Debian's Bibles, refused in one line rather than run to failed trials.
     monkeypatch.setenv("SWORD_PATH", str(tmp_path))
-    task = {"name": name, **({"max_tokens": 16} if "max_tokens" in TASKS[name].needs else {})}
-    study = tmp_path / "s.yaml"
-    study.write_text(yaml.safe_dump({
-        "name": "s", "seeds": [0], "metric": {"name": "test/loss", "direction": "minimize"},
-        "base": {"preset": "transformer", "task": task}, "variants": {"a": {}},
-    }))  # fmt: skip
-    with pytest.raises(ConfigError) as refused:
-        load_study(study, read_data=True)
-    lines = str(refused.value).splitlines()
+    lines = data_refusal(tmp_path, name)
     assert len(lines) == 1 and "task.name" in lines[0] and "sword" in lines[0].lower(), lines
