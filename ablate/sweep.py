@@ -152,7 +152,7 @@ def sweep(
     which. Otherwise Ctrl-C (KeyboardInterrupt, as in a notebook) stops the workers the same way and is
     raised again. Either way the same call resumes the study."""
     from ablate.harness import signals, tracking
-    from ablate.harness.artifacts import default_storage_url, planted_link
+    from ablate.harness.artifacts import check_run_folder, default_storage_url
     from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
     from ablate.harness.study.storage import masked_url
     from ablate.harness.study.validate import raise_problems
@@ -162,8 +162,8 @@ def sweep(
     Console().print(size_line(spec))
     mode = tracking.resolve_mode(options.wandb)  # type: ignore[arg-type]
     url = options.storage or default_storage_url(spec.slug, options.out)
-    planted = planted_link(spec.slug, options.out)
-    raise_problems("", [], [*launch.problems(url, options.out), *([("--out", planted)] if planted else [])])
+    raise_problems("", [], launch.problems(url, options.out))
+    check_run_folder(spec.slug, options.out)
     store = join_study(study, spec, url)
     procs = launch.start(spec, url, options.out, mode, options.artifacts)
     if procs is None:  # a scheduler runs them now

@@ -10,10 +10,11 @@ import time
 import torch
 
 from ablate.bench.timing import Figure, interleaved, skipped, synchronize
+from ablate.bench.training import overhead_config, trial_step_seconds
 from ablate.bench.workload import Sizes, random_batch, transformer_config
 from ablate.models import build_model
 from ablate.models.sequences import PAD_ID
-from ablate.models.steps import compiled, padded_length, training_loss
+from ablate.models.steps import compiled, padded_batch, training_loss
 
 # Sizes(d_model, heads, d_ff, layers, batch, longest length, vocab): the quickstart's trial, a GPU profile's
 SIZES = {
@@ -21,14 +22,6 @@ SIZES = {
     "profile": Sizes(256, 4, 1024, 4, 64, 40, 64, steps=3, repeats=3),
 }
 QUICK = {"quickstart": Sizes(32, 2, 64, 1, 16, 8, 14, steps=5, repeats=2)}
-
-
-def bounded(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The batch at a compiled step's lengths (datamodule.collate with caps)."""
-    return {
-        k: torch.nn.functional.pad(t, (0, padded_length(t.size(1), 10**6) - t.size(1)), value=PAD_ID)
-        for k, t in batch.items()
-    }
 
 
 def step_closure(model, batch, steps: int, loss_fn):
@@ -57,12 +50,12 @@ def bench_compile(device: torch.device, quick: bool) -> list[Figure]:
         torch.compiler.reset()
         step = compiled(training_loss, device.type)
         start = time.perf_counter()
-        step_closure(model, bounded(batch), 1, step)()
+        step_closure(model, padded_batch(batch), 1, step)()
         synchronize(device)
         compile_s = time.perf_counter() - start
         seconds = interleaved(
             {"eager": step_closure(eager_model, batch, sizes.steps, training_loss),
-             "compiled": step_closure(model, bounded(batch), sizes.steps, step)},
+             "compiled": step_closure(model, padded_batch(batch), sizes.steps, step)},
             device, sizes.repeats, sizes.warmup, sizes.budget_s,
         )  # fmt: skip
         figure = Figure(
@@ -84,14 +77,12 @@ def bench_captured(device: torch.device, quick: bool) -> Figure:
     key, what = "k_trial_vs_captured", "a trial's step time / the step captured as one CUDA graph"
     if device.type != "cuda":
         return skipped(key, what, "CUDA graphs need a CUDA device", target="<= 2")
-    from ablate.bench.training import overhead_config, trial_step_seconds
-
     cfg = overhead_config(quick)
     trial_s = trial_step_seconds(cfg, device)
     sizes = SIZES["quickstart"]
     torch.manual_seed(0)
     model = build_model(cfg.model, sizes.vocab, sizes.vocab, PAD_ID).to(device).train()
-    batch = bounded(random_batch(sizes, device))
+    batch = padded_batch(random_batch(sizes, device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True)
 
     def step() -> None:

@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 
+from ablate.schema.errors import ConfigError
+
 STUDY_DB = "study.db"
 CONFIG = "config.json"
 METRICS = "metrics.json"
@@ -54,23 +56,22 @@ def study_dir(slug: str, runs_root: str | Path = "runs") -> Path:
     return Path(runs_root) / slug
 
 
-def planted_link(slug: str, runs_root: str | Path = "runs") -> str | None:
-    """A symbolic link inside the study's folder (report/, study.db, artifacts/, a trial's folder or file; W&B's
-    own folder aside, whose `latest-run` link W&B makes), as one line, or None. Nothing here makes a link, so
+def check_run_folder(slug: str, runs_root: str | Path = "runs") -> None:
+    """ConfigError for a symbolic link inside the study's folder (report/, study.db, artifacts/, a trial's
+    folder or file; W&B's own folder aside, whose `latest-run` link W&B makes). Nothing here makes a link, so
     one was placed there, and would send what is written through it outside --out: every command that
-    writes under the folder refuses it when it opens the folder."""
+    writes under the folder calls this when it opens the folder."""
     root = study_dir(slug, runs_root)
     if not root.is_dir():
-        return None
+        return
     for folder, dirs, files in os.walk(root):  # links are not followed
         if Path(folder) == root and "wandb" in dirs:
             dirs.remove("wandb")
         for name in (*dirs, *files):
             path = Path(folder) / name
             if path.is_symlink():
-                return (f"{path}: a symbolic link inside the run folder ({os.readlink(path)}); ablate writes only "
-                        "to what it made there: remove it")  # fmt: skip
-    return None
+                raise ConfigError(f"{path}: a symbolic link inside the run folder ({os.readlink(path)}); ablate "
+                                  "writes only to what it made there: remove it")  # fmt: skip
 
 
 def default_storage_url(slug: str, runs_root: str | Path = "runs") -> str:

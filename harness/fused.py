@@ -229,14 +229,14 @@ class FusedGroup:
         # The step compiled whole as a trial alone compiles (train.compile), under the trial's autocast.
         self.steps = Steps(self.cfg.train.compile, self.cfg.model)
         self.autocast = autocast(self.cfg.train.precision, self.device)
-        self.training = torch.ones(self.k, dtype=torch.bool, device=self.device)  # (K,): the seeds training
         if self.step:
             self.restore(states)
         for k, seed in enumerate(self.seeds):
             if seed.stopped:
                 self.active.stop(k)
-                self.training[k] = False
             seed.prepared.module.to(self.device)
+        # (K,): the seeds still training, on the device, so a step selects their losses without a copy
+        self.training = torch.tensor([not s.stopped for s in self.seeds], device=self.device)
 
     def restore(self, states: list[dict]) -> None:
         """The shared optimiser and schedule state, and each seed's moments and dropout generator."""

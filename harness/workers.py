@@ -33,7 +33,7 @@ from ablate.harness.artifacts import (
     CHECKPOINTS,
     RESUME_CHECKPOINT,
     artifact_store,
-    planted_link,
+    check_run_folder,
     study_dir,
     trial_dir,
     upload_trial_files,
@@ -55,7 +55,6 @@ from ablate.harness.study.looks import queue_next_look
 from ablate.harness.study.queue import best_tuned_params, load_phase_study, suggest, tune_sampler
 from ablate.harness.study.storage import chain, masked_url, quiet_experimental, storage_full
 from ablate.schema.config import ExperimentConfig
-from ablate.schema.errors import ConfigError
 from ablate.schema.names import slugify
 from ablate.schema.spec import StudySpec, tune_metric, validation_metric
 from ablate.schema.trials import EVAL, TUNE, grid_point, trial_seed, trial_variant
@@ -133,9 +132,7 @@ class Worker:
     ):  # fmt: skip
         self.spec, self.storage, self.wandb_mode = spec, storage, wandb_mode
         self.variants = spec.variant_overrides()
-        planted = planted_link(spec.slug, runs_root)
-        if planted:
-            raise ConfigError(planted)
+        check_run_folder(spec.slug, runs_root)
         self.root = study_dir(spec.slug, runs_root)
         self.store = artifact_store(spec.slug, runs_root, artifacts)
         self.eval = load_phase_study(spec, storage, EVAL)

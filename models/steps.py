@@ -17,6 +17,7 @@ a model that cannot compile whole trains eager.
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Callable
 
@@ -69,6 +70,15 @@ def padded_length(length: int, cap: int) -> int:
     """A length rounded up to a multiple of LENGTH_MULTIPLE, never past `cap` (the longest of the split, which
     learned positions were checked against)."""
     return min(-(-length // LENGTH_MULTIPLE) * LENGTH_MULTIPLE, max(cap, length))
+
+
+def padded_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A batch with each side's length rounded up as a compiled step's are (padded_length, uncapped): a
+    synthetic batch at the lengths harness/tasks/datamodule.py's collate would give it."""
+    return {
+        name: F.pad(t, (0, padded_length(t.size(1), sys.maxsize) - t.size(1)), value=PAD_ID)
+        for name, t in batch.items()
+    }
 
 
 def token_cross_entropy(
@@ -152,9 +162,19 @@ class Steps:
 
     def __init__(self, setting: bool | str, cfg: ModelConfig):
         self.setting, self.cfg = setting, cfg
+        self._resolved: dict[tuple[str, str], Callable] = {}  # (step, device type) -> what runs, every step
 
     def compiling(self, device: torch.device) -> bool:
         return compiles(self.setting, self.cfg, device.type)
+
+    def resolve(self, fn: Callable, device: torch.device) -> Callable:
+        """fn itself, or its compiled copy for this configuration and device type."""
+        if not self.compiling(device):
+            return fn
+        key = (fn.__name__, self.cfg, device.type)
+        if key not in _COMPILED:
+            _COMPILED[key] = compiled(own_copy(fn), device.type)
+        return _COMPILED[key]
 
     def run(
         self, fn: Callable, model: nn.Module, batch: dict[str, torch.Tensor], *args
@@ -163,12 +183,9 @@ class Steps:
         in memory the next replay reuses: each call is marked a new step and what it returns is copied
         (clone keeps the autograd graph), so a logged loss outlives the step."""
         device = batch["src"].device
-        step = fn
-        if self.compiling(device):
-            key = (fn.__name__, self.cfg, device.type)
-            if key not in _COMPILED:
-                _COMPILED[key] = compiled(own_copy(fn), device.type)
-            step = _COMPILED[key]
+        step = self._resolved.get((fn.__name__, device.type))
+        if step is None:
+            step = self._resolved[fn.__name__, device.type] = self.resolve(fn, device)
         captured = step is not fn and device.type == "cuda"
         if captured:
             torch.compiler.cudagraph_mark_step_begin()

@@ -28,7 +28,6 @@ from ablate.reports import columns, dashboard, headline, paired, plots
 from ablate.reports.collect import StudyData, collect
 from ablate.reports.files import write_whole
 from ablate.reports.formats import md_cell, number, pvalue
-from ablate.schema.errors import ConfigError
 from ablate.schema.spec import StudySpec, short_name, tune_metric, validation_metric
 from ablate.schema.tasks import CORPUS_TASKS
 from ablate.schema.text import csv_cell, shown
@@ -278,9 +277,7 @@ def build_report(
     """Reads the study from `storage` (and its trials' files from the artifact store: the one under
     runs_root, or the s3:// `artifact_location`) and writes the report to `out` (default
     runs/<study>/report/), and its summary and figures to the dashboard; returns that folder."""
-    planted = artifacts.planted_link(spec.slug, runs_root)
-    if planted:
-        raise ConfigError(planted)
+    artifacts.check_run_folder(spec.slug, runs_root)
     out_dir = Path(out) if out else artifacts.report_dir(spec.slug, runs_root)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = collect(spec, storage, runs_root, artifact_location)

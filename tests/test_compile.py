@@ -30,7 +30,7 @@ from ablate.models.steps import (
     Steps,
     compiles,
     loss_sums,
-    padded_length,
+    padded_batch,
     seed_losses,
     training_loss,
     why_eager,
@@ -71,15 +71,6 @@ def no_dropout(case: dict) -> ModelConfig:
     return ModelConfig(**{**case, "dropout": 0.0})
 
 
-def padded(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The batch at a compiled step's lengths: each side rounded up to a multiple of LENGTH_MULTIPLE."""
-    out = {}
-    for name, t in batch.items():
-        length = padded_length(t.size(1), cap=10**6)
-        out[name] = torch.nn.functional.pad(t, (0, length - t.size(1)), value=PAD_ID)
-    return out
-
-
 def loss_and_grads(fn, model, batch, *args):
     model.zero_grad(set_to_none=True)
     out = fn(model, batch["src"], batch["tgt_in"], batch["tgt_out"], *args)
@@ -94,15 +85,17 @@ def test_every_switch_trains_compiled_whole_or_is_listed_with_its_reason(case, b
     torch.manual_seed(0)
     model = build_model(cfg, VOCAB, VOCAB, PAD_ID)
     batch = seed_batch(0, 0)
+    padded = padded_batch(batch)  # the lengths of a compiled step: longer than the batch's own
+    assert {name: t.size(1) for name, t in padded.items()} == {"src": 8, "tgt_in": 8, "tgt_out": 8}
     reason = why_eager(cfg)
     step = torch.compile(training_loss, fullgraph=True, backend=steps_module.BACKEND)
     if reason is not None:  # the listing is true: this model does not trace whole
         assert reason == EAGER_PARTS["model.arch: lstm"]
         with pytest.raises(torch._dynamo.exc.Unsupported):
-            step(model, padded(batch)["src"], padded(batch)["tgt_in"], padded(batch)["tgt_out"], 0.1)
+            step(model, padded["src"], padded["tgt_in"], padded["tgt_out"], 0.1)
         return
     (loss, grads), (eager_loss, eager_grads) = (
-        loss_and_grads(step, model, padded(batch), 0.1), loss_and_grads(training_loss, model, batch, 0.1)
+        loss_and_grads(step, model, padded, 0.1), loss_and_grads(training_loss, model, batch, 0.1)
     )  # fmt: skip
     assert len(backend) == 1  # one graph: forward and backward, no break
     torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
@@ -128,7 +121,7 @@ def test_a_fused_step_and_a_validation_compile_whole(case, backend):
     batch = stacked([seed_batch(s, 0) for s in range(k)])
     training = torch.tensor([True, False])
     step = torch.compile(seed_losses, fullgraph=True, backend=steps_module.BACKEND)
-    (total, losses), grads = loss_and_grads(step, fused, padded(batch), 0.0, k, training)
+    (total, losses), grads = loss_and_grads(step, fused, padded_batch(batch), 0.0, k, training)
     (eager_total, eager_losses), eager_grads = loss_and_grads(seed_losses, fused, batch, 0.0, k, training)
     torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(total, eager_losses[0])  # the stopped seed's loss stays out of the sum
@@ -137,7 +130,7 @@ def test_a_fused_step_and_a_validation_compile_whole(case, backend):
     model = models[0].eval()
     with torch.no_grad():
         sums = torch.compile(loss_sums, fullgraph=True, backend=steps_module.BACKEND)(
-            model, *padded(seed_batch(0, 1)).values(), 0.1
+            model, *padded_batch(seed_batch(0, 1)).values(), 0.1
         )
         # float32 sums (carried as float64): to float32's rounding
         torch.testing.assert_close(sums, loss_sums(model, *seed_batch(0, 1).values(), 0.1), rtol=1e-5, atol=1e-5)
@@ -246,7 +239,7 @@ def test_inductor_compiled_steps_equal_eager_ones():
     compiled = torch.compile(training_loss, fullgraph=True)
     for seed in SEEDS[:3]:
         batch = seed_batch(seed % 2, seed)
-        loss, grads = loss_and_grads(compiled, model, padded(batch), 0.1)
+        loss, grads = loss_and_grads(compiled, model, padded_batch(batch), 0.1)
         eager_loss, eager_grads = loss_and_grads(training_loss, twin, batch, 0.1)
         torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
         for g, e in zip(grads, eager_grads, strict=True):

@@ -141,10 +141,11 @@ class Seq2SeqDataModule(L.LightningDataModule):
         # The evaluation splits in dataloader order; empty ones (no test_long) are left out.
         self.eval_splits = [s for s in TEST_SPLITS if len(self.encoded.get(s, ()))]
         # Each split's longest source and decoder input: what its bounded lengths stop at.
-        self.caps = {
-            split: (int(src.max()), int(tgt.max()))
-            for split, (src, tgt) in ((name, e.lengths()) for name, e in self.encoded.items() if len(e))
-        } if bounded_lengths else {}  # fmt: skip
+        self.caps: dict[str, tuple[int, int]] = {}
+        for split, encoded in self.encoded.items():
+            if bounded_lengths and len(encoded):
+                src, tgt = encoded.lengths()
+                self.caps[split] = (int(src.max()), int(tgt.max()))
 
     def sampler(self, split: str, shuffle: bool) -> BatchSampler:
         src, tgt = self.encoded[split].lengths()
