@@ -14,6 +14,8 @@ what and where) before anything is created; a fault during a run raises RunFaile
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 
     from ablate.analysis.claims import ClaimResult
     from ablate.analysis.compare import Comparison
+    from ablate.harness.study.storage import Storage
     from ablate.schema.config import ExperimentConfig
     from ablate.schema.spec import StudySpec
 
@@ -104,9 +107,13 @@ class Study:
         )
         return folder / "report.html" if folder else None
 
-    def _stored(self, call: str, read_only: bool = True):
-        """The study as its storage holds it (what was run), and the storage."""
-        return stored_study(call, self.name, self.options.storage, self.options.out, read_only)
+    @contextmanager
+    def _stored(self, call: str, read_only: bool = True) -> Iterator[tuple[StudySpec, Storage]]:
+        """The study as its storage holds it (what was run), and the storage, closed after the call: a
+        notebook that asks for results again and again would otherwise hold a connection per call."""
+        spec, store = stored_study(call, self.name, self.options.storage, self.options.out, read_only)
+        with store:
+            yield spec, store
 
     def results(self) -> pd.DataFrame:
         """One row per eval trial, from the storage alone (analysis/table.py): trial, variant, seed, state
@@ -115,8 +122,8 @@ class Study:
         from ablate.harness.study.queue import load_phase_study
         from ablate.schema.trials import EVAL
 
-        spec, store = self._stored("results")
-        return trials_frame(spec, load_phase_study(spec, store, EVAL).get_trials(deepcopy=False))
+        with self._stored("results") as (spec, store):
+            return trials_frame(spec, load_phase_study(spec, store, EVAL).get_trials(deepcopy=False))
 
     def claims(self) -> list[ClaimResult]:
         """Each claim's verdict with the numbers behind it, as the report judges it (analysis/claims.py
@@ -126,14 +133,15 @@ class Study:
         from ablate.analysis.claims import tests_first
         from ablate.harness.study.looks import judge
 
-        return tests_first(judge(*self._stored("claims")))
+        with self._stored("claims") as (spec, store):
+            return tests_first(judge(spec, store))
 
     def report(self) -> Path:
         """Builds the report from the storage and the trials' files, as `ablate report`; its HTML file."""
         from ablate.reports.render import build_report
 
-        spec, store = self._stored("report", read_only=False)  # the report writes its notes there
-        folder = build_report(spec, store, self.options.out, artifact_location=self.options.artifacts)
+        with self._stored("report", read_only=False) as (spec, store):  # the report writes its notes there
+            folder = build_report(spec, store, self.options.out, artifact_location=self.options.artifacts)
         return folder / "report.html"
 
     def compare(self, other: Study | str) -> Comparison:

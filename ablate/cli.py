@@ -243,6 +243,7 @@ def worker(
     try:
         mode = tracking.resolve_mode(wandb)  # type: ignore[arg-type]
         if not from_file:  # found read-only: open it again with the study's heartbeat periods
+            store.close()
             store = open_storage(store.url, create_dir=False, heartbeat=spec.heartbeat)
     except ConfigError as e:
         raise fail(str(e)) from None

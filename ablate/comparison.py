@@ -7,6 +7,7 @@ Errors: ConfigError, one line, before anything is written."""
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,16 +38,19 @@ def compare_stored(command: str, studies: Pair, storages: Pair, outs: Pair) -> C
     from ablate.harness.study.storage import masked_url
     from ablate.reports.collect import eval_trials
 
-    opened = [stored_study(command, study, storage, Path(out)) for study, storage, out in
-              zip(studies, storages, outs)]  # fmt: skip
-    (first, first_store), (second, second_store) = opened
-    if first.name == second.name and same_database(first_store.url, second_store.url):
-        raise ConfigError(
-            f"{command}: {studies[0]} and {studies[1]} are one run (study {first.name!r} in "
-            f"{masked_url(first_store.url)}); give the other run's --out or --storage"
-        )
-    return compare(*(Run(spec, masked_url(store.url), trials_frame(spec, eval_trials(spec, store)))
-                     for spec, store in opened))  # fmt: skip
+    with ExitStack() as closing:  # each storage opened is closed, the first too when the second fails
+        opened = []
+        for study, storage, out in zip(studies, storages, outs):
+            spec, store = stored_study(command, study, storage, Path(out))
+            opened.append((spec, closing.enter_context(store)))
+        (first, first_store), (second, second_store) = opened
+        if first.name == second.name and same_database(first_store.url, second_store.url):
+            raise ConfigError(
+                f"{command}: {studies[0]} and {studies[1]} are one run (study {first.name!r} in "
+                f"{masked_url(first_store.url)}); give the other run's --out or --storage"
+            )
+        return compare(*(Run(spec, masked_url(store.url), trials_frame(spec, eval_trials(spec, store)))
+                         for spec, store in opened))  # fmt: skip
 
 
 def same_database(first: str, second: str) -> bool:

@@ -35,6 +35,19 @@ def ablate(
     )
 
 
+def study_trials(study: Path, url: str) -> list:
+    """The eval trials of the study file `study` as the storage at `url` holds them. The storage is closed
+    after the read: a poll that left each engine to the garbage collector would use up PostgreSQL's
+    connections."""
+    from ablate.harness.study.queue import load_phase_study
+    from ablate.harness.study.storage import open_storage
+    from ablate.harness.study.validate import load_study
+    from ablate.schema.trials import EVAL
+
+    with open_storage(url, create_dir=False) as storage:
+        return load_phase_study(load_study(study), storage, EVAL).get_trials()
+
+
 TINY_TASK = {
     "name": "reverse",
     "min_len": 2,

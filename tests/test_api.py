@@ -12,7 +12,7 @@ import time
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, TINY_TRAIN
+from conftest import REPO, TINY_TRAIN, study_trials
 from optuna.trial import TrialState
 from test_reliability import background, finish, resume_record, wait_for
 from test_reliability import write_study as write_long_study
@@ -21,11 +21,8 @@ from typer.testing import CliRunner
 
 import ablate
 from ablate.cli import app
-from ablate.harness.study.queue import load_phase_study
-from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study as load_spec
 from ablate.schema.config import ExperimentConfig
-from ablate.schema.trials import EVAL
 
 CLAIM = {"text": "The Transformer scores a higher token accuracy than the LSTM.", "compare": {"preset": "transformer"},
          "to": {"preset": "lstm"}, "expect": "higher", "margin": 0.05}  # fmt: skip
@@ -235,10 +232,10 @@ def test_interrupting_a_run_checkpoints_its_trials_and_the_same_call_resumes_the
     assert proc.returncode != 0 and out.rstrip().endswith("KeyboardInterrupt"), out[-2000:]
     said = "interrupted: workers checkpointed their trials and stopped; the same call resumes them"
     assert said in " ".join(out.split()), out[-2000:]  # rich wraps lines at 80 columns off a terminal
-    (trial,) = load_phase_study(load_spec(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    (trial,) = study_trials(study, url)
     assert trial.state == TrialState.WAITING
     stopped_at = trial.user_attrs["resume"]["step"]
 
     finish(background([sys.executable, "-c", call]))
-    (trial,) = load_phase_study(load_spec(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    (trial,) = study_trials(study, url)
     assert trial.state == TrialState.COMPLETE and trial.user_attrs["resumed_from_step"] == stopped_at

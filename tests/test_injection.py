@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ablate
+from conftest import ablate, study_trials
 from optuna.trial import TrialState
-from test_launchers import recorded_args, trials, write_study
+from test_launchers import recorded_args, write_study
 
 from ablate.harness.launchers import slurm
 from ablate.harness.launchers.commands import worker_args
@@ -51,7 +51,7 @@ def test_a_study_named_like_an_option_runs_every_trial(tmp_path, name):
                   "--no-report")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     url = f"sqlite:///{runs / load_study(study).slug / 'study.db'}"
-    assert [t.state for t in trials(study, url)] == [TrialState.COMPLETE] * 2
+    assert [t.state for t in study_trials(study, url)] == [TrialState.COMPLETE] * 2
 
 
 @pytest.mark.parametrize("name", [*OPTION_LIKE_NAMES, "--", "-", "grid"])
@@ -76,7 +76,7 @@ def test_a_study_named_like_a_file_is_the_stored_one_whatever_files_lie_about(tm
                   "--no-report", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     url = f"sqlite:///{runs / load_study(study).slug / 'study.db'}"
-    assert [t.state for t in trials(study, url)] == [TrialState.COMPLETE]
+    assert [t.state for t in study_trials(study, url)] == [TrialState.COMPLETE]
     assert not (runs / "decoy").exists()
 
 

@@ -18,19 +18,17 @@ from pathlib import Path
 import lightning as L
 import pytest
 import yaml
-from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe, study_trials
 from optuna.trial import TrialState
 from test_postgres import URL_VARIABLE, postgres_url  # noqa: F401 (a fixture)
 from test_reliability import resume_record, wait_for
 
 from ablate.harness import trial as harness_trial
 from ablate.harness.launchers import Launch, local, plan, slurm
-from ablate.harness.study.queue import load_phase_study
-from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study
 from ablate.schema.config import build_config, read_yaml
 from ablate.schema.errors import ConfigError, RunFailed
-from ablate.schema.trials import EVAL, grid_point
+from ablate.schema.trials import grid_point
 
 SECRET = "not-a-real-password"
 
@@ -49,10 +47,6 @@ def write_study(path: Path, launcher: dict | None = None, **extra) -> Path:
     }
     path.write_text(yaml.safe_dump(tree))
     return path
-
-
-def trials(study: Path, url: str):
-    return load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
 
 
 # The batch script and its submission -------------------------------------------------------------------
@@ -124,7 +118,7 @@ def test_slurm_refuses_a_sqlite_file_unless_told_every_task_runs_on_one_node(tmp
     assert submitted.returncode == 0, submitted.stderr[-2000:]
     assert "SLURM job 4242" in submitted.stdout
     url = f"sqlite:///{runs / 'cluster' / 'study.db'}"
-    assert [t.state for t in trials(study, url)] == [TrialState.WAITING] * 4  # queued for the tasks
+    assert [t.state for t in study_trials(study, url)] == [TrialState.WAITING] * 4  # queued for the tasks
     assert Path(f"{fake_sbatch}.storage").read_text() == url
 
 
@@ -415,7 +409,7 @@ def test_a_sigtermed_ray_sweep_leaves_no_process_behind(tmp_path, ray_launcher):
         sweep.kill()
     assert sweep.returncode == 128 + signal.SIGTERM, log.read_text()[-3000:]
     wait_for(lambda: not started_with(marked), 15, "every process the sweep started to end")
-    assert trials(study, url)[0].state == TrialState.WAITING  # checkpointed, to resume
+    assert study_trials(study, url)[0].state == TrialState.WAITING  # checkpointed, to resume
     shutil.rmtree(temp_dir)
 
 
@@ -497,7 +491,7 @@ def test_a_4_task_array_runs_every_grid_point_once_and_writes_the_report(
     finally:
         cancel(job)
     logs = "".join(p.read_text() for p in (runs / "cluster" / "slurm").glob(f"{job}_*.log"))
-    done = trials(study, url)
+    done = study_trials(study, url)
     assert [t.state for t in done] == [TrialState.COMPLETE] * 4, logs[-3000:]
     points = [grid_point(f"pos_encoding={p}", s) for p in ("sinusoidal", "none") for s in (0, 1)]
     assert sorted(t.user_attrs["grid_point"] for t in done) == sorted(points)
@@ -527,7 +521,7 @@ def test_a_job_from_hostile_folders_runs_with_nothing_in_their_names_run(
         cancel(job)
     log = runs / "cluster" / "slurm" / f"{job}_0.log"
     assert log.is_file(), sorted(p.name for p in (runs / "cluster" / "slurm").iterdir())
-    assert [t.state for t in trials(study, url)] == [TrialState.COMPLETE], log.read_text()[-3000:]
+    assert [t.state for t in study_trials(study, url)] == [TrialState.COMPLETE], log.read_text()[-3000:]
     assert not list(tmp_path.rglob("PWNED")), "a folder's name ran as a command"
 
 
@@ -547,18 +541,18 @@ def test_a_signalled_task_checkpoints_and_another_task_resumes_the_trial(
     job = submit(study, runs, url, "--launch", "tasks=2", *extra)
     try:
         wait_for(lambda: resume_record(url, study, 0), 240, "the trial's first checkpoint", poll=0.2)
-        (running,) = trials(study, url)
+        (running,) = study_trials(study, url)
         pid = int(running.user_attrs["worker"].rsplit(":", 1)[1])
         variables = Path(f"/proc/{pid}/environ").read_text().split("\0")
         environ = dict(v.split("=", 1) for v in variables if "=" in v)
         task = environ["SLURM_JOB_ID"]  # the array task's own job id: scancel reaches only it
         subprocess.run(["scancel", f"--signal={signum.name.removeprefix('SIG')}", task], check=True)
-        resumed = lambda: trials(study, url)[0].state == TrialState.COMPLETE  # noqa: E731
+        resumed = lambda: study_trials(study, url)[0].state == TrialState.COMPLETE  # noqa: E731
         wait_for(resumed, 240, "the resumed trial", poll=0.5)
         requeued = subprocess.run(["scontrol", "show", "job", task], capture_output=True, text=True).stdout
     finally:
         cancel(job)
-    (trial,) = trials(study, url)
+    (trial,) = study_trials(study, url)
     assert trial.user_attrs["resumed_from_step"] >= 20
     assert trial.user_attrs["worker"] != running.user_attrs["worker"]  # another task finished it
     assert "Restarts=1" in requeued  # the signalled task asked to come back
@@ -579,7 +573,7 @@ def test_ray_workers_finish_the_study_and_the_sweep_writes_the_report(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Ray: 2 worker(s)" in done.stdout
     url = f"sqlite:///{runs / 'cluster' / 'study.db'}"
-    assert [t.state for t in trials(study, url)] == [TrialState.COMPLETE] * 4
+    assert [t.state for t in study_trials(study, url)] == [TrialState.COMPLETE] * 4
     assert (runs / "cluster" / "report" / "report.html").is_file()
 
 

@@ -7,6 +7,7 @@ test gets a database of its own, dropped afterwards, so reruns never collide."""
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import uuid
@@ -20,12 +21,13 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 import yaml
-from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, study_trials
 from optuna.trial import TrialState
 from test_reliability import finish, kill_mid_trial_and_recover, start_worker
 from test_storage_faults import refused, said_once_then_went_on, waited_and_gave_up
 from typer.testing import CliRunner
 
+import ablate as ablate_api
 from ablate.cli import app
 from ablate.harness.study.queue import load_phase_study, prepare_study
 from ablate.harness.study.storage import chain, connect_args, lock_held, masked_url, open_storage
@@ -98,6 +100,36 @@ def test_three_workers_finish_a_12_point_grid(tmp_path, postgres_url):
 
 def test_killed_worker_trial_is_retried_on_postgres(tmp_path, postgres_url):
     kill_mid_trial_and_recover(tmp_path, postgres_url)
+
+
+def connections(url: str) -> int:
+    """The sessions now open on the database of `url` (this query's own excepted)."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            others = "datname = current_database() AND pid <> pg_backend_pid()"
+            return connection.execute(sa.text(f"SELECT count(*) FROM pg_stat_activity WHERE {others}")).scalar()
+    finally:
+        engine.dispose()
+
+
+def test_reading_a_study_again_and_again_gives_each_connection_back(tmp_path, postgres_url):
+    """A notebook asking for results in a loop, a test polling a worker: every read closes its storage. With
+    the garbage collector off, an engine left to it would keep its connection open until the server's
+    max_connections refused the next one."""
+    study = write_study(tmp_path)
+    with open_storage(postgres_url) as storage:
+        prepare_study(load_study(study), storage)
+    api = ablate_api.load_study(study, storage=postgres_url, out=tmp_path / "runs")
+    gc.disable()
+    try:
+        for _ in range(3):
+            assert len(api.results()) == 12
+            assert api.claims() == []
+            assert len(study_trials(study, postgres_url)) == 12
+        assert connections(postgres_url) == 0
+    finally:
+        gc.enable()
 
 
 def tables(url: str) -> list[str]:

@@ -27,7 +27,7 @@ import pytest
 import sqlalchemy.exc
 import torch
 import yaml
-from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe, study_trials
 from optuna.exceptions import StorageInternalError
 from optuna.trial import TrialState
 from test_workers import tiny_spec
@@ -113,7 +113,7 @@ def resume_record(url: str, study: Path, number: int) -> dict | None:
         return None
     # KeyError: the study is not created yet; a locked database (the worker is writing): look again next poll.
     with contextlib.suppress(KeyError, ConfigError, sqlalchemy.exc.OperationalError, StorageInternalError):
-        trials = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+        trials = study_trials(study, url)
         return trials[number].user_attrs.get("resume") if len(trials) > number else None
     return None
 
@@ -194,14 +194,14 @@ def test_stop_signal_checkpoints_the_trial_and_the_same_command_resumes_it(tmp_p
     lines = proc.log.read().strip().splitlines()
     assert proc.returncode == 128 + signum, lines[-5:]
     assert "checkpointed" in lines[-1] and signum.name in lines[-1], lines[-5:]
-    (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    (trial,) = study_trials(study, url)
     assert trial.state == TrialState.WAITING
     stopped_at = trial.user_attrs["resume"]["step"]
     assert 20 <= stopped_at < 200
 
     again = start(study, runs)
     finish(again)
-    (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    (trial,) = study_trials(study, url)
     assert trial.state == TrialState.COMPLETE and trial.user_attrs["resumed_from_step"] == stopped_at
     metrics = json.loads((runs / "crash/trials/eval/0000/metrics.json").read_text())
     assert metrics["steps"] == 200 and metrics["resumed_from_step"] == stopped_at
@@ -360,13 +360,13 @@ def test_sweep_on_a_full_disk_stops_with_one_line_and_completes_once_space_is_fr
         f"error: --out: no space left on device under {small_tmpfs}; free some, then run the same command"
     )
     assert "Traceback" not in full.stderr
-    (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    (trial,) = study_trials(study, url)
     assert trial.state == TrialState.WAITING
 
     filler.unlink()
     done = ablate(*command, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    (trial,) = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    (trial,) = study_trials(study, url)
     assert trial.state == TrialState.COMPLETE
 
 
@@ -605,7 +605,7 @@ def test_storage_on_a_full_disk_stops_the_sweep_in_one_line_with_no_trial_left_r
 def stored_trials(study: Path, url: str) -> list:
     # A locked database (a worker is writing): nothing to see yet, look again next poll.
     with contextlib.suppress(KeyError, ConfigError, sqlalchemy.exc.OperationalError, StorageInternalError):
-        return load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+        return study_trials(study, url)
     return []
 
 

@@ -13,14 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ablate
+from conftest import ablate, study_trials
 from optuna.trial import TrialState
 from test_reliability import finish, start_worker, write_study
-
-from ablate.harness.study.queue import load_phase_study
-from ablate.harness.study.storage import open_storage
-from ablate.harness.study.validate import load_study
-from ablate.schema.trials import EVAL
 
 SECRET = "not-a-real-secret-but-never-on-disk"
 
@@ -65,7 +60,7 @@ def test_workers_without_a_shared_folder_meet_in_the_bucket_and_a_third_folder_r
     workers = [start_worker(study, out, "--storage", url, "--artifacts", location) for out in machines]
     for worker in workers:
         finish(worker)
-    trials = load_phase_study(load_study(study), open_storage(url, create_dir=False), EVAL).get_trials()
+    trials = study_trials(study, url)
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
     keys = {o["Key"] for o in s3_bucket.list_objects_v2(Bucket="trials")["Contents"]}
     for t in trials:  # every file a trial recorded is in the bucket, under the prefix and the study

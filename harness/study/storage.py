@@ -49,7 +49,7 @@ MAX_RETRIES = 3  # a grid point whose worker keeps dying (killed, out of host me
 
 def open_storage(
     url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = HeartbeatSpec(), read_only: bool = False
-):
+) -> Storage:
     """An RDBStorage with a heartbeat: the RUNNING trial of a killed worker is failed once its heartbeat is
     `heartbeat.grace` seconds old, and re-queued as a WAITING copy (RetryHeartbeatStaleTrialCallback).
 
@@ -72,14 +72,31 @@ def open_storage(
     return storage
 
 
-def rdb_storage(url: str, create: bool, read_only: bool, heartbeat: HeartbeatSpec):
+class Storage(optuna.storages.RDBStorage):
+    """Optuna's RDBStorage that gives its connections back when closed (`with open_storage(...) as store:`).
+    An engine left to the garbage collector keeps its pooled connection open until a full collection: a
+    process that opens the storage again and again (a notebook reading results, a poll) would use up a
+    PostgreSQL server's max_connections."""
+
+    def close(self) -> None:
+        self.remove_session()
+        self.engine.dispose()
+
+    def __enter__(self) -> Storage:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+
+def rdb_storage(url: str, create: bool, read_only: bool, heartbeat: HeartbeatSpec) -> Storage:
     """Optuna's RDBStorage, its tables made when `create`. Workers that open a new database at the same
     moment all create Optuna's tables; the losers hit a table, type or version row another just made, and
     opening again finds the schema there."""
     for attempt in range(1, SCHEMA_ATTEMPTS + 1):
         try:
             with quiet_experimental():
-                return optuna.storages.RDBStorage(
+                return Storage(
                     url, engine_kwargs=engine_kwargs(url, read_only, busy_s=LOCK_WAIT_S),
                     skip_table_creation=not create, heartbeat_interval=heartbeat.interval,
                     grace_period=heartbeat.grace, heartbeat_stale_trial_callback=retry_callback(MAX_RETRIES),
