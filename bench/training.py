@@ -107,7 +107,6 @@ def trial_fit(cfg, device: torch.device):
     """(a closure fitting the trial's module for train.max_steps through the trial's Trainer and cost callback,
     from the same initial weights each call; the module, its data and those weights), no validation."""
     import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
     from ablate.harness.callbacks import CostMonitor
     from ablate.harness.tasks import build_task
@@ -122,9 +121,7 @@ def trial_fit(cfg, device: torch.device):
 
     def fit() -> None:
         module.load_state_dict(initial)
-        # No validation, so nothing selects a checkpoint to save.
-        callbacks = [CostMonitor(), ModelCheckpoint(dirpath=root, save_top_k=0)]
-        trainer = build_trainer(cfg, callbacks, [], False, root)
+        trainer = build_trainer(cfg, [CostMonitor()], [], False, root)
         trainer.fit(module, train_dataloaders=dm.train_dataloader())
 
     return fit, module, dm, initial

@@ -1,44 +1,34 @@
-"""The Lightning callbacks a trial trains with: history of logged scalars, training cost, a validation
-on stop, attention images, divergence and pruning."""
+"""The Lightning callbacks a trial alone trains with: thin holders of harness/rules.py's rules (divergence,
+early stopping, history, cost), the last validation on stop, attention images, the report to Optuna and
+pruning, and the step-budget progress bar."""
 
 from __future__ import annotations
 
-import contextlib
-import resource
-import time
-from pathlib import Path
+import dataclasses
 
 import lightning as L
 import optuna
-import torch
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 from optuna_integration import PyTorchLightningPruningCallback
 
 from ablate.harness.compat import pruning_trial
 from ablate.harness.probes import Probe, capture, log_images
+from ablate.harness.rules import MONITOR, Cost, Divergence, History, Patience, TrialFailed
 from ablate.models.module import Seq2SeqModule
-from ablate.models.sequences import PAD_ID
-from ablate.schema.errors import RunFailed
 
-
-class TrialFailed(RunFailed):
-    """A trial that ran but produced no usable result (it diverged, or its metric is missing)."""
+__all__ = ["TrialFailed"]  # re-exported: the worker reports a trial that failed its metric with it
 
 
 class DivergenceGuard(L.Callback):
-    """Stops a trial whose loss or weights stopped being finite: nothing is learned after that point.
-
-    Each step's loss is checked on the device, without a sync; the flag and the weights are read before
-    each validation and at the end of training, so no NaN model is validated, probed or tested."""
+    """rules.Divergence for a trial alone: each step's loss observed, the rule asked before each validation
+    and at the end of training."""
 
     def __init__(self):
-        self.nonfinite_loss: torch.Tensor | None = None
+        self.rule = Divergence()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        bad = ~torch.isfinite(loss.detach())
-        self.nonfinite_loss = bad if self.nonfinite_loss is None else self.nonfinite_loss | bad
+        self.rule.observe(outputs["loss"] if isinstance(outputs, dict) else outputs)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.check(trainer, pl_module)
@@ -47,10 +37,27 @@ class DivergenceGuard(L.Callback):
         self.check(trainer, pl_module)
 
     def check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.nonfinite_loss is not None and bool(self.nonfinite_loss):
-            raise TrialFailed(f"diverged: train/loss is not finite (by step {trainer.global_step})")
-        if not all(bool(torch.isfinite(p).all()) for p in pl_module.parameters()):
-            raise TrialFailed(f"diverged: weights are not finite at step {trainer.global_step}")
+        failure = self.rule.failure(trainer.global_step, pl_module.parameters())
+        if failure is not None:
+            raise failure
+
+
+class EarlyStop(L.Callback):
+    """rules.Patience for a trial alone, after each validation; its count resumes with the trial."""
+
+    def __init__(self, patience: int):
+        self.rule = Patience(patience)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        score = trainer.callback_metrics.get(MONITOR)
+        if score is not None and not trainer.sanity_checking and self.rule.stops(float(score)):
+            trainer.should_stop = True
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self.rule)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.rule = Patience(**state_dict)
 
 
 def report_step(trial: optuna.Trial, score: float, step: int, prune: bool = False) -> None:
@@ -76,87 +83,47 @@ class StepPruning(PyTorchLightningPruningCallback):
 
 
 class HistoryCallback(L.Callback):
-    """Keeps every logged scalar by step, so learning curves survive without any external logger."""
+    """rules.History of a trial alone: every logged scalar at each validation."""
 
     def __init__(self):
-        self.rows: list[dict[str, float]] = []
+        self.history = History()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
-            row = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-            self.rows.append({"step": trainer.global_step, **row})
+            self.history.record(trainer.global_step, {k: float(v) for k, v in trainer.callback_metrics.items()
+                                                      if v.numel() == 1})  # fmt: skip
 
     def state_dict(self) -> dict:
-        return {"rows": self.rows}  # a resumed trial's history starts where the checkpoint's ended
+        return {"rows": self.history.rows}  # a resumed trial's history starts where the checkpoint's ended
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.rows = list(state_dict["rows"])
-
-
-def reset_peak_rss() -> None:
-    """Restarts the kernel's peak-RSS count (Linux), so a long-lived worker reports each trial's own peak
-    rather than the largest of all it ran."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_rss_mb() -> float:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):  # "VmHWM:   123456 kB"
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # never reset; KiB on Linux
+        self.history = History(list(state_dict["rows"]))
 
 
 class CostMonitor(L.Callback):
-    """Training throughput in tokens per second and peak memory.
-
-    Tokens are counted on the device and read back once per logging interval (or validation), so
-    counting adds no per-step sync; validation time is excluded from the throughput."""
+    """rules.Cost of a trial alone, its window's throughput logged every logging interval."""
 
     def __init__(self):
-        self.tokens, self.train_seconds, self.peak_mem_mb = 0, 0.0, 0.0
-        self._window_tokens: torch.Tensor | int = 0
-        self._window_start = 0.0
+        self.cost = Cost()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(pl_module.device)
-        else:
-            reset_peak_rss()
-        self._window_start = time.perf_counter()
+        self.cost.start(pl_module.device)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        real = (batch["src"] != PAD_ID).sum() + (batch["tgt_out"] != PAD_ID).sum()
-        self._window_tokens = self._window_tokens + real
+        self.cost.count(batch)
         if trainer.loggers and trainer.global_step % trainer.log_every_n_steps == 0:
-            rate = self._close_window()
+            rate = self.cost.lap()
             for logger in trainer.loggers:
                 logger.log_metrics({"train/tokens_per_sec": rate}, step=trainer.global_step)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._close_window()
+        self.cost.lap()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._window_start = time.perf_counter()
+        self.cost.resume()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._close_window()
-        if pl_module.device.type == "cuda":
-            self.peak_mem_mb = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
-        else:
-            self.peak_mem_mb = peak_rss_mb()
-
-    def _close_window(self) -> float:
-        tokens = int(self._window_tokens)
-        seconds = time.perf_counter() - self._window_start
-        self.tokens, self.train_seconds = self.tokens + tokens, self.train_seconds + seconds
-        self._window_tokens, self._window_start = 0, time.perf_counter()
-        return tokens / max(seconds, 1e-9)
-
-    @property
-    def tokens_per_sec(self) -> float:
-        return self.tokens / max(self.train_seconds, 1e-9)
+        self.cost.finish(pl_module.device)
 
 
 class ValidateOnStop(L.Callback):

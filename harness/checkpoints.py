@@ -9,6 +9,7 @@ the same batch sequence continues, so in deterministic mode the numbers equal an
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -20,10 +21,10 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ablate.harness import compat, signals
 from ablate.harness.artifacts import BEST_CHECKPOINT, RESUME_CHECKPOINT
+from ablate.harness.rules import MONITOR, Best, Schedule
 
 RESUME_ATTR = "resume"  # user attr: {"step", "key", "state": artifact id, "best": artifact id or absent, "kind"}
 BEST_FILE = f"{BEST_CHECKPOINT}.ckpt"
@@ -51,7 +52,8 @@ class Preempted(Exception):
 
 
 class Checkpointer(L.Callback):
-    """Saves the full training state every `every` steps (0: only when stopped by a signal), hands it to
+    """Saves the full training state when the schedule says (rules.Schedule.checkpoints), and when stopped by a
+    signal; hands it to
     `publish`, and raises Preempted once a stop signal was received. A periodic step that validates is
     saved after its validation: a resumed run does not validate that step again, and its history and best
     checkpoint must hold it. A signal cannot wait for that validation (Lightning stops right after the step
@@ -61,8 +63,8 @@ class Checkpointer(L.Callback):
     the same stream from the first resumed step; on resume it makes the training sampler skip the batches
     the epoch already used."""
 
-    def __init__(self, directory: Path, every: int, publish: Callable[[Path, int], None] | None = None):
-        self.directory, self.every, self.publish = Path(directory), every, publish
+    def __init__(self, directory: Path, schedule: Schedule, publish: Callable[[Path, int], None] | None):
+        self.directory, self.schedule, self.publish = Path(directory), schedule, publish
         self.resumed_from_step = 0
         self.restored_rng: dict[str, Any] | None = None
         self.after_validation = False
@@ -78,7 +80,7 @@ class Checkpointer(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, stop = trainer.global_step, signals.received()
-        periodic = self.every and step % self.every == 0 and step < trainer.max_steps
+        periodic = self.schedule.checkpoints(step)
         if periodic and not stop and compat.validates_this_step(trainer):
             self.after_validation = True
         elif stop or periodic:
@@ -117,28 +119,30 @@ class Checkpointer(L.Callback):
             self.restored_rng = None
 
 
-class BestCheckpoint(ModelCheckpoint):
-    """The best-val/loss weights (no optimizer state: what testing and inference need).
+class BestCheckpoint(L.Callback):
+    """rules.Best of a trial alone: the weights of each better validation (no optimizer state: what testing
+    and inference need) written whole to `directory`/best.ckpt. Its score resumes with the trial, whose
+    best-so-far file the worker fetched into that folder."""
 
-    A resumed trial runs in a folder of its own, where its best-so-far copy was fetched; Lightning restores
-    the best score only for an unchanged folder, so the restored paths are moved here first."""
+    def __init__(self, directory: Path):
+        self.path, self.rule = Path(directory) / BEST_FILE, Best()
 
-    def __init__(self, dirpath: Path, monitor: str):
-        super().__init__(dirpath=dirpath, filename=BEST_CHECKPOINT, monitor=monitor, save_weights_only=True,
-                         enable_version_counter=False)  # fmt: skip
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        score, step = trainer.callback_metrics.get(MONITOR), trainer.global_step
+        if not trainer.sanity_checking and score is not None and self.rule.improves(float(score), step):
+            partial = self.path.with_suffix(".partial")  # a kill mid-write leaves the previous best whole
+            trainer.save_checkpoint(partial, weights_only=True)
+            os.replace(partial, self.path)
+
+    @property
+    def best_model_path(self) -> str:
+        return str(self.path) if self.rule.step is not None else ""
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.rule)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        here = Path(self.dirpath or ".")
-
-        def moved(path: str) -> str:
-            return str(here / Path(path).name) if path else path
-
-        paths = ("best_model_path", "kth_best_model_path", "last_model_path")
-        super().load_state_dict({
-            **state_dict, **{key: moved(state_dict.get(key, "")) for key in paths},
-            "best_k_models": {moved(p): v for p, v in state_dict.get("best_k_models", {}).items()},
-            "dirpath": self.dirpath,
-        })  # fmt: skip
+        self.rule = Best(**state_dict)
 
 
 class StoredCheckpoints:

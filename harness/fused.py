@@ -5,11 +5,10 @@ Each seed is prepared as its trial alone prepares it (harness/trial.py `Prepared
 initialisation and dropout generator), the K models are fused, and one loop trains them together: a step
 stacks each seed's own next batch (K·B rows, seed-major, padded to the longest of the K), trains on the sum
 of the K mean losses, clips each seed's gradient norm on its own and takes one AdamW step over the stacked
-parameters, which is each seed's own step. Everything else follows the Trainer of the trial alone, seed by
-seed: validation every `val_every` steps (or at each epoch's end with max_epochs) and when training stops,
-the history row of each validation, the best val/loss weights, early stopping, divergence (a seed whose loss
-or weights stop being finite fails alone, with the trial's own message) and the periodic resume checkpoint.
-A stopped seed stays frozen (`ActiveSeeds`) while the others train on. Validation and the test pass run on
+parameters, which is each seed's own step. Everything else is the trial alone's rules (harness/rules.py),
+one of each per seed: the schedule of validations, resume checkpoints and the stop, the history, the best
+val/loss weights, early stopping, divergence (a seed that diverges fails alone, with the trial's own message)
+and the cost. A stopped seed stays frozen (`ActiveSeeds`) while the others train on. Validation and the test pass run on
 each seed's plain model with its weights (the test through Lightning, as the trial alone), so every metric,
 artifact and report row of a seed is the one it gets alone, to float rounding.
 
@@ -19,7 +18,7 @@ A group's seeds share the wall clock: `wall_time`, `peak_mem_mb` and a `max_time
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
 import tempfile
 import time
@@ -32,10 +31,10 @@ import torch
 import torch.nn.functional as F
 
 from ablate.harness import artifacts, signals
-from ablate.harness.callbacks import TrialFailed, peak_rss_mb, reset_peak_rss
 from ablate.harness.checkpoints import FUSED_STATE, Preempted
 from ablate.harness.grouping import why_not_fused
-from ablate.harness.trial import MONITOR, Prepared, TrialResult, build_trainer, resolve_precision
+from ablate.harness.rules import MONITOR, Best, Cost, Divergence, History, Patience, Schedule, TrialFailed
+from ablate.harness.trial import Prepared, TrialResult, build_trainer, resolve_precision
 from ablate.models.ensemble import (
     ActiveSeeds,
     clip_grad_norm_per_seed,
@@ -68,40 +67,31 @@ class Member:
 
 
 @dataclass
-class SeedCost:
-    """A seed's training cost, as harness.callbacks.CostMonitor reports a trial's."""
-
-    tokens: int = 0
-    train_seconds: float = 0.0
-    peak_mem_mb: float = 0.0
-
-    @property
-    def tokens_per_sec(self) -> float:
-        return self.tokens / max(self.train_seconds, 1e-9)
-
-
-@dataclass
 class Seed:
-    """One seed's run inside the group: what its Trainer and callbacks would hold alone."""
+    """One seed's run inside the group: its rules (harness/rules.py), one of each as its trial alone holds
+    them, and its place in its data."""
 
     member: Member
     prepared: Prepared
     epoch: int = 0
     batches_done: int = 0  # of the current epoch
-    history: list[dict[str, float]] = field(default_factory=list)
-    best_score: float = math.inf
-    best_step: int | None = None
-    best_state: dict[str, torch.Tensor] | None = None
-    wait: int = 0  # validations without a better val/loss (early stopping)
+    history: History = field(default_factory=History)
+    best: Best = field(default_factory=Best)
+    best_state: dict[str, torch.Tensor] | None = None  # the weights of best.step
+    patience: Patience | None = None  # train.patience's early stopping
+    divergence: Divergence = field(default_factory=Divergence)
+    cost: Cost = field(default_factory=Cost)
     stopped: bool = False
     steps: int | None = None  # the step it stopped at (early stopping, divergence); None while it trains
     failure: BaseException | None = None
     last_loss: torch.Tensor | None = None
     lr: float = 0.0  # at its last step, as the trial alone logs train/lr
-    nonfinite: torch.Tensor | None = None
-    tokens: torch.Tensor | int = 0
     batches: Iterator[dict[str, torch.Tensor]] | None = None
     num_batches: int = 0  # per epoch
+
+    def __post_init__(self) -> None:
+        patience = self.cfg.train.patience
+        self.patience = Patience(patience) if patience is not None else None
 
     @property
     def cfg(self) -> ExperimentConfig:
@@ -132,7 +122,8 @@ class Seed:
 
     def state(self, fused, optimizer, scheduler, k: int, generator: torch.Generator, step: int) -> dict:
         """The seed's resume checkpoint: its slices of the weights and AdamW moments, the shared schedule,
-        its data position, dropout generator, history, best weights and early-stopping count."""
+        its data position, dropout generator and its rules' states (its cost counts from the resumption, as
+        a trial alone's)."""
         seeds = fused.ensemble.k
         moments = {
             name: {key: seed_axis(t, seeds)[k].clone() for key, t in optimizer.state[p].items()
@@ -145,17 +136,18 @@ class Seed:
             "model": seed_state_dict(fused, k), "moments": moments, "adam_step": adam_step,
             "param_groups": optimizer.state_dict()["param_groups"], "scheduler": scheduler.state_dict(),
             "data": (self.epoch, self.batches_done), "dropout": generator.get_state(),
-            "history": self.history, "best": (self.best_score, self.best_step, self.best_state),
-            "wait": self.wait, "stopped": self.stopped, "steps": self.steps, "tokens": int(self.tokens),
+            "history": self.history.rows, "best": dataclasses.asdict(self.best), "best_state": self.best_state,
+            "patience": dataclasses.asdict(self.patience) if self.patience else None,
+            "stopped": self.stopped, "steps": self.steps,
             "failure": str(self.failure) if self.failure is not None else None,  # a TrialFailed's message
         }  # fmt: skip
 
     def restore(self, state: dict) -> None:
         self.epoch, self.batches_done = state["data"]
-        self.history = list(state["history"])
-        self.best_score, self.best_step, self.best_state = state["best"]
-        self.wait, self.stopped, self.steps = state["wait"], state["stopped"], state["steps"]
-        self.tokens = state["tokens"]
+        self.history = History(list(state["history"]))
+        self.best, self.best_state = Best(**state["best"]), state["best_state"]
+        self.patience = Patience(**state["patience"]) if state["patience"] else None
+        self.stopped, self.steps = state["stopped"], state["steps"]
         self.failure = TrialFailed(state["failure"]) if state["failure"] is not None else None
 
 
@@ -260,45 +252,30 @@ class FusedGroup:
     # Training -------------------------------------------------------------------------------------------
 
     def run(self) -> list[TrialResult | BaseException]:
-        t = self.cfg.train
-        cost = SeedCost()
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            reset_peak_rss()
-        window = time.perf_counter()
+        schedule = Schedule(self.cfg.train)
+        for seed in self.seeds:
+            seed.cost.start(self.device)
         while not all(s.stopped for s in self.seeds):
             self.train_step()
             # Every seed's epoch has as many batches (equal training sets), so they end together.
-            epoch_end = t.max_epochs is not None and self.seeds[0].epoch_ended
-            out_of_time = t.max_time is not None and time.perf_counter() - self.start >= t.max_time
-            done = (
-                self.step >= t.max_steps
-                or (epoch_end and self.seeds[0].epoch + 1 >= t.max_epochs)
-                or out_of_time
-            )
-            on_schedule = epoch_end if t.max_epochs is not None else self.step % t.val_every == 0
+            epoch_ended = self.seeds[0].epoch_ended
+            epochs_done = self.seeds[0].epoch + epoch_ended
+            done = schedule.done(self.step, epochs_done, time.perf_counter() - self.start)
             stop = signals.received()
-            periodic = t.checkpoint_every and self.step % t.checkpoint_every == 0 and self.step < t.max_steps
-            if on_schedule or done:
-                cost.train_seconds += time.perf_counter() - window
+            if schedule.validates(self.step, epoch_ended) or done:
                 self.validate()
-                window = time.perf_counter()
-            if stop or periodic:
+            if stop or schedule.checkpoints(self.step):
                 self.save_resume()
             if stop:
                 raise Preempted(stop, self.step)
             if done:
                 break
-        cost.train_seconds += time.perf_counter() - window
-        cost.peak_mem_mb = (
-            torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else peak_rss_mb()
-        )
-        for seed in self.seeds:
+        for k, seed in enumerate(self.seeds):
+            seed.cost.finish(self.device)
             if not seed.stopped:
-                self.check_divergence(seed)
+                self.check_divergence(k, seed)
         self.save_last()
-        return [self.test(k, seed, cost) for k, seed in enumerate(self.seeds)]
+        return [self.test(k, seed) for k, seed in enumerate(self.seeds)]
 
     def train_step(self) -> None:
         t, k = self.cfg.train, self.k
@@ -319,15 +296,12 @@ class FusedGroup:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
-        real = [(b["src"] != PAD_ID).sum() + (b["tgt_out"] != PAD_ID).sum() for b in batches]
         detached = losses.detach()
-        for i, seed in enumerate(self.seeds):
-            if seed.stopped:
-                continue
-            bad = ~torch.isfinite(detached[i])
-            seed.nonfinite = bad if seed.nonfinite is None else seed.nonfinite | bad
-            seed.last_loss, seed.lr = detached[i], lr
-            seed.tokens = seed.tokens + real[i]
+        for seed, loss, own in zip(self.seeds, detached, batches):
+            if not seed.stopped:
+                seed.divergence.observe(loss)
+                seed.cost.count(own)
+                seed.last_loss, seed.lr = loss, lr
 
     def stop(self, k: int, failure: BaseException | None = None) -> None:
         seed = self.seeds[k]
@@ -335,25 +309,24 @@ class FusedGroup:
         self.active.stop(k)
         self.training[k] = False
 
-    def check_divergence(self, seed: Seed) -> bool:
-        """DivergenceGuard's check for one seed: its trial fails alone, with the trial's own message."""
-        k = self.seeds.index(seed)
-        if seed.nonfinite is not None and bool(seed.nonfinite):
-            self.stop(k, TrialFailed(f"diverged: train/loss is not finite (by step {self.step})"))
-            return True
-        if not all(bool(torch.isfinite(seed_axis(p, self.k)[k]).all()) for p in self.model.parameters()):
-            self.stop(k, TrialFailed(f"diverged: weights are not finite at step {self.step}"))
-            return True
-        return False
+    def check_divergence(self, k: int, seed: Seed) -> bool:
+        """Whether the seed diverged (rules.Divergence): its trial then fails alone."""
+        weights = (seed_axis(p, self.k)[k] for p in self.model.parameters())
+        failure = seed.divergence.failure(self.step, weights)
+        if failure is not None:
+            self.stop(k, failure)
+        return failure is not None
 
     @torch.no_grad()
     def validate(self) -> None:
-        """Each training seed's validation on its plain model: the history row, the best weights, early
-        stopping and the trial's report, in the order the Trainer alone runs them."""
-        patience = self.cfg.train.patience
+        """Each training seed's validation on its plain model, then its rules in the order the Trainer alone
+        runs them: the history row, the best weights, the trial's report, early stopping. Validation time is
+        left out of every seed's cost."""
         rows = []
+        for seed in self.seeds:
+            seed.cost.lap()
         for k, seed in enumerate(self.seeds):
-            if seed.stopped or self.check_divergence(seed):
+            if seed.stopped or self.check_divergence(k, seed):
                 continue
             module = seed.prepared.module
             state = seed_state_dict(self.model, k)
@@ -362,37 +335,31 @@ class FusedGroup:
             loader = seed.prepared.dm.val_dataloader()
             with self.autocast:
                 metrics = module.validate({name: t.to(self.device) for name, t in batch.items()} for batch in loader)
-            row = {"step": self.step, "train/loss": float(seed.last_loss), "train/lr": seed.lr, **metrics}
-            seed.history.append(row)
+            trained = {"train/loss": float(seed.last_loss), "train/lr": seed.lr}
+            row = seed.history.record(self.step, {**trained, **metrics})
             rows.append(row)
-            score = metrics[MONITOR]
-            if seed.best_step is None or score < seed.best_score:  # ModelCheckpoint's strict improvement
-                seed.best_score, seed.best_step, seed.best_state = score, self.step, state
+            if seed.best.improves(metrics[MONITOR], self.step):
+                seed.best_state = state
             if seed.member.report is not None:
                 seed.member.report(row)
-            if patience is not None and self.early_stop(seed, score, patience):
+            if seed.patience is not None and seed.patience.stops(metrics[MONITOR]):
                 self.stop(k)
+        for seed in self.seeds:
+            seed.cost.resume()
         if rows and self.on_validation is not None:
             self.on_validation(self.step, rows)
 
-    @staticmethod
-    def early_stop(seed: Seed, score: float, patience: int) -> bool:
-        """Lightning's EarlyStopping on val/loss (min_delta 0): the count of validations without a strictly
-        better score since the best; stop at `patience`, or on a score that is not finite."""
-        best = min((row[MONITOR] for row in seed.history[:-1]), default=math.inf)
-        if not math.isfinite(score):
-            return True
-        seed.wait = 0 if score < best else seed.wait + 1
-        return seed.wait >= patience
-
     # Checkpoints ----------------------------------------------------------------------------------------
+
+    def folders(self) -> Iterator[tuple[int, Seed, Path]]:
+        """Each seed that keeps files, with its checkpoints folder."""
+        for k, seed in enumerate(self.seeds):
+            if seed.member.out_dir is not None:
+                yield k, seed, Path(seed.member.out_dir) / artifacts.CHECKPOINTS
 
     def save_resume(self) -> None:
         """Each seed's resume checkpoint in its folder (written whole or not at all), then published."""
-        for k, seed in enumerate(self.seeds):
-            if seed.member.out_dir is None:
-                continue
-            directory = Path(seed.member.out_dir) / artifacts.CHECKPOINTS
+        for k, seed, directory in self.folders():
             self.write(directory / artifacts.RESUME_CHECKPOINT, k)
             if seed.member.publish is not None:
                 seed.member.publish(directory, self.step)
@@ -407,17 +374,14 @@ class FusedGroup:
     def save_last(self) -> None:
         """Each seed's full state as its last checkpoint (the trial alone writes Lightning's), and no resume
         checkpoint left behind unless train.keep_checkpoints."""
-        for k, seed in enumerate(self.seeds):
-            if seed.member.out_dir is None:
-                continue
-            directory = Path(seed.member.out_dir) / artifacts.CHECKPOINTS
+        for k, seed, directory in self.folders():
             if not seed.cfg.train.keep_checkpoints:
                 (directory / artifacts.RESUME_CHECKPOINT).unlink(missing_ok=True)
             self.write(directory / artifacts.LAST_CHECKPOINT, k)
 
     # Testing --------------------------------------------------------------------------------------------
 
-    def test(self, k: int, seed: Seed, cost: SeedCost) -> TrialResult | BaseException:
+    def test(self, k: int, seed: Seed) -> TrialResult | BaseException:
         """The trial alone's test pass on the seed's best weights (its last without a validation), through
         Lightning; the best weights are saved as the trial's best checkpoint."""
         if seed.failure is not None:
@@ -436,13 +400,13 @@ class FusedGroup:
             if out_dir is not None and seed.best_state is not None:
                 best = Path(out_dir) / artifacts.CHECKPOINTS / f"{artifacts.BEST_CHECKPOINT}.ckpt"
                 trainer.save_checkpoint(best, weights_only=True)
-        seed_cost = SeedCost(int(seed.tokens), cost.train_seconds, cost.peak_mem_mb)
         result = prepared.result(
-            seed.steps or self.step, test_metrics, evaluation, seed.history, seed_cost, self.start, self.resumed_from_step
-        )
+            seed.steps or self.step, test_metrics, evaluation, seed.history.rows, seed.cost, self.start,
+            self.resumed_from_step,
+        )  # fmt: skip
         with seed.member.logger() if seed.member.logger else nullcontext() as logger:
             loggers = [logger] if logger is not None else []
-            for row in seed.history:
+            for row in seed.history.rows:
                 for lg in loggers:
                     lg.log_metrics({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
             prepared.leave(result, out_dir, loggers, self.step)

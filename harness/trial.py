@@ -10,7 +10,6 @@ sentences' translations (text tasks) and data there, as harness.artifacts names 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import tempfile
 import time
@@ -22,7 +21,6 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import WandbLogger
 
 from ablate.harness import artifacts, tracking
@@ -32,6 +30,7 @@ from ablate.harness.callbacks import (
     AttentionImages,
     CostMonitor,
     DivergenceGuard,
+    EarlyStop,
     HistoryCallback,
     StepBudgetProgressBar,
     ValidateOnStop,
@@ -39,6 +38,7 @@ from ablate.harness.callbacks import (
 from ablate.harness.checkpoints import BestCheckpoint, Checkpointer
 from ablate.harness.evaluation import Evaluation
 from ablate.harness.probes import log_images, select_probes
+from ablate.harness.rules import MONITOR, Best, Cost, Schedule
 from ablate.harness.tasks import TaskData, build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
 from ablate.models.decoding import generation_budget
@@ -46,8 +46,6 @@ from ablate.models.module import Seq2SeqModule
 from ablate.models.steps import compiles
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.errors import ConfigError, RunFailed
-
-MONITOR = "val/loss"  # what selects the best checkpoint and drives early stopping
 
 
 @dataclass
@@ -152,7 +150,7 @@ class Prepared:
 
     def result(
         self, steps: int, test_metrics: list[dict], evaluation: Evaluation, history: list[dict],
-        cost: CostMonitor, start: float, resumed_from_step: int,
+        cost: Cost, start: float, resumed_from_step: int,
     ) -> TrialResult:  # fmt: skip
         """The TrialResult of a trial trained `steps` steps and tested: `test_metrics` and `evaluation` from its
         test pass, `history` its validations; `cost` the training's (tokens_per_sec, peak_mem_mb)."""
@@ -206,20 +204,14 @@ def log_final(loggers: list, result: TrialResult, step: int) -> None:
 def build_trainer(
     cfg: ExperimentConfig, callbacks: list, loggers: list, progress: bool, root: str
 ) -> L.Trainer:
-    """The Trainer for the train.* budgets: validation every val_every steps, counted across epochs (an
-    epoch shorter than val_every does not cut the interval), or once an epoch when max_epochs is set."""
+    """The Trainer for the train.* budgets and cadences (rules.Schedule)."""
     t = cfg.train
     if t.patience is not None:
-        callbacks = [*callbacks, EarlyStopping(MONITOR, patience=t.patience, check_on_train_epoch_end=False)]
+        callbacks = [*callbacks, EarlyStop(t.patience)]
     if progress:
         callbacks = [*callbacks, StepBudgetProgressBar()]
-    by_steps = t.max_epochs is None
     return L.Trainer(
-        max_steps=t.max_steps,
-        max_epochs=-1 if by_steps else t.max_epochs,
-        max_time={"seconds": t.max_time} if t.max_time else None,
-        val_check_interval=t.val_every if by_steps else None,
-        check_val_every_n_epoch=None if by_steps else 1,  # None: val_check_interval counts global steps
+        **Schedule(t).trainer_args(),
         gradient_clip_val=t.grad_clip,
         precision=resolve_precision(t.precision),
         deterministic=t.deterministic,
@@ -231,6 +223,7 @@ def build_trainer(
         enable_progress_bar=progress,
         enable_model_summary=False,
         num_sanity_val_steps=0,
+        enable_checkpointing=False,  # the best weights are BestCheckpoint's (rules.Best)
         default_root_dir=root,
         # One process, one device, whatever the scheduler: inside a SLURM job Lightning would otherwise read
         # SLURM_NTASKS as a world size (and refuse K workers of one `srun -n K`) and install its own SIGUSR1
@@ -240,12 +233,12 @@ def build_trainer(
 
 
 def best_validation(rows: list[dict[str, float]]) -> dict[str, float]:
-    """step and val/* of the validation with the lowest val/loss (the best checkpoint's); NaN never wins."""
-    scored = [row for row in rows if MONITOR in row]
-    if not scored:
-        return {}
-    best = min(scored, key=lambda row: (math.isnan(row[MONITOR]), row[MONITOR]))
-    return {k: v for k, v in best.items() if k.startswith("val/") or k == "step"}
+    """step and val/* of the validation whose weights were tested (rules.Best over the history)."""
+    best, chosen = Best(), {}
+    for row in rows:
+        if MONITOR in row and best.improves(row[MONITOR], int(row["step"])):
+            chosen = row
+    return {k: v for k, v in chosen.items() if k.startswith("val/") or k == "step"}
 
 
 def run_trial(
@@ -269,8 +262,8 @@ def run_trial(
     with tempfile.TemporaryDirectory(prefix="trial-ckpt-") as scratch:
         # Without an out_dir the best checkpoint still selects the tested weights; it lives in scratch.
         ckpt_dir = Path(out_dir) / artifacts.CHECKPOINTS if out_dir is not None else Path(scratch)
-        best = BestCheckpoint(ckpt_dir, MONITOR)
-        periodic = Checkpointer(ckpt_dir, cfg.train.checkpoint_every, publish)
+        best = BestCheckpoint(ckpt_dir)
+        periodic = Checkpointer(ckpt_dir, Schedule(cfg.train), publish)
         # DivergenceGuard first: a NaN model is neither validated, checkpointed as the best nor tested.
         own = [DivergenceGuard(), history, cost, best, periodic, ValidateOnStop(), AttentionImages(probes),
                evaluation]  # fmt: skip
@@ -288,8 +281,9 @@ def run_trial(
         test_metrics = trainer.test(module, datamodule=dm, ckpt_path=tested, verbose=False, weights_only=True)
 
     result = prepared.result(
-        trainer.global_step, test_metrics, evaluation, history.rows, cost, start, periodic.resumed_from_step
-    )
+        trainer.global_step, test_metrics, evaluation, history.history.rows, cost.cost, start,
+        periodic.resumed_from_step,
+    )  # fmt: skip
     prepared.leave(result, out_dir, loggers, trainer.global_step)
     return result
 

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from lightning.pytorch.loggers import WandbLogger
 
 from ablate.harness.artifacts import AttentionSample
-from ablate.harness.callbacks import peak_rss_mb
 from ablate.harness.probes import heatmap
+from ablate.harness.rules import peak_rss_mb
 from ablate.harness.tasks import build_task
 from ablate.harness.trial import build_module, resolve_precision, run_trial
 from ablate.models.module import Seq2SeqModule, lr_lambda
