@@ -234,8 +234,10 @@ def shared_key_problems(
 
 def variant_duplicates(spec: StudySpec, configs: dict[str, ExperimentConfig]) -> list[Problem]:
     """Two variants that build the same model (keys the model ignores left out) with the same task and
-    training would count one result twice."""
+    training would count one result twice. Where they differ only in keys a variant sets and its model
+    ignores, ignored_key_problems has said so at those keys."""
     label = "variants.{}".format if spec.variants else "variant {!r}".format
+    overrides = spec.variant_overrides()
     seen: dict[ExperimentConfig, str] = {}
     problems = []
     for name, cfg in configs.items():
@@ -243,6 +245,9 @@ def variant_duplicates(spec: StudySpec, configs: dict[str, ExperimentConfig]) ->
         if effective in seen:
             first = seen[effective]
             ignored = sorted(k for k, v in cfg.flat().items() if configs[first].flat()[k] != v)
+            said = {key for v in (name, first) for key, _ in ignored_settings(configs[v], overrides[v])}
+            if ignored and set(ignored) <= said:
+                continue
             why = f" ({', '.join(ignored)}: ignored by this model)" if ignored else ""
             problems.append(
                 (label(name), f"builds the same {'model' if why else 'config'} as {label(first)}{why}")
