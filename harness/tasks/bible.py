@@ -43,11 +43,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeVar
 
-import numpy as np
-
 from ablate.harness.extras import require
 from ablate.harness.tasks.base import TaskData
-from ablate.harness.tasks.corpora import Corpus, corpus_task
+from ablate.harness.tasks.corpora import Corpus, corpus_task, sample
 from ablate.schema.errors import ConfigError
 from ablate.schema.task_config import TaskConfig
 
@@ -210,22 +208,15 @@ def read_bible(folder: Path, src: str, tgt: str) -> tuple[Corpus, dict[str, int]
     return corpus, dropped
 
 
-def sample(pairs: list, size: int) -> list:
-    """At most `size` pairs, drawn with SAMPLE_SEED whatever the trial's seed, in corpus order."""
-    if len(pairs) <= size:
-        return pairs
-    picked = np.random.default_rng(SAMPLE_SEED).choice(len(pairs), size=size, replace=False)
-    return [pairs[i] for i in sorted(picked)]
-
-
 def bible_task(cfg: TaskConfig, seed: int) -> TaskData:
     problem = setup_problem(cfg)
     if problem:
         raise ConfigError(problem)
     folder, (src, tgt) = library(cfg), module_names(cfg)
     whole, dropped = read_bible(folder.resolve(), src, tgt)
-    corpus = {"train": whole["train"], "valid": sample(whole["valid"], cfg.n_valid),
-              "test": sample(whole["test"], cfg.n_test)}  # fmt: skip
+    # The same valid / test pairs for every trial, whatever its seed.
+    corpus = {"train": whole["train"], "valid": sample(whole["valid"], cfg.n_valid, SAMPLE_SEED),
+              "test": sample(whole["test"], cfg.n_test, SAMPLE_SEED)}  # fmt: skip
     meta = {"path": str(folder), "modules": [src, tgt], "pairs": {k: len(v) for k, v in whole.items()},
             "dropped": dropped}  # fmt: skip
     return corpus_task("bible", corpus, cfg, seed, meta)

@@ -28,15 +28,15 @@ from pathlib import Path
 from ablate.harness.tasks.base import Example, TaskData, Vocab
 from ablate.harness.tasks.bible import (
     DEFAULT_LANGS,
+    SAMPLE_SEED,
     library,
     module_name,
     read_module,
-    sample,
     setup_problem,
     shared_chapters,
     split_by_chapter,
 )
-from ablate.harness.tasks.corpora import cap
+from ablate.harness.tasks.corpora import TRAIN_CAP, sample
 from ablate.harness.tasks.tokenizers import build_tokenizer
 from ablate.schema.errors import ConfigError
 from ablate.schema.task_config import TaskConfig
@@ -69,17 +69,18 @@ def bible_lm_task(cfg: TaskConfig, seed: int) -> TaskData:
     tokenizer = build_tokenizer(cfg.tokenizer, verses["train"], cfg.bpe_vocab_size)
     stream = {split: tokenizer.tokenize(" ".join(texts)) for split, texts in verses.items()}
     longest = max(TEST_WINDOWS.values())
-    spans = sample(windows(stream["test"], longest * length), cfg.n_test // longest)
+    spans = sample(windows(stream["test"], longest * length), cfg.n_test // longest, SAMPLE_SEED)
     if not spans:
         raise ConfigError(
             f"task.n_test: {cfg.n_test} windows of {length} tokens hold no test window of {longest} x "
             f"max_tokens (the test text has {len(stream['test'])} tokens); give n_test at least {longest}, or a shorter max_tokens"
         )
-    cut = {"train": windows(stream["train"], length), "valid": sample(windows(stream["valid"], length), cfg.n_valid),
+    valid = sample(windows(stream["valid"], length), cfg.n_valid, SAMPLE_SEED)
+    cut = {"train": windows(stream["train"], length), "valid": valid,
            **{split: [w for span in spans for w in windows(list(span), factor * length)]
               for split, factor in TEST_WINDOWS.items()}}  # fmt: skip
     splits = {split: [Example((), window) for window in cut_windows] for split, cut_windows in cut.items()}
-    splits["train"] = cap(splits["train"], cfg.max_examples, seed)
+    splits["train"] = sample(splits["train"], cfg.max_examples, [seed, TRAIN_CAP])
     meta = {"path": str(folder), "module": name, "tokens": {split: len(tokens) for split, tokens in stream.items()}}
     return TaskData(
         "bible_lm", splits, Vocab(()), Vocab.from_examples(splits["train"], "tgt"), train_max_len=length,

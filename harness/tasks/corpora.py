@@ -222,11 +222,16 @@ def length_filter(splits: dict[str, list[Example]], cfg: TaskConfig) -> dict[str
     return kept
 
 
-def cap(examples: list[Example], limit: int | None, seed: int) -> list[Example]:
-    if limit is None or len(examples) <= limit:
-        return examples
-    picked = np.random.default_rng([seed, 13]).choice(len(examples), size=limit, replace=False)
-    return [examples[i] for i in sorted(picked)]
+TRAIN_CAP = 13  # with the trial's seed, the stream that draws task.max_examples' training pairs
+
+
+def sample(items: list, size: int | None, entropy: int | list[int]) -> list:
+    """At most `size` of `items` (all of them for None), drawn by numpy's generator seeded with `entropy`,
+    in their order."""
+    if size is None or len(items) <= size:
+        return items
+    picked = np.random.default_rng(entropy).choice(len(items), size=size, replace=False)
+    return [items[i] for i in sorted(picked)]
 
 
 def parallel_task(cfg: TaskConfig, seed: int) -> TaskData:
@@ -253,7 +258,7 @@ def corpus_task(name: str, corpus: Corpus, cfg: TaskConfig, seed: int, meta: dic
         for split, pairs in corpus.items()
     }
     splits = length_filter(tokenized, cfg)
-    splits["train"] = cap(splits["train"], cfg.max_examples, seed)
+    splits["train"] = sample(splits["train"], cfg.max_examples, [seed, TRAIN_CAP])
     return TaskData(
         name, splits,
         Vocab.from_examples(splits["train"], "src"), Vocab.from_examples(splits["train"], "tgt"),
