@@ -148,10 +148,10 @@ class ModelConfig(BaseModel):
         return self.key_dim or self.d_model // self.heads
 
     @property
-    def scale_factor(self) -> float | None:
-        """The factor that multiplies q·k, given the per-head dimension; None means 1/sqrt(d_k)."""
+    def scale_factor(self) -> float:
+        """The factor that multiplies q·k: 1/sqrt(d_k) for `sqrt`, 1 for `none`, else the number given."""
         if self.scale == "sqrt":
-            return None
+            return self.d_k**-0.5
         return 1.0 if self.scale == "none" else float(self.scale)
 
     @property

@@ -46,7 +46,7 @@ def qknorm_start(cfg: ModelConfig) -> float:
 TRANSFORMER_SCORES: dict[str, ScoreKind] = {
     # Vaswani et al. 2017: q·k times a fixed factor.
     "dot": ScoreKind(
-        lambda a, cfg: a.ScaledDotProduct(cfg.scale_factor or cfg.d_k**-0.5),
+        lambda a, cfg: a.ScaledDotProduct(cfg.scale_factor),
         scale_words=("sqrt", "none"),
         scale_means="the factor on q·k: sqrt 1/sqrt(d_k), none 1, or a number",
     ),

@@ -119,7 +119,9 @@ def test_accepted_values_name_every_key_with_its_choices():
 def test_scale_accepts_keyword_or_number():
     assert build_config({}, {"model.scale": "none"}).model.scale_factor == 1.0
     assert build_config({}, {"model.scale": 0.25}).model.scale_factor == 0.25
-    assert build_config({}, {"model.scale": "sqrt"}).model.scale_factor is None
+    # d_model 64 over 4 heads: d_k 16; with key_dim, d_k is that
+    assert build_config({}, {"model.scale": "sqrt"}).model.scale_factor == 16**-0.5
+    assert build_config({}, {"model.scale": "sqrt", "model.key_dim": 4}).model.scale_factor == 0.5
 
 
 def test_override_values_are_typed():
