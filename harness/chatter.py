@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 VERBOSE_ENV = "ABLATE_VERBOSE"
 # Any module but the project's own: a warning attributed to ablate's code is about ablate, and stays.
@@ -25,3 +27,15 @@ def quiet_libraries() -> None:
         return
     logging.disable(logging.INFO)
     warnings.filterwarnings("ignore", module=NOT_ABLATE)
+
+
+@contextmanager
+def quiet_experimental() -> Iterator[None]:
+    """Optuna features stable in practice but still flagged experimental (heartbeats, failing stale trials,
+    retry copies, metric names; PED-ANOVA before Optuna 5): one warning per storage, worker or report would
+    bury what a user needs to see, verbose or not."""
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield

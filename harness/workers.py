@@ -39,6 +39,7 @@ from ablate.harness.artifacts import (
     upload_trial_files,
 )
 from ablate.harness.callbacks import ReportValidation, StepPruning, TrialFailed, report_step
+from ablate.harness.chatter import quiet_experimental
 from ablate.harness.checkpoints import (
     FUSED_STATE,
     RESUME_ATTR,
@@ -53,7 +54,7 @@ from ablate.harness.grouping import FUSE_AT_MOST, wants_fusion, why_not_fused
 from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
 from ablate.harness.study.looks import queue_next_look
 from ablate.harness.study.queue import best_tuned_params, load_phase_study, suggest, tune_sampler
-from ablate.harness.study.storage import chain, masked_url, quiet_experimental, storage_full
+from ablate.harness.study.storage import chain, masked_url, storage_full
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.names import slugify
 from ablate.schema.spec import StudySpec, tune_metric, validation_metric

@@ -21,6 +21,7 @@ from markupsafe import Markup
 
 from ablate.analysis import claims, stats
 from ablate.harness import artifacts, attention_maps, tracking
+from ablate.harness.chatter import quiet_experimental
 from ablate.harness.metrics import BLEU_BUCKET, BLEU_BUCKET_SENTENCES
 from ablate.harness.provenance import environment
 from ablate.harness.study.queue import study_progress
@@ -79,8 +80,7 @@ IMPORTANCE_METHOD = "PED-ANOVA"
 
 
 def importance_evaluator() -> optuna.importance.BaseImportanceEvaluator:
-    with warnings.catch_warnings():  # flagged experimental before Optuna 5
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with quiet_experimental():  # flagged experimental before Optuna 5
         return optuna.importance.PedAnovaImportanceEvaluator()
 
 

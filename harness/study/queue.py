@@ -10,7 +10,6 @@ With adaptive seeds only the first look's seeds are queued up front; study.looks
 from __future__ import annotations
 
 import time
-import warnings
 import zlib
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,6 +18,7 @@ import optuna
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
+from ablate.harness.chatter import quiet_experimental
 from ablate.harness.study.storage import masked_url
 from ablate.schema.config import format_validation_error
 from ablate.schema.errors import ConfigError
@@ -123,8 +123,7 @@ def queue_grid_points(spec: StudySpec, eval_study, seeds: dict[str, list[int]]) 
 
 def name_objective(study: optuna.Study, metric: str) -> None:
     """The objective's name in the dashboard and in Optuna's data frames (not 'Objective 0')."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with quiet_experimental():
         study.set_metric_names([metric])
 
 

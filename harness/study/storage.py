@@ -9,7 +9,6 @@ import re
 import sqlite3
 import sys
 import time
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, NoSuchModuleError, ProgrammingError
 
+from ablate.harness.chatter import quiet_experimental
 from ablate.harness.extras import require
 from ablate.schema.errors import ConfigError, RunFailed
 from ablate.schema.spec import HeartbeatSpec
@@ -476,15 +476,6 @@ def retry_callback(max_retry: int | None):
     'retry_history' lists the trials it replaces."""
     with quiet_experimental():
         return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
-
-
-@contextmanager
-def quiet_experimental() -> Iterator[None]:
-    """Heartbeats, failing stale trials and retry copies are stable in practice but still flagged
-    experimental: one warning per storage or worker would bury what a user needs to see."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        yield
 
 
 def serialize_sqlite_transactions(engine) -> None:
