@@ -4,20 +4,17 @@ A look happens when a worker finds nothing waiting or running. It judges the cla
 alone (each trial's metrics are user attributes) with the report's own code, analysis.claims, so the
 queue stops exactly where the report says a claim was decided. The next look's grid points are queued
 once however many workers reach the look together: the storage's unique study names are the lock, as
-in queue.prepare_study. The one worker whose `<study>:look:<n>` study is created queues the points and
+in queue.create_or_wait. The one worker whose `<study>:look:<n>` study is created queues the points and
 marks it; the others wait for the mark. Should that worker die in between, a waiting one queues what is
 missing (points already there are skipped)."""
 
 from __future__ import annotations
 
-import time
-
-import optuna
 from optuna.trial import TrialState
 
 from ablate.analysis import claims
 from ablate.analysis.table import trials_frame
-from ablate.harness.study.queue import load_phase_study, queue_grid_points
+from ablate.harness.study.queue import create_or_wait, load_phase_study, queue_grid_points
 from ablate.schema.spec import StudySpec
 from ablate.schema.trials import EVAL, optuna_study_name
 
@@ -59,16 +56,8 @@ def queue_next_look(spec: StudySpec, storage, wait_s: float = 60.0) -> bool:
     if planned is None:
         return pending(spec, storage)
     look, seeds = planned
-    eval_study = load_phase_study(spec, storage, EVAL)
-    try:
-        lock = optuna.create_study(study_name=look_lock_name(spec, look), storage=storage)
-    except optuna.exceptions.DuplicatedStudyError:
-        lock = optuna.load_study(study_name=look_lock_name(spec, look), storage=storage)
-        deadline = time.monotonic() + wait_s
-        while "queued" not in lock.user_attrs and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if "queued" in lock.user_attrs:
-            return True
-    queue_grid_points(spec, eval_study, seeds)
-    lock.set_user_attr("queued", {variant: len(s) for variant, s in seeds.items()})
+    lock, _ = create_or_wait(storage, look_lock_name(spec, look), wait_s)
+    if "queued" not in lock.user_attrs:
+        queue_grid_points(spec, load_phase_study(spec, storage, EVAL), seeds)
+        lock.set_user_attr("queued", {variant: len(s) for variant, s in seeds.items()})
     return True

@@ -13,6 +13,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -62,28 +63,31 @@ def load_phase_study(spec: StudySpec, storage, phase: str, variant: str | None =
 
 
 def prepare_study(spec: StudySpec, storage, wait_s: float = 30.0) -> StudySpec:
-    """Creates the study's Optuna studies and queues every trial once; returns the spec to run.
-
-    The process whose create_study succeeds (study names are unique in the storage) queues the trials and
-    then marks the eval study 'queued'; any other process waits for that mark. The spec stored with the
-    study is the one every worker runs, so all of them run the same configs."""
-    name = optuna_study_name(spec)
-    try:
-        study = optuna.create_study(study_name=name, storage=storage, direction=spec.metric.direction)
+    """Creates the study's Optuna studies and queues every trial once (create_or_wait); returns the spec to
+    run. The spec stored with the study is the one every worker runs, so all of them run the same configs."""
+    study, created = create_or_wait(storage, optuna_study_name(spec), wait_s, direction=spec.metric.direction)
+    if created:
         name_objective(study, spec.metric.name)
+        # The spec travels with the storage, so `ablate report` and joining workers need nothing else.
+        study.set_user_attr("spec", spec.model_dump(mode="json"))
+    if "queued" not in study.user_attrs:
+        _queue_trials(spec, storage, study)  # marks it queued
+    return spec if created else load_spec_from_storage(storage, spec.name)
+
+
+def create_or_wait(storage, name: str, wait_s: float, **create: Any) -> tuple[optuna.Study, bool]:
+    """The study `name` and whether this process created it. Study names are unique in the storage, so the
+    name is a lock: the process whose create_study succeeds does the work it guards and then sets the user
+    attr 'queued'; any other waits up to `wait_s` for that mark. A study still unmarked then lost its creator
+    while it worked: the caller does what is missing (the work skips what is done)."""
+    try:
+        return optuna.create_study(study_name=name, storage=storage, **create), True
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=name, storage=storage)
-        deadline = time.monotonic() + wait_s
-        while "queued" not in study.user_attrs and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if "queued" not in study.user_attrs:
-            # Its creator died while queuing: queue what is missing (those it queued are kept).
-            _queue_trials(spec, storage, study)
-        return load_spec_from_storage(storage, spec.name)
-    # The spec travels with the storage, so `ablate report` and joining workers need nothing else.
-    study.set_user_attr("spec", spec.model_dump(mode="json"))
-    _queue_trials(spec, storage, study)
-    return spec
+    deadline = time.monotonic() + wait_s
+    while "queued" not in study.user_attrs and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return study, False
 
 
 def _queue_trials(spec: StudySpec, storage, eval_study) -> None:
