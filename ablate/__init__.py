@@ -4,9 +4,9 @@ The Python API (ablate/api.py): `load_study(...)` -> Study (`.run()`, `.results(
 `.report()`, `.report_path`, `.compare(other)`), `compare(first, second)` of two stored runs, and
 `train(config)` -> metrics; ConfigError for bad input, RunFailed for a fault during a run.
 
-The repository's folders models/, harness/, analysis/, reports/, ablations/ and bench/ install as
-ablate.models, ablate.harness, ablate.analysis, ablate.reports, ablate.ablations and ablate.bench
-(pyproject.toml maps them)."""
+The repository's folders schema/, models/, harness/, analysis/, reports/, ablations/ and bench/ install as
+ablate.schema, ablate.models, ablate.harness, ablate.analysis, ablate.reports, ablate.ablations and
+ablate.bench (pyproject.toml maps them)."""
 
 from pathlib import Path
 
