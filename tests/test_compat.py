@@ -17,7 +17,7 @@ def test_trial_id_is_the_storage_id_that_claims_and_heartbeats_use():
     frozen = second.get_trials(deepcopy=False)[0]
     assert frozen.number == 0  # numbers restart in each study; the storage id does not
     assert compat.trial_id(frozen) != compat.trial_id(first.get_trials(deepcopy=False)[0])
-    # What Worker.claim does: flip the queued trial to RUNNING by id, then wrap it in a live Trial.
+    # What Leases.claim and Picker.claim_from do: flip the queued trial to RUNNING by id, then wrap it in a live Trial.
     assert storage.set_trial_state_values(compat.trial_id(frozen), TrialState.RUNNING)
     live = optuna.Trial(second, compat.trial_id(frozen))
     assert compat.trial_id(live) == compat.trial_id(frozen)

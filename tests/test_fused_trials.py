@@ -209,7 +209,7 @@ def prepared(tmp_path, tree: dict):
 def test_a_worker_claims_a_variants_waiting_seeds_together_and_looks_fuse_theirs(tmp_path):
     spec, storage = study(tmp_path, fuse_seeds=True)
     worker = Worker(spec, storage, tmp_path / "runs", "disabled")
-    group = worker.claim()
+    group = worker.picker.claim()
     assert [(c.variant, c.seed) for c in group] == [("transformer", 0), ("transformer", 1), ("transformer", 2)]
     # A seed whose checkpoint is Lightning's resumes alone; fused seeds of one step resume together.
     study_ = load_phase_study(spec, storage, EVAL)
@@ -220,11 +220,11 @@ def test_a_worker_claims_a_variants_waiting_seeds_together_and_looks_fuse_theirs
                                                                 "kind": FUSED_STATE})  # fmt: skip
     assert [resume_point(t.user_attrs) for t in storage.get_all_trials(study_._study_id)[3:]] == [
         ("lightning", 8), (FUSED_STATE, 8), (FUSED_STATE, 8)]
-    assert [c.seed for c in worker.claim()] == [0]
-    assert [c.seed for c in worker.claim()] == [1, 2]
+    assert [c.seed for c in worker.picker.claim()] == [0]
+    assert [c.seed for c in worker.picker.claim()] == [1, 2]
     # An adaptive look's new seeds are queued together and claimed as one group.
     queue_grid_points(spec, study_, {"transformer": [7, 8]})
-    assert [c.seed for c in worker.claim()] == [7, 8]
+    assert [c.seed for c in worker.picker.claim()] == [7, 8]
 
 
 @pytest.mark.slow  # whole studies through a worker, twice: about 30 s on 2 cores
@@ -267,7 +267,7 @@ def test_a_tune_candidate_is_scored_on_the_mean_of_its_seeds_each_as_alone(tmp_p
     spec, storage = tuned_study(tmp_path, seeds=2)
     assert spec.tune_seeds == [2, 3]  # after the eval seeds: none of them tunes
     worker = Worker(spec, storage, tmp_path / "runs", "disabled")
-    (claim,) = worker.claim()
+    (claim,) = worker.picker.claim()
     assert claim.phase == "tune"
     assert worker.run_claimed([claim])
     (trial,) = optuna.load_study(study_name="tz:tune:base", storage=storage).get_trials()
@@ -285,7 +285,7 @@ def test_a_tune_candidate_pruned_on_its_seeds_mean_is_pruned(tmp_path, monkeypat
     spec, storage = tuned_study(tmp_path, seeds=[40, 41])
     monkeypatch.setattr(optuna.Trial, "should_prune", lambda self: True)
     worker = Worker(spec, storage, tmp_path / "runs", "disabled")
-    assert worker.run_claimed(worker.claim())
+    assert worker.run_claimed(worker.picker.claim())
     (trial,) = optuna.load_study(study_name="tz:tune:base", storage=storage).get_trials()
     assert trial.state == TrialState.PRUNED and list(trial.intermediate_values) == [4]
 

@@ -32,6 +32,7 @@ from optuna.exceptions import StorageInternalError
 from optuna.trial import TrialState
 from test_workers import tiny_spec
 
+from ablate.harness import jobs as harness_jobs
 from ablate.harness import provenance, tracking
 from ablate.harness import trial as harness_trial
 from ablate.harness import workers as harness_workers
@@ -263,10 +264,10 @@ def test_faults_fail_with_their_reason_and_the_report_shows_them(tmp_path, monke
             raise OSError(errno.ECONNREFUSED, "artifact store unreachable (simulated)")
         return real_upload(trial, out_dir, store)
 
-    real_upload = harness_workers.upload_trial_files
+    real_upload = harness_jobs.upload_trial_files
     monkeypatch.setattr(Seq2SeqModule, "training_step", faulty_step)
     monkeypatch.setattr("ablate.harness.trial.write_artifacts", unwritable)
-    monkeypatch.setattr("ablate.harness.workers.upload_trial_files", unreachable_store)
+    monkeypatch.setattr("ablate.harness.jobs.upload_trial_files", unreachable_store)
     variants = {name: {"train.weight_decay": wd} for name, wd in FAULTS.items()}
     spec = tiny_spec(variants={**variants, "nan": {"train.lr": 1.0e6}})
     runs = tmp_path / "runs"

@@ -97,7 +97,7 @@ def prepared(tmp_path, **extra) -> tuple[StudySpec, str]:
 def claim_all(url: str, spec: StudySpec, results) -> None:
     """A worker process that claims eval trials as fast as it can and completes each at once."""
     worker = Worker(spec, open_storage(url), runs_root=".", wandb_mode="disabled")
-    while claims := worker.claim():
+    while claims := worker.picker.claim():
         (claim,) = claims  # on a CPU, train.fuse_seeds: auto claims one trial at a time
         variant = claim.trial.suggest_categorical("variant", list(spec.variant_overrides()))
         results.put((claim.trial.number, grid_point(variant, claim.seed)))
@@ -170,13 +170,13 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, m
     calls: list = []
     instant_results(monkeypatch, calls)
     worker = Worker(spec, storage, tmp_path / "runs", "disabled")
-    worker.run_claimed(worker.claim())  # one grid point finished
+    worker.run_claimed(worker.picker.claim())  # one grid point finished
 
     def interrupted(claim):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(worker, "objective", interrupted)
-    claims = worker.claim()
+    claims = worker.picker.claim()
     worker.run_claimed(claims)
     (claim,) = claims
     assert worker.stopped.startswith(f"KeyboardInterrupt: eval trial {claim.trial.number} checkpointed")
@@ -201,7 +201,7 @@ def test_dead_workers_trial_is_retried_once_its_heartbeat_is_stale(tmp_path, mon
     spec, url = prepared(tmp_path, factors={}, seeds=[0])
     storage = open_storage(url, heartbeat=HeartbeatSpec(interval=1, grace=2))
     dead = Worker(spec, storage, tmp_path / "runs", "disabled")
-    (lost,) = dead.claim()  # claimed, then the worker "dies": no heartbeat, no tell
+    (lost,) = dead.picker.claim()  # claimed, then the worker "dies": no heartbeat, no tell
     storage.record_heartbeat(compat.trial_id(lost.trial))
     time.sleep(2.5)
     calls: list = []
@@ -269,12 +269,12 @@ def test_workers_claiming_tune_trials_at_once_draw_different_points(tmp_path):
     tune = {"params": {"train.lr": {"log_uniform": [1e-4, 1e-1]}}, "trials": 6}
     spec, url = prepared(tmp_path, factors={}, variants={"only": {}}, seeds=[0], tune=tune)
     workers = [Worker(spec, open_storage(url), tmp_path / "runs", "disabled") for _ in range(2)]
-    claims = [worker.claim()[0] for worker in workers]
+    claims = [worker.picker.claim()[0] for worker in workers]
     lrs = [worker.job(claim).cfg.train.lr for worker, claim in zip(workers, claims)]
     assert claims[0].trial.number != claims[1].trial.number and lrs[0] != lrs[1]
     again = prepared(tmp_path / "again", factors={}, variants={"only": {}}, seeds=[0], tune=tune)
     worker = Worker(again[0], open_storage(again[1]), tmp_path / "again" / "runs", "disabled")
-    assert worker.job(worker.claim()[0]).cfg.train.lr == lrs[0]
+    assert worker.job(worker.picker.claim()[0]).cfg.train.lr == lrs[0]
 
 
 def test_tuning_on_the_baseline_needs_one(tmp_path):
@@ -304,9 +304,9 @@ def test_a_factor_reaches_its_layer_by_the_route_the_architecture_names(tmp_path
     from ablate.models import positional_layers
 
     spec = load_study(write(tmp_path, study_tree(factors={"model.pos_encoding": ["sinusoidal", "alibi"]})))  # 1
-    variants = spec.variant_overrides()  # 2: what the queue stores and Worker.job reads back
+    variants = spec.variant_overrides()  # 2: what the queue stores and Job.prepare reads back
     assert list(variants.values()) == [{"model.pos_encoding": "sinusoidal"}, {"model.pos_encoding": "alibi"}]
-    cfg = spec.config_for(variants["pos_encoding=alibi"], seed=0)  # 3: as Worker.job builds it
+    cfg = spec.config_for(variants["pos_encoding=alibi"], seed=0)  # 3: as Job.prepare builds it
     assert cfg.model.pos_encoding == "alibi"
     module = Prepared.of(cfg).module  # 4: run_trial's module, Seq2SeqModule(cfg.model, ...)
     model = module.model  # 5: build_model's family for model.arch

@@ -15,9 +15,10 @@ from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN
 from optuna.artifacts import download_artifact
 from optuna.trial import TrialState
 
-from ablate.harness import compat, workers
+from ablate.harness import compat
 from ablate.harness.artifacts import artifact_store
 from ablate.harness.launchers import local
+from ablate.harness.study import leases
 from ablate.harness.study.queue import load_phase_study, prepare_study
 from ablate.harness.study.storage import open_storage
 from ablate.harness.workers import run_worker
@@ -207,7 +208,7 @@ def test_a_heartbeat_that_cannot_be_recorded_says_so_in_one_line_and_beats_on(ca
             return 0.01
 
     storage = BlinkingStorage()
-    with workers.heartbeat(storage, 7):
+    with leases.heartbeat(storage, 7):
         while storage.beats < 3:
             time.sleep(0.01)
     err = capsys.readouterr().err
