@@ -14,10 +14,8 @@ from optuna_integration import PyTorchLightningPruningCallback
 
 from ablate.harness.compat import pruning_trial
 from ablate.harness.probes import Probe, capture, log_images
-from ablate.harness.rules import MONITOR, Cost, Divergence, History, Patience, TrialFailed
+from ablate.harness.rules import MONITOR, Cost, Divergence, History, Patience
 from ablate.models.module import Seq2SeqModule
-
-__all__ = ["TrialFailed"]  # re-exported: the worker reports a trial that failed its metric with it
 
 
 class DivergenceGuard(L.Callback):

@@ -19,10 +19,10 @@ import torch
 from optuna.trial import TrialState
 
 from ablate.harness import signals
-from ablate.harness.callbacks import TrialFailed
 from ablate.harness.checkpoints import FUSED_STATE, RESUME_ATTR, Preempted, resume_point
 from ablate.harness.fused import FusedGroup, Member, run_fused
 from ablate.harness.grouping import why_not_fused
+from ablate.harness.rules import TrialFailed
 from ablate.harness.study.queue import load_phase_study, prepare_study, queue_grid_points
 from ablate.harness.study.storage import open_storage
 from ablate.harness.trial import run_trial
