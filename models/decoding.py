@@ -116,12 +116,7 @@ def beam_search(
     for t in range(max_len):
         logits, state = model.step(state, prev)
         log_probs = next_token_log_probs(logits, pad_id, bos_id)  # (B*k, V)
-        vocab = log_probs.size(-1)
-        candidates = (scores[..., None] + log_probs.view(b, k, vocab)).view(b, k * vocab)
-        cand_scores, cand_index = candidates.topk(2 * k, dim=1)  # (B, 2k), best first
-        parent, token = cand_index // vocab, cand_index % vocab
-        history = tokens.gather(1, parent[..., None].expand(-1, -1, t))
-        cand_tokens = torch.cat([history, token[..., None]], dim=2)  # (B, 2k, t+1)
+        cand_scores, parent, token, cand_tokens = _extensions(scores, tokens, log_probs)
 
         ends = token == eos_id
         to_pool = ends & top_k & (n_finished < k)[:, None] & cand_scores.isfinite()
@@ -140,11 +135,32 @@ def beam_search(
         if (t + 1) % SYNC_EVERY == 0 and (n_finished >= k).all():
             break
 
-    # Sentences that reached max_len without k finished hypotheses let their live ones compete.
-    open_sentence = (n_finished < k)[:, None]
-    live_scores = (scores / length_penalty(tokens.size(2), alpha)).masked_fill(~open_sentence, float("-inf"))
-    pool_scores, pool_tokens = _merge_pool(
-        pool_scores, pool_tokens, live_scores, F.pad(tokens, (0, max_len - tokens.size(2)), value=pad_id)
-    )
-    best = pool_tokens[torch.arange(b, device=device), pool_scores.argmax(1)]  # (B, max_len)
+    return _best(pool_scores, pool_tokens, scores, tokens, n_finished < k, alpha, pad_id)
+
+
+def _best(
+    pool_scores: torch.Tensor, pool_tokens: torch.Tensor, scores: torch.Tensor, tokens: torch.Tensor,
+    open_sentence: torch.Tensor, alpha: float, pad_id: int,
+) -> torch.Tensor:  # fmt: skip
+    """Each sentence's best hypothesis (B, T), trimmed: the pool's best, where a sentence that reached
+    max_len without k finished hypotheses (`open_sentence`, (B,)) lets its live ones compete."""
+    live_scores = (scores / length_penalty(tokens.size(2), alpha)).masked_fill(~open_sentence[:, None], float("-inf"))
+    pad = (0, pool_tokens.size(2) - tokens.size(2))
+    pool_scores, pool_tokens = _merge_pool(pool_scores, pool_tokens, live_scores, F.pad(tokens, pad, value=pad_id))
+    best = pool_tokens[torch.arange(pool_tokens.size(0), device=pool_tokens.device), pool_scores.argmax(1)]
     return trim_padding(best, pad_id)
+
+
+def _extensions(
+    scores: torch.Tensor, tokens: torch.Tensor, log_probs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The 2k best one-token extensions of each sentence's k hypotheses (`scores` (B, k), `tokens`
+    (B, k, t), `log_probs` (B*k, V)), best first: their scores, parent beams and new tokens, each (B, 2k),
+    and their tokens (B, 2k, t+1)."""
+    b, k = scores.shape
+    vocab = log_probs.size(-1)
+    candidates = (scores[..., None] + log_probs.view(b, k, vocab)).view(b, k * vocab)
+    cand_scores, cand_index = candidates.topk(2 * k, dim=1)
+    parent, token = cand_index // vocab, cand_index % vocab
+    history = tokens.gather(1, parent[..., None].expand(-1, -1, tokens.size(2)))
+    return cand_scores, parent, token, torch.cat([history, token[..., None]], dim=2)
