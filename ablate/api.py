@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from ablate.sweep import SweepOptions, checked, load_sweep, size_line, stored_study, sweep
+from ablate.sweep import SweepOptions, checked, load_sweep, size_line, stored_study, sweep, write_report
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -75,9 +75,9 @@ class Study:
     @property
     def report_path(self) -> Path:
         """The report's HTML file (report.md, results.csv and the figures lie beside it)."""
-        from ablate.harness.artifacts import report_dir
+        from ablate.harness.artifacts import REPORT_HTML, report_dir
 
-        return report_dir(self.spec.slug, self.options.out) / "report.html"
+        return report_dir(self.spec.slug, self.options.out) / REPORT_HTML
 
     def run(
         self,
@@ -102,10 +102,7 @@ class Study:
         options = checked(SweepOptions, {**self.options.model_dump(), "workers": workers, "devices": devices,
                                          "per_device": per_device, "wandb": wandb, "report": report,
                                          "launcher": launcher, "launch": tuple(launch)})  # fmt: skip
-        folder = sweep(
-            self.source, self.profile, self.sets, options, Console(stderr=True), stop_on_signals=False
-        )
-        return folder / "report.html" if folder else None
+        return sweep(self.source, self.profile, self.sets, options, Console(stderr=True), stop_on_signals=False)
 
     @contextmanager
     def _stored(self, call: str, read_only: bool = True) -> Iterator[tuple[StudySpec, Storage]]:
@@ -138,11 +135,8 @@ class Study:
 
     def report(self) -> Path:
         """Builds the report from the storage and the trials' files, as `ablate report`; its HTML file."""
-        from ablate.reports.render import build_report
-
         with self._stored("report", read_only=False) as (spec, store):  # the report writes its notes there
-            folder = build_report(spec, store, self.options.out, artifact_location=self.options.artifacts)
-        return folder / "report.html"
+            return write_report(spec, store, self.options.out, None, self.options.artifacts, None)
 
     def compare(self, other: Study | str) -> Comparison:
         """This run beside `other`, as `ablate compare`: another Study (its own out and storage: a re-run on

@@ -27,10 +27,8 @@ from ablate.sweep import (
     ThreadOptions,
     check_artifacts,
     checked,
-    is_study_file,
-    join_study,
     stored_study,
-    study_name,
+    write_report,
 )
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
@@ -221,47 +219,16 @@ def worker(
     worker that finishes the study's last trial writes its report.
 
     SIGTERM, SIGUSR1 or Ctrl-C: the running trial checkpoints and waits again; the same command resumes it."""
-    from ablate.harness import tracking
-    from ablate.harness.artifacts import default_storage_url
-    from ablate.harness.study.storage import open_storage
-    from ablate.harness.study.validate import load_study, raise_problems, run_problems
+    from ablate.worker import work
 
-    from_file = not stored and is_study_file(study)
     try:
         threads = checked(ThreadOptions, {"threads": threads}, from_text=True).threads
-        check_artifacts(artifacts, reach=True)
-        problems = run_problems(out, storage, None, wandb)
-        if from_file:
-            spec = load_study(study, also=problems)
-            store = join_study(study, spec, storage or default_storage_url(spec.slug, out))
-        else:
-            raise_problems("", [], problems)
+        done = work(study, storage, out, wandb, artifacts, threads, stored, not no_report, console)
     except ConfigError as e:
         raise fail(str(e)) from None
-    if not from_file:
-        spec, store = _stored_study("worker", study, storage, out, stored=stored)
-    try:
-        mode = tracking.resolve_mode(wandb)  # type: ignore[arg-type]
-        if not from_file:  # found read-only: open it again with the study's heartbeat periods
-            store.close()
-            store = open_storage(store.url, create_dir=False, heartbeat=spec.heartbeat)
-    except ConfigError as e:
-        raise fail(str(e)) from None
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    from ablate.harness.workers import run_worker
-
-    done = run_worker(spec, store, out, mode, artifacts)
     if done.stopped:
         typer.echo(f"worker: {done.stopped}", err=True)
         raise typer.Exit(code=done.stop_code)
-    if done.finished_last and not no_report:
-        from ablate.reports.render import build_report
-
-        report = build_report(spec, store, out, wandb_mode=mode, artifact_location=artifacts)
-        console.print(terminal(f"report: {report / 'report.html'}"))
 
 
 @app.command()
@@ -346,51 +313,19 @@ def dashboard(
     artifacts: ArtifactsOption = None,
 ) -> None:
     """optuna-dashboard on the study storage, with the trials' artifacts."""
-    from ablate.harness.artifacts import STUDY_DB, artifact_location, artifact_store, default_storage_url
-    from ablate.harness.extras import require
-    from ablate.harness.study.storage import check_readable, check_url, masked_url, open_storage
-    from ablate.schema.names import slugify
+    from ablate.dashboard import find
+    from ablate.harness.study.storage import masked_url
 
     try:
         serve = checked(ServeOptions, {"host": host, "port": port}, from_text=True)
-        if storage is None and study is None:
-            found = sorted(out.glob(f"*/{STUDY_DB}"))
-            if len(found) != 1:
-                where = ", ".join(str(p.parent.name) for p in found) or "none"
-                raise ConfigError(f"dashboard: name a study or give --storage (studies in {out}: {where})")
-            study = found[0].parent.name
-        name = None if study is None else study_name(study)
-        storage = storage or default_storage_url(slugify(name), out)
-        check_url(storage, exists=True)  # all that --dry-run checks: it connects to nothing
-        check_artifacts(artifacts)
-        if artifacts and name is None:
-            raise ConfigError("--artifacts: name the study too (its files lie under the prefix by name)")
+        board = find(study, storage, out, artifacts)
+        if dry_run:
+            print(f"optuna-dashboard on http://{serve.host}:{serve.port}: storage {masked_url(board.storage)}, "
+                  f"artifacts {board.files()}")  # fmt: skip
+            return
+        board.serve(serve.host, serve.port, console)
     except ConfigError as e:
         raise fail(str(e)) from None
-    # The trials' files: the study's artifact store (its folder's, or under the bucket by study name).
-    slug = None if name is None else slugify(name)
-    served_at = f"http://{serve.host}:{serve.port}"
-    if dry_run:
-        files = "none" if slug is None else artifact_location(slug, out, artifacts)
-        print(f"optuna-dashboard on {served_at}: storage {masked_url(storage)}, artifacts {files}")
-        return
-    try:
-        require("optuna_dashboard", extra="dashboard", feature="ablate dashboard")
-        # Opened here, not by optuna-dashboard, which would give a database of another program Optuna's tables.
-        store = open_storage(storage, create_dir=False)
-        check_readable(store, storage, name)
-    except ConfigError as e:
-        raise fail(str(e)) from None
-    from optuna_dashboard import run_server
-
-    # In this process, not a child one: a killed `ablate` leaves no server behind, and the URL stays off
-    # the command lines that `ps` shows.
-    console.print(f"optuna-dashboard on {served_at} (Ctrl-C to stop)")
-    try:
-        files = None if slug is None else artifact_store(slug, out, artifacts)
-        run_server(store, host=serve.host, port=serve.port, artifact_store=files)
-    except KeyboardInterrupt:
-        pass
 
 
 def _stored_study(
@@ -420,10 +355,8 @@ def report(
         check_artifacts(artifacts)
     except ConfigError as e:
         raise fail(str(e)) from None
-    from ablate.reports.render import build_report
-
-    out_dir = build_report(spec, store, out, report_dir, artifact_location=artifacts)
-    console.print(terminal(f"report built in {time.perf_counter() - start:.1f} s: {out_dir / 'report.html'}"))
+    html = write_report(spec, store, out, None, artifacts, None, report_dir)
+    console.print(terminal(f"report built in {time.perf_counter() - start:.1f} s: {html}"))
 
 
 @app.command()

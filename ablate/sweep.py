@@ -88,13 +88,7 @@ def load_sweep(
     one ConfigError, before anything is created. Local worker processes are checked against this machine.
     The file is read once, for its launcher block and its study."""
     from ablate.harness.launchers import plan
-    from ablate.harness.study.validate import (
-        MAX_TRIALS,
-        capacity_problems,
-        load_study,
-        read_study,
-        run_problems,
-    )
+    from ablate.harness.study.validate import MAX_TRIALS, load_study, raise_problems, read_study, run_problems
 
     path, tree, unread = study, {}, None
     try:
@@ -103,17 +97,14 @@ def load_sweep(
         unread = e  # raised after the command line's own checks, as the study's other problems are
     here = options.model_dump(include=set(local.Options.model_fields))
     launch, problems = plan(options.launcher, str(study), list(options.launch), here, tree.get("launcher"))
-    # The local processes' options, wherever they were given; any other launcher refuses the flags.
-    processes = launch.options if launch is not None and launch.name == "local" else options
-    if processes.workers and processes.devices:
-        raise ConfigError("--workers: give either --workers (CPU processes) or --devices (GPUs), not both")
     check_artifacts(options.artifacts, reach=True)
-    problems = [*run_problems(options.out, options.storage, processes.devices, options.wandb),
-                *capacity_problems(processes.workers, processes.devices, processes.per_device),
-                *problems]  # fmt: skip
+    # The flags --workers, --devices and --per-device are the local launcher's options: it checks them.
+    processes = local.problems(options, options.storage, options.out)
+    problems = [*run_problems(options.out, options.storage, options.wandb), *processes, *problems]
     if options.launcher and (options.workers or options.devices):
         problems.append(("--workers", "local processes only; with --launcher, --launch workers=N"))
     if unread is not None:
+        raise_problems("", [], processes)
         raise unread
     spec = load_study(path, profile, sets, None if options.allow_large else MAX_TRIALS, problems, tree=tree)
     return spec, launch
@@ -144,7 +135,7 @@ def sweep(
 ) -> Path | None:
     """Tunes (if the study says so) and runs every variant x seed of the study in the workers its launcher
     starts (harness/launchers: local processes unless `options.launcher` names another), resuming what the
-    storage holds, then writes the report; returns its folder (None without one). A launcher that hands the
+    storage holds, then writes the report; returns its HTML file (None without one). A launcher that hands the
     workers to a scheduler returns at once, None, and the worker that finishes the study writes the report.
 
     `stop_on_signals` (the command line): SIGTERM and SIGINT are noted (harness/signals.py) and forwarded
@@ -185,15 +176,26 @@ def sweep(
         if code in [p.returncode for p in procs]:
             raise RunFailed(f"{where}; free some, then run the same command")
     crashed = [p.returncode for p in procs if p.returncode != 0]
-    report = None
-    if options.report:
-        from ablate.reports.render import build_report
-
-        report = build_report(spec, store, options.out, wandb_mode=mode, artifact_location=options.artifacts)
-        console.print(terminal(f"report: {report / 'report.html'}"))
+    report = write_report(spec, store, options.out, mode, options.artifacts, console) if options.report else None
     if crashed:
         raise RunFailed(f"{len(crashed)} worker(s) exited with an error (codes {crashed})")
     return report
+
+
+def write_report(
+    spec: StudySpec, store, out: Path, mode: str | None, artifacts: str | None, console: Console | None,
+    folder: Path | None = None,
+) -> Path:  # fmt: skip
+    """The study's report (reports/render.py) in `folder` (default: the study's report/ under `out`), its
+    HTML file named on `console`: how a sweep, the worker that finishes a study, `ablate report` and the
+    API write it; that file."""
+    from ablate.harness.artifacts import REPORT_HTML
+    from ablate.reports.render import build_report
+
+    html = build_report(spec, store, out, folder, wandb_mode=mode, artifact_location=artifacts) / REPORT_HTML
+    if console is not None:
+        console.print(terminal(f"report: {html}"))
+    return html
 
 
 def watch_workers(spec: StudySpec, store, procs, console: Console) -> None:

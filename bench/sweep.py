@@ -1,5 +1,5 @@
 """The sweep figure (f): finished trials per hour of a tiny study with K = 1, 2, 4 concurrent worker
-processes per device, each spawned as `ablate sweep` spawns them."""
+processes per device, started by the local launcher as `ablate sweep` starts them."""
 
 from __future__ import annotations
 
@@ -48,12 +48,12 @@ def output_to(path: Path):
 
 
 def sweep_rate(k: int, trials: int, device: torch.device, root: Path) -> tuple[float, float, int]:
-    """Runs a fresh study of `trials` tiny trials with k local worker processes (`ablate sweep`'s own
-    spawning); returns (trials per hour, seconds, finished trials). Worker start-up counts: every sweep pays it."""
+    """Runs a fresh study of `trials` tiny trials with k worker processes started by the local launcher, as
+    `ablate sweep` starts them; returns (trials per hour, seconds, finished trials). Worker start-up counts: every sweep pays it."""
     import optuna
 
     from ablate.harness.artifacts import default_storage_url
-    from ablate.harness.launchers.local import spawn_workers, worker_slots
+    from ablate.harness.launchers import local
     from ablate.harness.study.queue import prepare_study, study_progress
     from ablate.harness.study.storage import open_storage
 
@@ -63,13 +63,13 @@ def sweep_rate(k: int, trials: int, device: torch.device, root: Path) -> tuple[f
     store = open_storage(url)
     prepare_study(spec, store)
     if device.type == "cuda":
-        slots = worker_slots(None, [str(device.index or 0)], k)
+        processes = local.Options(devices=str(device.index or 0), per_device=k)
     else:
-        slots = worker_slots(k, None, 1)
+        processes = local.Options(workers=k)
     log = root / f"workers-k{k}.log"
     start = time.perf_counter()
     with output_to(log):
-        procs = spawn_workers(spec.name, url, root, "disabled", slots)
+        procs = local.start(spec, url, root, "disabled", None, processes)
     for proc in procs:
         proc.wait()
     seconds = time.perf_counter() - start

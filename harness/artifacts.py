@@ -88,6 +88,9 @@ def artifact_dir(slug: str, runs_root: str | Path = "runs") -> Path:
     return study_dir(slug, runs_root) / "artifacts"
 
 
+REPORT_HTML, REPORT_MD, RESULTS_CSV = "report.html", "report.md", "results.csv"  # in report_dir
+
+
 def report_dir(slug: str, runs_root: str | Path = "runs") -> Path:
     return study_dir(slug, runs_root) / "report"
 

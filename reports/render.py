@@ -309,13 +309,7 @@ def build_report(
         "bleu_bucket": BLEU_BUCKET,
         "bleu_bucket_sentences": BLEU_BUCKET_SENTENCES,
     }
-    for name, (png, _) in figs.items():
-        write_whole(out_dir / f"{name}.png", png)
-    write_whole(out_dir / "results.csv", data.trials.map(csv_cell).to_csv(index=False))
-    write_whole(out_dir / "report.md", _environment(False).get_template("report.md.j2").render(**context))
-    write_whole(
-        out_dir / "report.html", _environment(True).get_template("report.html.j2").render(**context)
-    )
+    write_files(out_dir, figs, data.trials, context)
     markdown = _environment(False)
     trial_note = markdown.get_template("trial_note.md.j2")
     dashboard.publish(
@@ -333,6 +327,15 @@ def build_report(
     return out_dir
 
 
+def write_files(out_dir: Path, figs: dict[str, tuple[bytes, str]], trials: pd.DataFrame, context: dict) -> None:
+    """The report's files, each written whole: the figures, the trial table, report.md and report.html."""
+    for name, (png, _) in figs.items():
+        write_whole(out_dir / f"{name}.png", png)
+    write_whole(out_dir / artifacts.RESULTS_CSV, trials.map(csv_cell).to_csv(index=False))
+    for name, html in ((artifacts.REPORT_MD, False), (artifacts.REPORT_HTML, True)):
+        write_whole(out_dir / name, _environment(html).get_template(f"{name}.j2").render(**context))
+
+
 def log_summary_run(
     spec: StudySpec, summary: pd.DataFrame, report_dir: Path, figure_names: list[str], mode, directory: Path
 ) -> None:
@@ -340,7 +343,7 @@ def log_summary_run(
     table, and every figure."""
     import wandb
 
-    results = pd.read_csv(report_dir / "results.csv")
+    results = pd.read_csv(report_dir / artifacts.RESULTS_CSV)
     with tracking.wandb_logger(mode, directory, group=spec.name, name=f"{spec.name}-report", job_type="report",
                                tags=["report"], config=spec.model_dump(mode="json")) as logger:  # fmt: skip
         if logger is None:
@@ -351,4 +354,4 @@ def log_summary_run(
             "report/trials": wandb.Table(dataframe=results.astype(object).where(results.notna(), None)),
             **{f"report/{name}": wandb.Image(str(report_dir / f"{name}.png")) for name in figure_names},
         })  # fmt: skip
-        run.save(str(report_dir / "report.html"), base_path=str(report_dir), policy="now")
+        run.save(str(report_dir / artifacts.REPORT_HTML), base_path=str(report_dir), policy="now")

@@ -239,3 +239,30 @@ def test_interrupting_a_run_checkpoints_its_trials_and_the_same_call_resumes_the
     finish(background([sys.executable, "-c", call]))
     (trial,) = study_trials(study, url)
     assert trial.state == TrialState.COMPLETE and trial.user_attrs["resumed_from_step"] == stopped_at
+
+
+def test_ablate_worker_and_study_run_join_run_and_report_by_one_path(tmp_path, monkeypatch):
+    """`ablate worker FILE` and Study.run join the study with sweep.join_study and write the report with
+    sweep.write_report, and Study.run's workers are `ablate worker` processes (ablate.worker.work): a path
+    of either's own would miss these records."""
+    from ablate import sweep as sweep_module
+    from ablate import worker as worker_module
+    from ablate.harness.launchers.commands import worker_args
+
+    joined, reported, worked = [], [], []
+    for module in (sweep_module, worker_module):
+        join, report = module.join_study, module.write_report
+        monkeypatch.setattr(module, "join_study", lambda *a, join=join: joined.append(a[1].name) or join(*a))
+        monkeypatch.setattr(module, "write_report", lambda *a, report=report: reported.append(a[2]) or report(*a))
+    work = worker_module.work
+    monkeypatch.setattr(worker_module, "work", lambda *a: worked.append(a[0]) or work(*a))
+    study = write_study(tmp_path / "tiny.yaml", variants={"transformer": {"preset": "transformer"}}, seeds=[0])
+
+    alone = CliRunner().invoke(app, ["worker", str(study), "--out", str(tmp_path / "worker"), "--wandb", "disabled"])
+    assert alone.exit_code == 0, alone.output
+    assert (joined, reported, worked) == (["tiny"], [tmp_path / "worker"], [str(study)])
+
+    html = ablate.load_study(study, out=tmp_path / "run").run(workers=1, wandb="disabled")
+    assert (joined, reported) == (["tiny", "tiny"], [tmp_path / "worker", tmp_path / "run"])
+    assert html == tmp_path / "run" / "tiny" / "report" / "report.html" and html.is_file()
+    assert worker_args("tiny", tmp_path, "disabled", 1)[0] == "worker"  # the command the local launcher runs

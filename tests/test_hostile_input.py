@@ -23,6 +23,7 @@ from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate, ablate_exe
 from typer.testing import CliRunner
 
 from ablate.cli import app, error_line, main
+from ablate.harness.launchers import local
 from ablate.harness.study.storage import masked_url, open_storage
 from ablate.harness.study.validate import (
     MAX_TRIALS,
@@ -488,8 +489,6 @@ def test_a_storage_error_masks_the_password():
         ({"storage": "not a url"}, None, ("--storage", "not a url: not a database URL")),
         ({"wandb": "bogus"}, None, ("--wandb", "expected online, offline or disabled (got 'bogus')")),
         ({}, "sometimes", ("WANDB_MODE", "expected online, offline or disabled (got 'sometimes'")),
-        ({"devices": "a,b"}, None, ("--devices", "expected GPU indices like 0,1 (got 'a,b')")),
-        ({"devices": ","}, None, ("--devices", "expected GPU indices like 0,1")),
         ({"out": Path("/dev/null")}, None, ("--out", "/dev/null: not a folder")),
         ({"out": Path("/dev/null/runs")}, None, ("--out", "/dev/null: not a folder")),
     ],
@@ -526,9 +525,16 @@ def test_an_out_the_system_refuses_to_look_at_is_one_problem_naming_it(tmp_path,
     assert run_problems(out=path) == [("--out", problem.format(out=path, d=tmp_path))]
 
 
+@pytest.mark.parametrize("devices, says", [("a,b", "expected GPU indices like 0,1 (got 'a,b')"),
+                                           (",", "expected GPU indices like 0,1")])  # fmt: skip
+def test_devices_that_name_no_gpu_are_refused_by_the_local_launcher(devices, says, tmp_path):
+    ((where, message),) = local.problems(local.Options(devices=devices), None, tmp_path)
+    assert where == "--devices" and message.startswith(says), message
+
+
 def test_a_gpu_torch_cannot_see_is_refused():
     visible = torch.cuda.device_count()
-    ((where, message),) = run_problems(devices=f"0,{visible}")
+    ((where, message),) = local.problems(local.Options(devices=f"0,{visible}"), None, Path("runs"))
     assert where == "--devices" and message.startswith(f"no GPU {'0, ' if not visible else ''}{visible}: ")
 
 
@@ -584,8 +590,8 @@ def test_sweep_lists_every_problem_and_creates_nothing(tmp_path, monkeypatch):
         f"{path}: variants.a.train.max_epochs: Input should be greater than or equal to 1 (got 0)",
         f"{path}: variants.b.model.d_model: Input should be a valid integer (got True)",
         "--storage: mysql://u:***@h/db: the driver for mysql is not installed (MySQLdb)",
-        "--devices: expected GPU indices like 0,1 (got 'x')",
         "WANDB_MODE: expected online, offline or disabled (got 'bogus' from the environment)",
+        "--devices: expected GPU indices like 0,1 (got 'x')",  # the local launcher's, after the command's own
     )
     assert not out.exists()
 

@@ -21,6 +21,7 @@ from ablate.harness.launchers import Problem
 from ablate.harness.launchers.commands import python_command, worker_args
 
 Count = Annotated[int, Field(ge=1)]  # worker processes: one at least
+WORKER_GIB = 0.6  # a worker process's memory with torch and Lightning loaded and a tiny model (measured)
 
 
 class Options(BaseModel):
@@ -33,10 +34,66 @@ class Options(BaseModel):
     per_device: Count = 1
 
 
-def problems(options: Options, url: str, out: Path) -> list[Problem]:
-    """None: ablate/sweep.py's load_sweep checks the processes against this machine (cores, memory, the
-    GPUs named) with the study's own problems, so that all of them make one error."""
+def problems(options: Options, url: str | None, out: Path) -> list[Problem]:
+    """The worker processes against this machine: CPU processes or GPUs, not both; the GPUs named are there;
+    no more CPU workers than its cores, nor processes than its free memory holds. `ablate sweep`'s flags are
+    these options, checked with the study's own problems (load_sweep) so that all of them make one error."""
+    if options.workers and options.devices:
+        return [("--workers", "give either --workers (CPU processes) or --devices (GPUs), not both")]
+    found = device_problems(options.devices) if options.devices is not None else []
+    return found + capacity_problems(options.workers, options.devices, options.per_device)
+
+
+def device_problems(devices: str) -> list[Problem]:
+    gpus = [d.strip() for d in devices.split(",") if d.strip()]
+    if not gpus or not all(d.isdigit() for d in gpus):
+        return [("--devices", f"expected GPU indices like 0,1 (got {devices!r})")]
+    import torch
+
+    visible = torch.cuda.device_count()
+    missing = [d for d in gpus if int(d) >= visible]
+    if missing:
+        return [("--devices", f"no GPU {', '.join(missing)}: torch sees {visible} "
+                              f"({'CUDA_VISIBLE_DEVICES, driver or build' if visible else 'no CUDA device'})")]  # fmt: skip
     return []
+
+
+def capacity_problems(workers: int | None, devices: str | None, per_device: int) -> list[Problem]:
+    """Local worker processes against this machine: CPU workers (--workers) beyond its cores only wait for
+    one another, and processes beyond its free memory are killed mid-trial."""
+    if not workers and not devices:
+        return []
+    option, count = (
+        ("--workers", workers) if workers else ("--per-device", len(devices.split(",")) * per_device)
+    )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    memory = available_memory_gib()
+    most = max(1, min(cores if workers else count, int(memory / WORKER_GIB) if memory is not None else count))
+    if count <= most:
+        return []
+    free = f", {memory:.1f} GiB of memory free" if memory is not None else ""
+    return [(option, f"{count} worker processes exceed this machine ({cores} cores{free}, about {WORKER_GIB} "
+                     f"GiB a worker): at most {most} here")]  # fmt: skip
+
+
+def available_memory_gib() -> float | None:
+    """Memory this process may still use: the kernel's MemAvailable, or less under a cgroup limit (a
+    container, a SLURM job); None where neither can be read (not Linux)."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    free = next(
+        int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")
+    )
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            free = min(free, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return free / 2**30
 
 
 def start(spec, url: str, out: Path, wandb_mode: str, artifacts: str | None, options: Options):

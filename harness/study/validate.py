@@ -51,7 +51,6 @@ from ablate.schema.tasks import TASKS
 Problem = tuple[str, str]  # (where in the study file or command line, what is wrong)
 MAX_SHOWN = 20
 MAX_TRIALS = 10_000  # a bigger grid needs --allow-large: a typo in a factor list should not queue a million
-WORKER_GIB = 0.6  # a worker process's memory with torch and Lightning loaded and a tiny model (measured)
 
 
 class StudyError(ConfigError):
@@ -492,11 +491,8 @@ def tuned_key_problem(spec: StudySpec, first: dict, varied: set, key: str, space
 # What the command line adds -------------------------------------------------------------------------------
 
 
-def run_problems(
-    out: Path | None = None, storage: str | None = None, devices: str | None = None,
-    wandb: str | None = None,
-) -> list[Problem]:  # fmt: skip
-    """--out, --storage, --devices and the W&B mode (the flag, else WANDB_MODE), before anything opens."""
+def run_problems(out: Path | None = None, storage: str | None = None, wandb: str | None = None) -> list[Problem]:
+    """--out, --storage and the W&B mode (the flag, else WANDB_MODE), before anything opens."""
     from ablate.harness.study.storage import masked_url, url_problem
 
     problems = []
@@ -504,8 +500,6 @@ def run_problems(
         problems += folder_problems("--out", out)
     if storage is not None and (reason := url_problem(storage)):
         problems.append(("--storage", f"{masked_url(storage)}: {reason}"))
-    if devices is not None:
-        problems += device_problems(devices)
     expected = f"expected {', '.join(MODES[:-1])} or {MODES[-1]}"
     if wandb is not None and wandb not in MODES:
         problems.append(("--wandb", f"{expected} (got {wandb!r})"))
@@ -541,58 +535,6 @@ def nearest_existing(path: Path) -> Path:
             if path == path.parent:
                 raise
             path = path.parent
-
-
-def device_problems(devices: str) -> list[Problem]:
-    gpus = [d.strip() for d in devices.split(",") if d.strip()]
-    if not gpus or not all(d.isdigit() for d in gpus):
-        return [("--devices", f"expected GPU indices like 0,1 (got {devices!r})")]
-    import torch
-
-    visible = torch.cuda.device_count()
-    missing = [d for d in gpus if int(d) >= visible]
-    if missing:
-        return [("--devices", f"no GPU {', '.join(missing)}: torch sees {visible} "
-                              f"({'CUDA_VISIBLE_DEVICES, driver or build' if visible else 'no CUDA device'})")]  # fmt: skip
-    return []
-
-
-def capacity_problems(workers: int | None, devices: str | None, per_device: int) -> list[Problem]:
-    """Local worker processes against this machine: CPU workers (--workers) beyond its cores only wait for
-    one another, and processes beyond its free memory are killed mid-trial."""
-    if not workers and not devices:
-        return []
-    option, count = (
-        ("--workers", workers) if workers else ("--per-device", len(devices.split(",")) * per_device)
-    )
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    memory = available_memory_gib()
-    most = max(1, min(cores if workers else count, int(memory / WORKER_GIB) if memory is not None else count))
-    if count <= most:
-        return []
-    free = f", {memory:.1f} GiB of memory free" if memory is not None else ""
-    return [(option, f"{count} worker processes exceed this machine ({cores} cores{free}, about {WORKER_GIB} "
-                     f"GiB a worker): at most {most} here")]  # fmt: skip
-
-
-def available_memory_gib() -> float | None:
-    """Memory this process may still use: the kernel's MemAvailable, or less under a cgroup limit (a
-    container, a SLURM job); None where neither can be read (not Linux)."""
-    try:
-        meminfo = Path("/proc/meminfo").read_text()
-    except OSError:
-        return None
-    free = next(
-        int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")
-    )
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-        if limit != "max":
-            free = min(free, int(limit) - used)
-    except (OSError, ValueError):
-        pass
-    return free / 2**30
 
 
 def os_reason(e: OSError) -> str:
