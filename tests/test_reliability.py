@@ -595,7 +595,7 @@ def test_storage_on_a_full_disk_stops_the_sweep_in_one_line_with_no_trial_left_r
     )
     assert "Traceback" not in out
     filler.unlink()
-    assert TrialState.RUNNING not in [t.state for t in stored_trials(study, url)]
+    assert TrialState.RUNNING not in [t.state for t in stored_trials(study, url)], out[-4000:]
 
     # Space freed: the same command finishes the study.
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
