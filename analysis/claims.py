@@ -86,16 +86,18 @@ perplexity's 1 is a bound (log 0) and a loss's 0 is none (a ratio of two small l
     within ±m. Agreement then says nothing, since the metric does not move where a difference is designed
     in. A control whose CI straddles ±m leaves the claim inconclusive (pending while its trials run), so
     adaptive looks give it more seeds; one that clears ±m lets the verdict stand and is named in the
-    reason. A reproduced agreement without a control says so in its reason;
+    reason. An agreement that would be reproduced without a control is uninformative (no positive
+    control): nothing shows that the metric could have told the sides apart;
   cannot learn: with `chance` given, a side whose 95% CI of the mean lies wholly on the chance side of it
     (upper bound below chance for metrics where higher is better, lower bound above it for those the
     registry minimizes: loss, perplexity and AER): a comparison against a model that learned nothing of
     the task;
   below the study's level: with the study's `judge_from` (a metric and a value, fixed before the run), every
-    claim whose look finds the baseline's mean on that metric short of the value (below it where higher is
-    better, above where lower is): the study's models have not learned the task well enough at this
-    budget for any claim to be judged, so the verdict is that this profile cannot decide, not a verdict on
-    the claimed factor. It ends the looks: more seeds of models this weak would not change it.
+    claim whose look finds the baseline's mean on that metric, or the mean of a variant the claim compares,
+    short of the value (below it where higher is better, above where lower is): those models have not
+    learned the task well enough at this budget for the claim to be judged, so the verdict is that this
+    profile cannot decide, not a verdict on the claimed factor. It ends the looks: more seeds of models this
+    weak would not change it.
 
 Failed seeds. With `chance` given, a seed of a variant whose value is at or on the chance side of it (at
 or below chance where higher is better, at or above where lower is) failed to train, and the claim is not
@@ -124,6 +126,7 @@ PENDING = "pending"
 CEILING, FLOOR, UNLEARNT = "uninformative (ceiling)", "uninformative (floor)", "uninformative (cannot learn)"
 UNATTAINABLE = "uninformative (margin unattainable)"
 INSENSITIVE = "uninformative (insensitive)"
+UNCONTROLLED = "uninformative (no positive control)"
 UNDECIDABLE = "uninformative (below the study's level)"
 MIN_SEEDS = 2
 MIN_SEEDS_EXACT = 3  # exact match: see the module docstring
@@ -428,21 +431,25 @@ def evaluate(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float =
 
 
 def _below_level(spec: StudySpec, result: ClaimResult, df: pd.DataFrame) -> None:
-    """Marks a claim that this profile cannot decide: the baseline short of the study's `judge_from` level
-    (module docstring). Its Δ and CI stay as computed, for the reader."""
+    """Marks a claim that this profile cannot decide: the baseline, or a variant the claim compares, short of
+    the study's `judge_from` level (module docstring). Its Δ and CI stay as computed, for the reader."""
     level, baseline = spec.judge_from, spec.baseline_variant()
     if level is None or result.verdict == PENDING:
         return
-    values = seed_values(df, level.metric).get(baseline)
-    if values is None or not len(values):
-        return
-    mean = float(values.mean())
-    short = mean > level.value if metric_info(level.metric).direction == "minimize" else mean < level.value
+    values, minimize = seed_values(df, level.metric), metric_info(level.metric).direction == "minimize"
+    short = []
+    for variant in dict.fromkeys([baseline, *compared_variants(spec, result.claim)]):
+        found = values.get(variant)
+        if variant is None or found is None or not len(found):
+            continue
+        mean = float(found.mean())
+        if mean > level.value if minimize else mean < level.value:
+            who = f"the baseline {variant}" if variant == baseline else variant
+            short.append(f"{who} reaches {level.metric} {mean:.3g} (mean of {len(found)} seeds)")
     if short:
         result.verdict = UNDECIDABLE
         why = f": {level.why}" if level.why else ""
-        result.reason = (f"the baseline {baseline} reaches {level.metric} {mean:.3g} (mean of {len(values)} "
-                         f"seeds), short of the {level.value:g} the study judges from{why}")  # fmt: skip
+        result.reason = f"{'; '.join(short)}, short of the {level.value:g} the study judges from{why}"
 
 
 def evaluate_difference(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float) -> ClaimResult:
@@ -682,12 +689,13 @@ def _selector(selector: dict[str, Value]) -> str:
 
 def _sensitivity(spec: StudySpec, result: ClaimResult, df: pd.DataFrame) -> None:
     """A reproduced `similar` or `not_worse` claim stands only where its positive control moves the metric
-    beyond the margin (module docstring); one without a control says that it has none."""
+    beyond the margin (module docstring); without a control it is uninformative."""
     claim = result.claim
     if claim.expect not in AGREEMENT or result.verdict != REPRODUCED:
         return
     control = control_claim(claim, result.metric)
     if control is None:
+        result.verdict = UNCONTROLLED
         result.reason += "; no positive control: whether the metric could tell the sides apart is not tested"
         return
     judged = result.control = evaluate_difference(spec, control, df, result.level)
@@ -713,13 +721,19 @@ def _reason(r: ClaimResult) -> str:
     return f"{ci} straddles the margin (expected {bound})"
 
 
+def compared_variants(spec: StudySpec, claim: ClaimSpec) -> list[str]:
+    """The variants on either side of each of the claim's arms."""
+    settings = variant_settings(spec)
+    return [v for _, within in claim.arms(spec.metric.name) for side in claim_sides(settings, claim, within)
+            for v in side]  # fmt: skip
+
+
 def claim_variants(spec: StudySpec, claim: ClaimSpec) -> list[str]:
     """Every variant a claim's verdict reads: both sides of each of its arms, of its control, and the
     baseline whose level `judge_from` checks (a claim that does not compare the baseline is judged from
     its level all the same)."""
     settings = variant_settings(spec)
-    found = [v for _, within in claim.arms(spec.metric.name) for side in claim_sides(settings, claim, within)
-             for v in side]  # fmt: skip
+    found = compared_variants(spec, claim)
     control = control_claim(claim, spec.metric.name)
     if control is not None:
         found += [v for side in claim_sides(settings, control, {}) for v in side]

@@ -217,9 +217,10 @@ SeedsField = Annotated[
 
 
 class JudgeFrom(BaseModel):
-    """The level the study's baseline must reach before any claim of it is judged: below it the models have
-    not learned the task well enough for a verdict to speak of the claimed factor (a translation model at a
-    few BLEU). Fixed before the run, as margins are; a profile may set its own."""
+    """The level the study's baseline, and every variant a claim compares, must reach before the claim is
+    judged: below it the models have not learned the task well enough for a verdict to speak of the claimed
+    factor (a translation model at a few BLEU). Fixed before the run, as margins are; a profile may set its
+    own."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     metric: str  # e.g. test/bleu
@@ -243,7 +244,7 @@ class StudySpec(BaseModel):
     metric: MetricSpec = MetricSpec()
     baseline: dict[str, Value] | str | None = None
     claims: list[ClaimSpec] = Field(default_factory=list)
-    judge_from: JudgeFrom | None = None  # claims are judged only once the baseline reaches this level
+    judge_from: JudgeFrom | None = None  # a claim is judged only once its variants and the baseline reach this
     budget: dict[str, Value] = Field(default_factory=dict)  # train.* limits applied to every trial
     heartbeat: HeartbeatSpec = HeartbeatSpec()
     profile: str | None = None  # the profile of the study file this spec was built with
