@@ -195,8 +195,6 @@ class Job:
         value."""
         trial = self.claim.trial
         self.store_artifacts()
-        if not self.cfg.train.keep_checkpoints:
-            self.stored.discard(self.resumed, trial.user_attrs.get(RESUME_ATTR))
         trial.set_user_attr("metrics", result.metrics)
         trial.set_user_attr("params", result.params)
         trial.set_user_attr("wall_time", result.wall_time)
@@ -218,10 +216,15 @@ class Job:
                 return
             if isinstance(failure, optuna.TrialPruned) and not self.cfg.train.keep_checkpoints:
                 (self.out_dir / CHECKPOINTS / RESUME_CHECKPOINT).unlink(missing_ok=True)
-                self.stored.discard(self.resumed, self.claim.trial.user_attrs.get(RESUME_ATTR))
+                self.discard_resume_state()
             self.store_artifacts()
         except Exception as e:
             failure.add_note(f"Its artifacts could not be stored either: {type(e).__name__}: {e}")
+
+    def discard_resume_state(self) -> None:
+        """A finished trial's resume checkpoints are waste, unless train.keep_checkpoints asks for them."""
+        if not self.cfg.train.keep_checkpoints:
+            self.stored.discard(self.resumed, self.claim.trial.user_attrs.get(RESUME_ATTR))
 
     def store_artifacts(self) -> None:
         if self.out_dir.is_dir():

@@ -200,7 +200,12 @@ class Worker:
                     outcomes = [run_trial(job.cfg, out_dir=job.out_dir, loggers=[logger] if logger else None,
                                           callbacks=job.callbacks, resume_from=job.resume_from,
                                           publish=job.stored.publish)]  # fmt: skip
-        return [self.recorded(job, outcome) for job, outcome in zip(jobs, outcomes)]
+        values = [self.recorded(job, outcome) for job, outcome in zip(jobs, outcomes)]
+        # Only once every result is stored: a full disk before then queues the whole group again, to resume.
+        for job, value in zip(jobs, values):
+            if not isinstance(value, BaseException):
+                job.discard_resume_state()
+        return values
 
     def wandb_logger(self, job: Job):
         return tracking.wandb_logger(
@@ -258,7 +263,10 @@ class Worker:
         names = set.intersection(*(set(o.metrics) for o in outcomes))
         # The candidate's record is the group's (its wall time, sizes, signatures) with the seeds' mean metrics.
         mean = {name: sum(o.metrics[name] for o in outcomes) / len(outcomes) for name in sorted(names)}
-        return job.record(dataclasses.replace(outcomes[0], metrics=mean))
+        value = job.record(dataclasses.replace(outcomes[0], metrics=mean))
+        job.discard_resume_state()
+        return value
+
 
 def no_space(e: BaseException) -> bool:
     """The disk filled up: an OSError ENOSPC, torch.save's RuntimeError for a write that failed, or the

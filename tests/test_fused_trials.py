@@ -9,8 +9,10 @@ signal resumes each seed from its own checkpoint to the numbers of an uninterrup
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import signal
 
 import optuna
@@ -225,6 +227,35 @@ def test_a_worker_claims_a_variants_waiting_seeds_together_and_looks_fuse_theirs
     # An adaptive look's new seeds are queued together and claimed as one group.
     queue_grid_points(spec, study_, {"transformer": [7, 8]})
     assert [c.seed for c in worker.picker.claim()] == [7, 8]
+
+
+def test_a_full_disk_as_a_fused_group_is_stored_queues_it_again_with_what_it_resumes_from(
+    tmp_path, monkeypatch
+):
+    """The disk fills up as the second seed's files are stored, the first seed's stored already: the whole
+    group waits again, no seed's resume checkpoints discarded, and once space is freed it completes."""
+    from ablate.harness import jobs
+
+    spec, storage = study(
+        tmp_path, fuse_seeds=True, seeds=(0, 1), presets=("transformer",), checkpoint_every=8
+    )
+    real_upload, uploads = jobs.upload_trial_files, []
+
+    def upload(trial, out_dir, store):
+        uploads.append(trial.number)
+        if len(uploads) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out_dir))
+        return real_upload(trial, out_dir, store)
+
+    monkeypatch.setattr(jobs, "upload_trial_files", upload)
+    stopped = Worker(spec, storage, tmp_path / "runs", "disabled")
+    stopped.run()
+    assert stopped.stopped.startswith("no space left on device") and uploads == [0, 1]
+    phase = load_phase_study(spec, storage, EVAL)
+    assert [t.state for t in phase.get_trials()] == [TrialState.WAITING] * 2
+    assert all(RESUME_ATTR in t.user_attrs for t in phase.get_trials())
+    Worker(spec, storage, tmp_path / "runs", "disabled").run()  # space freed
+    assert [t.state for t in phase.get_trials()] == [TrialState.COMPLETE] * 2
 
 
 @pytest.mark.slow  # whole studies through a worker, twice: about 30 s on 2 cores
