@@ -140,11 +140,10 @@ class Job:
     metric: str
 
     @classmethod
-    def prepare(cls, spec: StudySpec, storage, root: Path, store, claim: Claim) -> Job:
+    def prepare(cls, spec: StudySpec, variants: dict, storage, root: Path, store, claim: Claim) -> Job:
         """Sets a claimed trial up: its parameters (tuned, or the variant's best), user attrs and folder, and
-        the checkpoint it resumes from."""
+        the checkpoint it resumes from. `variants`: the spec's variant overrides, read once by the Picker."""
         trial, variant = claim.trial, claim.variant
-        variants = spec.variant_overrides()
         if claim.phase == TUNE:
             assert spec.tune is not None
             metric, seed = tune_metric(spec).name, spec.tune_seeds[0]

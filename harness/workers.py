@@ -214,7 +214,7 @@ class Worker:
         )  # fmt: skip
 
     def job(self, claim: Claim) -> Job:
-        return Job.prepare(self.spec, self.storage, self.root, self.store, claim)
+        return Job.prepare(self.spec, self.picker.variants, self.storage, self.root, self.store, claim)
 
     @contextmanager
     def keeping(self, jobs: list[Job]) -> Iterator[None]:
