@@ -15,10 +15,12 @@ import traceback
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from ablate.harness.launchers import LAUNCHERS
 from ablate.schema.errors import ConfigError
@@ -31,7 +33,6 @@ from ablate.sweep import (
     write_report,
 )
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 console = Console(stderr=True)
 
 RunsOption = Annotated[Path, typer.Option("--out", help="Root folder of study outputs.")]
@@ -69,14 +70,31 @@ def host_name(host: str) -> str:
     return host
 
 
-def fail(message: str) -> typer.Exit:
-    """Exit 2 with `message` on stderr, an "error:" a line; with ABLATE_DEBUG=1 (--debug) the traceback of
-    the error being handled first."""
-    if os.environ.get("ABLATE_DEBUG") == "1":
-        traceback.print_exc()
-    for line in message.splitlines():  # a study's problems, one a line
-        typer.echo(f"error: {shown(line)}", err=True)
-    return typer.Exit(code=2)
+class Commands(TyperGroup):
+    """Every command's errors, in one place: one the user can act on (error_line) is its lines on stderr,
+    "error:" each, and its exit code; with ABLATE_DEBUG=1 (--debug) its traceback first. Any other is a
+    bug, and raised."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as e:
+            known = error_line(e)
+            if known is None:
+                raise
+            if os.environ.get("ABLATE_DEBUG") == "1":
+                traceback.print_exc()
+            code, message = known
+            for line in message.splitlines():  # a study's problems, one a line
+                typer.echo(f"error: {shown(line)}", err=True)
+            raise typer.Exit(code) from None
+
+
+app = typer.Typer(
+    cls=Commands, add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False
+)
 
 
 @app.command()
@@ -110,19 +128,14 @@ def train(
 
     configs = [a for a in args or [] if "=" not in a]
     overrides = [*(sets or []), *(a for a in args or [] if "=" in a)]
-    try:
-        if len(configs) > 1:
-            raise ConfigError(
-                f"train: one config file at most (got {', '.join(configs)}); overrides are key=value"
-            )
-        config_file = configs[0] if configs else None
-        cfg = load_config(config_file, preset, overrides)
-        result = train_config(
-            cfg, config_file=config_file, preset=preset, overrides=dict(parse_override(s) for s in overrides),
-            out=out, wandb=wandb, progress=not as_json,
-        )  # fmt: skip
-    except ConfigError as e:
-        raise fail(str(e)) from None
+    if len(configs) > 1:
+        raise ConfigError(f"train: one config file at most (got {', '.join(configs)}); overrides are key=value")
+    config_file = configs[0] if configs else None
+    cfg = load_config(config_file, preset, overrides)
+    result = train_config(
+        cfg, config_file=config_file, preset=preset, overrides=dict(parse_override(s) for s in overrides),
+        out=out, wandb=wandb, progress=not as_json,
+    )  # fmt: skip
     summary = result.summary()
     if as_json:
         print(json.dumps(summary))
@@ -184,18 +197,15 @@ def sweep(
     from ablate.sweep import SweepOptions
     from ablate.sweep import sweep as run_sweep
 
-    try:
-        # The numbers arrive as text, so that the options' one schema checks them, as it does the API's.
-        options = checked(SweepOptions, {
-            "storage": storage, "out": out, "workers": workers, "devices": devices, "per_device": per_device,
-            "wandb": wandb, "artifacts": artifacts, "allow_large": allow_large, "report": not no_report,
-            "launcher": launcher, "launch": tuple(launch or ()),
-        }, from_text=True)  # fmt: skip
-        # --set changes the study's fixed keys for every trial (e.g. train.max_steps=50).
-        overrides = dict(parse_override(s) for s in sets or [])
-        run_sweep(study, profile, overrides, options, console, stop_on_signals=True)
-    except ConfigError as e:
-        raise fail(str(e)) from None
+    # The numbers arrive as text, so that the options' one schema checks them, as it does the API's.
+    options = checked(SweepOptions, {
+        "storage": storage, "out": out, "workers": workers, "devices": devices, "per_device": per_device,
+        "wandb": wandb, "artifacts": artifacts, "allow_large": allow_large, "report": not no_report,
+        "launcher": launcher, "launch": tuple(launch or ()),
+    }, from_text=True)  # fmt: skip
+    # --set changes the study's fixed keys for every trial (e.g. train.max_steps=50).
+    overrides = dict(parse_override(s) for s in sets or [])
+    run_sweep(study, profile, overrides, options, console, stop_on_signals=True)
     if signals.received():
         typer.echo(f"{signals.received().name}: workers checkpointed their trials and stopped; "
                    "the same command resumes them", err=True)  # fmt: skip
@@ -221,11 +231,8 @@ def worker(
     SIGTERM, SIGUSR1 or Ctrl-C: the running trial checkpoints and waits again; the same command resumes it."""
     from ablate.worker import work
 
-    try:
-        threads = checked(ThreadOptions, {"threads": threads}, from_text=True).threads
-        done = work(study, storage, out, wandb, artifacts, threads, stored, not no_report, console)
-    except ConfigError as e:
-        raise fail(str(e)) from None
+    threads = checked(ThreadOptions, {"threads": threads}, from_text=True).threads
+    done = work(study, storage, out, wandb, artifacts, threads, stored, not no_report, console)
     if done.stopped:
         typer.echo(f"worker: {done.stopped}", err=True)
         raise typer.Exit(code=done.stop_code)
@@ -243,7 +250,7 @@ def status(
     from ablate.harness.study.looks import next_look
     from ablate.harness.study.queue import study_progress, time_left_s
 
-    spec, store = _stored_study("status", study, storage, out, stored=stored)
+    spec, store = stored_study("status", study, storage, out, stored=stored)
     rows = study_progress(spec, store)
     table = Table(title=terminal(spec.name))
     columns = ["variant", *(["tune"] if spec.tune else []), "done", "running", "failed", "pruned", "elapsed"]
@@ -316,26 +323,13 @@ def dashboard(
     from ablate.dashboard import find
     from ablate.harness.study.storage import masked_url
 
-    try:
-        serve = checked(ServeOptions, {"host": host, "port": port}, from_text=True)
-        board = find(study, storage, out, artifacts)
-        if dry_run:
-            print(f"optuna-dashboard on http://{serve.host}:{serve.port}: storage {masked_url(board.storage)}, "
-                  f"artifacts {board.files()}")  # fmt: skip
-            return
-        board.serve(serve.host, serve.port, console)
-    except ConfigError as e:
-        raise fail(str(e)) from None
-
-
-def _stored_study(
-    command: str, study: str, storage: str | None, out: Path, read_only: bool = True, stored: bool = False
-):
-    """The spec and storage of a study that exists in the storage; exit 2 otherwise."""
-    try:
-        return stored_study(command, study, storage, out, read_only, stored)
-    except ConfigError as e:
-        raise fail(str(e)) from None
+    serve = checked(ServeOptions, {"host": host, "port": port}, from_text=True)
+    board = find(study, storage, out, artifacts)
+    if dry_run:
+        print(f"optuna-dashboard on http://{serve.host}:{serve.port}: storage {masked_url(board.storage)}, "
+              f"artifacts {board.files()}")  # fmt: skip
+        return
+    board.serve(serve.host, serve.port, console)
 
 
 @app.command()
@@ -350,11 +344,8 @@ def report(
     import time
 
     start = time.perf_counter()
-    spec, store = _stored_study("report", study, storage, out, read_only=False)  # it writes the notes
-    try:
-        check_artifacts(artifacts)
-    except ConfigError as e:
-        raise fail(str(e)) from None
+    spec, store = stored_study("report", study, storage, out, read_only=False)  # it writes the notes
+    check_artifacts(artifacts)
     html = write_report(spec, store, out, None, artifacts, None, report_dir)
     console.print(terminal(f"report built in {time.perf_counter() - start:.1f} s: {html}"))
 
@@ -386,11 +377,8 @@ def compare(
     from ablate.comparison import compare_stored, per_run
     from ablate.reports import compare as written
 
-    try:
-        storages, outs = per_run("--storage", storage), per_run("--out", out, Path("runs"))
-        result = compare_stored("compare", (first, second), storages, outs)
-    except ConfigError as e:
-        raise fail(str(e)) from None
+    storages, outs = per_run("--storage", storage), per_run("--out", out, Path("runs"))
+    result = compare_stored("compare", (first, second), storages, outs)
     if markdown is not None:  # before anything is printed: a file that cannot be written is one line
         written.write_markdown(result, markdown)
     if as_json:
@@ -411,23 +399,21 @@ def bench(
         typer.Option("--json", help="Print each figure as a JSON line when it is measured, then the whole run."),
     ] = False,
     only: Annotated[
-        str | None, typer.Option("--only", help="Comma-separated figure keys (a_transformer_step,j_compile,...).")
+        str | None, typer.Option("--only", help="Comma-separated figure keys (a_transformer_step,j_compile,...)."),
     ] = None,
 ) -> None:
     """Throughput of the fast paths against their references (bench/__init__.py says what each figure is).
     Each figure is printed as soon as it is measured, so a run stopped early keeps what finished."""
     from ablate.bench import run as benchmarks
 
-    try:
-        resolved = benchmarks.resolve_device(device)
-        keys = benchmarks.chosen(only)
-        threads = checked(ThreadOptions, {"threads": threads}, from_text=True).threads
-    except (ValueError, ConfigError) as e:
-        raise fail(str(e)) from None
+    resolved = benchmarks.resolve_device(device)
+    keys = benchmarks.chosen(only)
+    threads = checked(ThreadOptions, {"threads": threads}, from_text=True).threads
     if threads:
         import torch
 
         torch.set_num_threads(threads)
+
     def done(figure: dict) -> None:
         print(json.dumps({"figure": figure}) if as_json else benchmarks.figure_line(figure), flush=True)
 
@@ -541,8 +527,7 @@ def error_line(e: BaseException) -> tuple[int, str] | None:
 
 
 def main() -> None:
-    """The one place errors left unhandled become lines on stderr, exit 2 for bad input and 1 for a fault
-    during the run; ABLATE_DEBUG=1 keeps the traceback."""
+    """The console script: `app`, ended at once after a stop signal."""
     from ablate.harness import signals
 
     try:
@@ -558,14 +543,6 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
-    except Exception as e:
-        known = error_line(e)
-        if known is None or os.environ.get("ABLATE_DEBUG") == "1":
-            raise
-        code, message = known
-        for line in message.splitlines():
-            typer.echo(f"error: {line}", err=True)
-        sys.exit(code)
 
 
 if __name__ == "__main__":

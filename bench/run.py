@@ -23,6 +23,7 @@ from ablate.bench.timing import Figure, skipped
 from ablate.bench.training import bench_lstm, bench_mfu, bench_overhead, bench_padding, bench_transformer
 from ablate.bench.workload import bench_sizes
 from ablate.harness import provenance
+from ablate.schema.errors import ConfigError
 
 
 def machine(device: torch.device) -> dict[str, Any]:
@@ -78,14 +79,14 @@ def figure_steps(sizes, device: torch.device, quick: bool) -> list[tuple[str, st
 
 
 def chosen(only: str | None) -> list[str] | None:
-    """--only's keys in the order given, each checked against the figures (ValueError naming an unknown one)."""
+    """--only's keys in the order given, each checked against the figures (ConfigError naming an unknown one)."""
     if only is None:
         return None
     keys = list(dict.fromkeys(key.strip() for key in only.split(",") if key.strip()))
     known = [key for key, _, _ in figure_steps(None, torch.device("cpu"), True)]
     unknown = sorted(set(keys) - set(known))
     if unknown or not keys:
-        raise ValueError(f"--only: unknown figure {', '.join(unknown) or '(none named)'}; known: {', '.join(known)}")
+        raise ConfigError(f"--only: unknown figure {', '.join(unknown) or '(none named)'}; known: {', '.join(known)}")
     return keys
 
 
@@ -118,9 +119,9 @@ def run_bench(
 def resolve_device(requested: str | None) -> torch.device:
     """cuda when asked for (an error without one) or, unasked, when there is one; cpu otherwise."""
     if requested not in (None, "cpu", "cuda"):
-        raise ValueError(f"--device: expected cpu or cuda (got {requested!r})")
+        raise ConfigError(f"--device: expected cpu or cuda (got {requested!r})")
     if requested == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device: cuda requested, but torch sees no CUDA device")
+        raise ConfigError("--device: cuda requested, but torch sees no CUDA device")
     if requested is None:
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     return (
