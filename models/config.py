@@ -71,6 +71,7 @@ class ModelConfig(BaseModel):
     norm: Literal[tuple(NORMS)] = "post"  # type: ignore[valid-type]
     causal_mask: bool = True
     cross_attention: bool = True
+    decoder_self_attention: bool = True  # false: a target position sees no earlier one
     embed_scale: bool = True
     qkv_projections: bool = True
 
@@ -125,6 +126,8 @@ class ModelConfig(BaseModel):
             ignored = dict.fromkeys(LSTM_KEYS, "an LSTM setting; model.arch is transformer")
             if not self.ffn:
                 ignored["d_ff"] = "acts only with feed-forward sublayers; model.ffn is false"
+            if not self.decoder_self_attention:
+                ignored["causal_mask"] = "masks only the decoder's self-attention; model.decoder_self_attention is false"
             kind = positional_kind(self.pos_encoding)
             if not kind.based:
                 ignored["pos_base"] = f"acts only on sinusoidal or rotary positions, not {self.pos_encoding}"
@@ -172,7 +175,8 @@ LSTM_KEYS = ("cell", "bidirectional", "attention", "attention_query", "input_fee
 ATTENTION_KEYS = ("attention_query", "input_feeding", "attention_heads", "attention_window",
                   "attention_width")  # fmt: skip
 TRANSFORMER_KEYS = ("heads", "key_dim", "d_ff", "scale", "score", "pos_encoding", "pos_base", "pos_init", "residual", "ffn",
-                    "norm", "causal_mask", "cross_attention", "embed_scale", "qkv_projections")  # fmt: skip
+                    "norm", "causal_mask", "cross_attention", "decoder_self_attention", "embed_scale",
+                    "qkv_projections")  # fmt: skip
 
 
 def preset_keys(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

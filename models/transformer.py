@@ -3,11 +3,13 @@
 Each switch in ModelConfig is resolved to a module (or nn.Identity) here in __init__, so forward reads
 straight through: score and scale -> MultiHeadAttention.score (models/transformer_scores.py),
 pos_encoding -> Positions (models/positional.py), norm -> where the LayerNorms sit, residual ->
-Sublayer.residual, ffn -> the feed-forward Sublayer or Skip, causal_mask / cross_attention -> DecoderLayer,
-qkv_projections -> Identity projections in MultiHeadAttention.
+Sublayer.residual, ffn -> the feed-forward Sublayer or Skip, causal_mask / cross_attention /
+decoder_self_attention -> DecoderLayer, qkv_projections -> Identity projections in MultiHeadAttention.
 
 With `cross_attention: false` nothing of the source reaches the decoder: it is a language model of the
-target, the control that shows how much a task needs the source (no encoder layers are built).
+target, the control that shows how much a task needs the source (no encoder layers are built). With
+`decoder_self_attention: false` a target position sees no earlier one: without positions it cannot tell
+where it is (Haviv et al. 2022's contrast: their causal model infers its position from the mask).
 
 `ensemble=K` fuses K seeds into one model (models/ensemble.py): every layer takes the model's Ensemble, which
 builds its parameters with a seed axis (the registries' parts once per seed, then fused), and the batch axis
@@ -73,7 +75,7 @@ class FeedForward(nn.Module):
 class Skip(nn.Module):
     """A removed sublayer: the stream passes unchanged."""
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def forward(self, x: torch.Tensor, *_inputs) -> tuple[torch.Tensor, None]:
         return x, None
 
 
@@ -145,8 +147,11 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, make_attention, ensemble: Ensemble):
         super().__init__()
-        attention = make_attention(("tgt", "tgt"))
-        self.self_attn = Sublayer(SelfAttention(attention, causal=cfg.causal_mask), cfg, ensemble, "tgt")
+        self.self_attn = (
+            Sublayer(SelfAttention(make_attention(("tgt", "tgt")), cfg.causal_mask), cfg, ensemble, "tgt")
+            if cfg.decoder_self_attention
+            else Skip()
+        )
         self.cross_attn = (
             Sublayer(CrossAttention(make_attention(("tgt", "src"), positional=False)), cfg, ensemble, "tgt")
             if cfg.cross_attention
@@ -181,7 +186,9 @@ class Transformer(nn.Module):
         # Without cross-attention no encoder layer could reach the decoder: none is built or run.
         encoder_layers = cfg.layers if cfg.cross_attention else 0
         # Each stack's self-attention: whether it sees later positions (a score bias per stack reads it).
-        bidirectional = ({"src": True} if encoder_layers else {}) | {"tgt": not cfg.causal_mask}
+        bidirectional = ({"src": True} if encoder_layers else {}) | (
+            {"tgt": not cfg.causal_mask} if cfg.decoder_self_attention else {}
+        )
         self.positions = ens.stacked(lambda: build_positions(cfg, bidirectional))
         self.src_dropout, self.tgt_dropout = ens.dropout(cfg.dropout, "src"), ens.dropout(cfg.dropout, "tgt")
 
@@ -298,8 +305,9 @@ class Transformer(nn.Module):
         memory, padding, _ = self.encode(src)
         state = {"memory": memory, "padding": padding, "prefix": src.new_zeros(src.size(0), 0)}
         # A key/value cache is exact only if earlier positions never see later ones; without the causal
-        # mask every step changes them all, so step decodes the whole prefix again.
-        if self.cfg.causal_mask:
+        # mask every step changes them all, so step decodes the whole prefix again (as without self-attention,
+        # where no cache holds the prefix's length).
+        if self.cfg.causal_mask and self.cfg.decoder_self_attention:
             caches = [layer.init_cache(memory) for layer in self.decoder]
             state.update({name: torch.stack([c[name] for c in caches], dim=1) for name in caches[0]})
         return state

@@ -240,8 +240,8 @@ CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention
            "input_feeding": True, "attention_heads": 2, "attention_window": "local-m", "attention_width": 3,
            "heads": 2, "key_dim": 4, "d_ff": 8, "scale": "none", "score": "cosine", "pos_encoding": "rope",
            "pos_base": 100.0, "pos_init": "embedding", "residual": False, "ffn": True, "norm": "pre",
-           "causal_mask": False, "cross_attention": False, "embed_scale": False, "qkv_projections": False,
-           "max_positions": 9}  # fmt: skip
+           "causal_mask": False, "cross_attention": False, "decoder_self_attention": False,
+           "embed_scale": False, "qkv_projections": False, "max_positions": 9}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -250,8 +250,9 @@ CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention
         {"arch": "lstm"},
         {"arch": "lstm", "attention": "dot"},
         {"arch": "transformer", "ffn": False, "pos_encoding": "alibi"},
+        {"arch": "transformer", "decoder_self_attention": False},
     ],
-    ids=["lstm", "lstm-attention", "transformer-no-ffn-alibi"],
+    ids=["lstm", "lstm-attention", "transformer-no-ffn-alibi", "transformer-no-decoder-self-attention"],
 )
 def test_a_key_the_model_ignores_changes_nothing_it_computes(model):
     cfg = ModelConfig(d_model=16, layers=1, dropout=0.0, **model)

@@ -267,6 +267,7 @@ SWITCHES = [
     ("dropout", [0.0, 0.3]),
     ("causal_mask", [True, False]),
     ("cross_attention", [True, False]),
+    ("decoder_self_attention", [True, False]),
     ("embed_scale", [True, False]),
     ("tie_embeddings", [True, False]),
     ("qkv_projections", [True, False]),
@@ -388,7 +389,7 @@ def test_embed_scale_multiplies_embeddings_by_sqrt_d_model():
     "overrides",
     [dict(pos_encoding=p) for p in ("sinusoidal", "learned", "rope", "alibi", "t5", "none")]
     + [dict(norm="pre"), dict(causal_mask=False), dict(cross_attention=False), dict(qkv_projections=False)]
-    + [dict(pos_encoding="t5", causal_mask=False)]
+    + [dict(pos_encoding="t5", causal_mask=False), dict(decoder_self_attention=False)]
     + [dict(score="cosine", pos_encoding="rope"), dict(score="cosine", pos_encoding="alibi")]
     + [dict(layers=1)],
 )
@@ -399,7 +400,7 @@ def test_step_equals_full_decoding_of_the_prefix(overrides):
     src, tgt = batch()
     tgt[1, 4:] = PAD  # a finished sequence keeps being fed padding, as greedy_decode does
     state = model.init_state(src)
-    assert ("self_k" in state) == model.cfg.causal_mask
+    assert ("self_k" in state) == (model.cfg.causal_mask and model.cfg.decoder_self_attention)
     for t in range(tgt.size(1)):
         logits, state = model.step(state, tgt[:, t])
         expected = model(src, tgt[:, : t + 1])[:, -1]
@@ -501,6 +502,25 @@ def test_record_states_holds_every_layers_output():
 def test_rank_collapse_builds_its_mask_on_the_states_device():
     # The meta device stands in for an accelerator: a mask made on the CPU could not meet the states.
     assert rank_collapse(torch.empty(2, 3, 4, device="meta")).device.type == "meta"
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("pos_encoding", ["none", "sinusoidal"])
+def test_without_decoder_self_attention_a_target_position_sees_no_earlier_one(pos_encoding):
+    """Each target position's output depends on its own input token and the source alone: without positions
+    two positions that read the same token give the same output wherever they are (Haviv et al. 2022's
+    contrast); with positions they differ."""
+    model = build(decoder_self_attention=False, pos_encoding=pos_encoding, dropout=0.0).eval()
+    src, tgt = batch()
+    logits = model(src, tgt)
+    changed = tgt.clone()
+    changed[:, 1] = (changed[:, 1] % 5) + 3  # another earlier token: no later position may notice
+    torch.testing.assert_close(model(src, changed)[:, 2:], logits[:, 2:])
+    same = torch.full_like(tgt, 4)  # one token at every position
+    spread = (model(src, same) - model(src, same)[:, :1]).abs().amax()
+    assert (spread == 0) if pos_encoding == "none" else (spread > 1e-3)
+    assert all(layer.self_attn.__class__.__name__ == "Skip" for layer in model.decoder)
+    assert "causal_mask" in model.cfg.ignored_keys()
 
 
 def test_without_cross_attention_no_encoder_is_built():
