@@ -1,17 +1,10 @@
-"""Attention, in one place for both model families.
+"""Attention for both model families, which share `masked_softmax` and `split_heads`.
 
-`MultiHeadAttention` is the Transformer's attention with two paths: fused `scaled_dot_product_attention`
-when weights are not needed, and an explicit path that returns them. Both take the same mask and bias, so
-they agree by construction. Its score (models/transformer_scores.py lists them by name) prepares the queries
-and keys and gives the factor on q·k, so both paths serve every score.
-
-The recurrent family's score functions (models/scores.py lists them by name) are small modules behind
-`ScoreAttention`, which masks with the same `masked_softmax` and splits heads with the same `split_heads`;
-with `scaled_dot` it is MultiHeadAttention without projections. Its window (models/scores.py's WINDOWS)
-says which source positions a query attends to: all of them (global), or Luong et al.'s local windows.
-
-In a model of K fused seeds (models/ensemble.py) the batch axis is K·B and every parameter has a leading
-seed axis: the scores are built once per seed and stacked, and read K off their parameters' shapes.
+`MultiHeadAttention` (Transformer) has a fused path and an explicit one that returns the weights; both take
+the same mask and bias, so they agree by construction, and its score (models/transformer_scores.py) serves
+both. The recurrent family's scores (models/scores.py) sit behind `ScoreAttention`, whose window says which
+source positions a query attends to (global, or Luong et al.'s local windows). With K fused seeds
+(models/ensemble.py) the batch axis is K·B and scores read K off their parameters' shapes.
 """
 
 from __future__ import annotations
@@ -59,10 +52,9 @@ def build_mask(
 
 
 class ScaledDotProduct(nn.Module):
-    """Vaswani et al. 2017: q·k times a fixed `scale` (theirs 1/sqrt(d_k)); queries and keys pass unchanged.
-
-    The interface of a Transformer score: `query` and `key` prepare the per-head (B, H, L, Dh) queries and
-    keys (after rotary), `scale` is the float factor on q·k that both attention paths take."""
+    """Vaswani et al. 2017: q·k times a fixed `scale` (theirs 1/sqrt(d_k)). The interface of a Transformer
+    score: `query` and `key` prepare the per-head (B, H, L, Dh) queries and keys (after rotary); `scale` is
+    the float factor on q·k that both attention paths take."""
 
     def __init__(self, scale: float):
         super().__init__()
@@ -76,9 +68,8 @@ class ScaledDotProduct(nn.Module):
 
 
 class QKNorm(nn.Module):
-    """Henry et al. 2020, "Query-Key Normalization for Transformers": score g · cos(q, k), queries and keys
-    l2-normalised over each head's features and one learned scalar g per attention layer, shared by its
-    heads, starting at `start` (as in the authors' code, CyndxAI/QKNorm layers.py ScaleUp; x-transformers'
+    """Henry et al. 2020, "Query-Key Normalization for Transformers": score g · cos(q, k) per head, g one
+    learned scalar per layer starting at `start` (as CyndxAI/QKNorm layers.py ScaleUp; x-transformers'
     qk_norm keeps a fixed factor instead, qk_norm_scale = 10)."""
 
     scale = 1.0  # g multiplies the query instead: the fused path's `scale` is a float and could not train g
@@ -98,23 +89,15 @@ class QKNorm(nn.Module):
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with a switchable score over `heads` heads.
 
-    score: prepares the per-head queries and keys and gives the factor on q·k (models/transformer_scores.py
-    builds one from the config); None is Vaswani's scaled dot product, 1/sqrt(d_k). qkv_projections=False
-    with score ScaledDotProduct(1.0) gives the parameter-free self-attention of the lectures: weights
-    softmax(x_i·x_j), outputs sum_j w_ij x_j, no Q/K/V or output projection (with several heads, each head
-    does this on its own slice of the features).
-    rotary / score_bias: the generic slots of relative positions inside one sequence, so only for
-    self-attention (models/positional.py fills them): rotary(x (B, H, L, Dh), offset) rotates queries and
-    keys by position, score_bias(q_len, k_len) -> (H, q_len, k_len) is added to the scores ((K, H, q_len,
-    k_len) for a bias each of K fused seeds learns, each seed's for its rows).
-    ensemble: the model's (models/ensemble.py; None: a plain model's layer); sides: the sides ('src',
-    'tgt') of the queries and keys, whose lengths bound each seed's dropout mask on the weights.
-    key_dim: d_k, each head's query and key width (None: d_model / heads, the values' width Dh); queries
-    and keys are projected to heads x key_dim features, values to d_model.
-
-    Two paths agree on every input: `scaled_dot_product_attention` (its `scale` argument, the score bias
-    added to the mask) when weights are not needed, and an explicit softmax that returns them. Dropout
-    drawn per seed takes the explicit path: the fused kernel draws its own mask and takes no generator.
+    score: see ScaledDotProduct (None: Vaswani's 1/sqrt(d_k)). qkv_projections=False with
+    ScaledDotProduct(1.0) is the lectures' parameter-free self-attention, w_ij = softmax_j(x_i·x_j),
+    out_i = sum_j w_ij x_j, each head on its slice of the features.
+    rotary / score_bias: self-attention's relative-position slots (models/positional.py): rotary(x (B, H,
+    L, Dh), offset); score_bias(q_len, k_len) -> (H, q_len, k_len), or (K, H, q_len, k_len) per fused seed.
+    ensemble: the model's (None: plain); sides: ('src', 'tgt') of the queries and keys, whose lengths bound
+    each seed's dropout mask on the weights. key_dim: d_k, each head's query and key width (None: d_model /
+    heads, the values' width Dh). Dropout drawn per seed takes the explicit path: the fused kernel draws
+    its own mask and takes no generator.
     """
 
     def __init__(
@@ -202,9 +185,8 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """query (B, T, D), key = value (B, S, D), key_padding (B, S) True for real tokens.
-
-        Returns the output (B, T, D) and, if asked, the weights (B, H, T, S)."""
+        """query (B, T, D), key = value (B, S, D), key_padding (B, S) True for real tokens -> the output
+        (B, T, D) and, if asked, the weights (B, H, T, S)."""
         return self.attend(query, *self.keys_values(key), key_padding, causal, need_weights)
 
 
@@ -324,9 +306,8 @@ class CosineScore(Score):
         return beta * (k @ h.transpose(-2, -1))
 
 
-# Windows of the recurrent family: window(scores (B, H, T, S), query (B, T, D), steps (B or 1, T), padding
-# (B, S)) -> weights (B, H, T, S): which source positions each query (at decoder step `steps`) attends to,
-# and its weights from its scores.
+# Windows of the recurrent family: window(scores (B, H, T, S), query (B, T, D), steps (B or 1, T),
+# padding (B, S)) -> weights (B, H, T, S) over the source positions each query may attend to.
 
 
 class GlobalWindow(nn.Module):
@@ -341,11 +322,10 @@ class GlobalWindow(nn.Module):
 
 
 class LocalWindow(nn.Module):
-    """Luong et al. 2015, Sec. 3.2: the softmax of the scores over the window [p_t - D, p_t + D] around an
-    aligned source position p_t (eq. 7 within the window), clipped to the real source, padding excluded,
-    and exactly 0 elsewhere; `centre` says where p_t is, `favour` what the weights become around it.
-    Positions count from 0 on both sides. The window is the 2D + 1 positions ⌊p_t⌋ - D .. ⌊p_t⌋ + D (the
-    paper's a_t ∈ R^{2D+1}; p_t is real for local-p), as OpenNMT's CenteredWindow takes them."""
+    """Luong et al. 2015, Sec. 3.2: the softmax of the scores (eq. 7) over the 2D + 1 positions ⌊p_t⌋ - D ..
+    ⌊p_t⌋ + D around an aligned source position p_t (the paper's a_t ∈ R^{2D+1}, as OpenNMT's CenteredWindow),
+    clipped to the real source, exactly 0 elsewhere; positions count from 0. `centre` says where p_t is,
+    `favour` what the weights become around it."""
 
     def __init__(self, width: int):
         super().__init__()
@@ -381,10 +361,9 @@ class MonotonicWindow(LocalWindow):
 
 
 class PredictiveWindow(LocalWindow):
-    """local-p (eq. 9-10): p_t = S · sigmoid(v_pᵀ tanh(W_p h_t)) in [0, S], one v_p per head, and
-    a_t(s) = align(h_t, h_s) · exp(-(s - p_t)² / (2σ²)), σ = D / 2: the window's softmax times a Gaussian
-    around p_t, not renormalised (rows sum to less than 1). p_t learns through the Gaussian alone: the
-    window's edges (⌊p_t⌋) carry no gradient."""
+    """local-p (eq. 9-10): p_t = S · sigmoid(v_pᵀ tanh(W_p h_t)) in [0, S], one v_p per head, and a_t(s) =
+    align(h_t, h_s) · exp(-(s - p_t)² / (2σ²)), σ = D / 2, not renormalised (rows sum to less than 1). p_t
+    learns through the Gaussian alone: the window's edges (⌊p_t⌋) carry no gradient."""
 
     def __init__(self, d_model: int, heads: int, width: int):
         super().__init__(width)
@@ -401,10 +380,8 @@ class PredictiveWindow(LocalWindow):
 
 
 class ScoreAttention(nn.Module):
-    """Attention over encoder states with a pluggable score and window: weights = the window's masked
-    softmax of the scores (GlobalWindow: over every real position), context = per head the weighted sum of
-    that head's slice of the states. With `scaled_dot` and the global window this is MultiHeadAttention
-    without projections (qkv_projections=False)."""
+    """Attention over encoder states with a pluggable score and window, each head over its slice of the
+    states. With `scaled_dot` and the global window: MultiHeadAttention with qkv_projections=False."""
 
     def __init__(self, score: nn.Module, heads: int, window: nn.Module | None = None):
         super().__init__()
@@ -423,10 +400,8 @@ class ScoreAttention(nn.Module):
         steps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """query (B, T, D), keys = values (B, S, D), key_padding (B, S) True for real tokens; prepared:
-        `prepare(keys)`, when the caller keeps it across decoder steps; steps (B, T): each query's decoder
-        step, which a local-m window centres on (None: 0..T-1).
-
-        Returns the context (B, T, D) and the weights (B, H, T, S)."""
+        `prepare(keys)` kept across decoder steps; steps (B, T): each query's decoder step, which local-m
+        centres on (None: 0..T-1) -> the context (B, T, D) and the weights (B, H, T, S)."""
         if steps is None:  # a call outside a decoder: its queries are steps 0..T-1
             steps = torch.arange(query.size(1), device=query.device)[None]
         scores = self.score(query, self.prepare(keys) if prepared is None else prepared)

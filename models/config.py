@@ -1,12 +1,9 @@
 """ModelConfig: every architectural switch of both model families, typed and validated.
 
-The names a switch accepts come from its registry: `pos_encoding` from models/positional.py, `attention`
-and `attention_window` from models/scores.py, `score` from models/transformer_scores.py, `arch`, `cell`
-and `norm` from models/kinds.py. Each switch belongs to a family
-(LSTM_KEYS, TRANSFORMER_KEYS), and some act only through a part the model may lack (input feeding needs
-attention): `ignored_keys` says which ones the configured model ignores, so a study cannot count two variants that build one model as two. Presets are
-named configs; `preset_keys(name, overrides)` gives one's keys with changes (the harness validates them
-with the rest of an experiment; `ModelConfig(**preset_keys(name))` builds one alone).
+The names a switch accepts come from the registries imported below. Each switch belongs to a family
+(LSTM_KEYS, TRANSFORMER_KEYS), and some act only through a part the model may lack: `ignored_keys` names
+them, so a study cannot count two variants that build one model as two. Presets are named configs
+(`preset_keys`; `ModelConfig(**preset_keys(name))` builds one alone).
 """
 
 from __future__ import annotations

@@ -16,9 +16,8 @@ SYNC_EVERY = 4
 def generation_budget(
     longest_source: int, longest_target: int = 0, ratio: float = 2.0, extra: int = 10
 ) -> int:
-    """Longest output worth generating: `ratio` times the longest source or, when that is longer, the
-    longest training target (outputs can be far longer than their inputs: SCAN maps 9 words to 48
-    actions), plus `extra`."""
+    """Longest output worth generating: `ratio` times the longer of the longest source and training target
+    (outputs can be far longer than inputs: SCAN maps 9 words to 48 actions), plus `extra`."""
     return int(max(longest_source, longest_target) * ratio) + extra
 
 
@@ -92,13 +91,11 @@ def beam_search(
     alpha: float = 0.6,
     max_len: int | None = None,
 ) -> torch.Tensor:
-    """Batched beam search: all B * k hypotheses advance in one `step` call.
-
-    Each step ranks the 2k best extensions of the k live hypotheses. One that ends in EOS within the
-    top k leaves the beam for the sentence's pool of finished hypotheses, scored by log-probability
-    over length_penalty(length, alpha); the best k that did not end stay alive. A sentence is done
-    once k hypotheses have finished (so k = 1 is exactly greedy); at max_len the live ones join the
-    pool. The answer is the pool's best."""
+    """Batched beam search: all B * k hypotheses advance in one `step` call. Of the 2k best extensions of
+    the k live hypotheses, one ending in EOS within the top k joins the sentence's pool of finished ones,
+    scored by log-probability / length_penalty(length, alpha); the best k that did not end stay alive. A
+    sentence is done once k have finished (so k = 1 is exactly greedy); at max_len the live ones join the
+    pool. Returns the pool's best."""
     b, k = src.size(0), beam_size
     max_len = max_len or max_target_length(src, pad_id)
     device = src.device

@@ -1,11 +1,9 @@
-"""Diagnostics of a layer's outputs (`Transformer.record_states`), as plain functions of tensors, so any
-model's outputs work.
+"""Diagnostics of a layer's outputs (`Transformer.record_states`), as plain functions of tensors.
 
-- Rank collapse (Dong et al. 2021, "Attention is not all you need: pure attention loses rank doubly
-  exponentially with depth"): res(X) = X - 1 xᵀ, the distance of a layer's output from the nearest
-  rank-1 matrix of the form 1 xᵀ (every token the same vector), relative to ||X||. We use the Frobenius
-  norm, whose minimiser x is the mean token, where the paper uses the composite l1,inf norm (no closed
-  form); both are 0 exactly when all tokens are equal.
+Rank collapse (Dong et al. 2021, "Attention is not all you need: pure attention loses rank doubly
+exponentially with depth"): res(X) = X - 1 xᵀ, the distance from the nearest rank-1 matrix 1 xᵀ (every
+token the same vector), relative to ||X||. The Frobenius norm, whose minimiser x is the mean token, stands
+in for the paper's composite l1,inf norm (no closed form); both are 0 exactly when all tokens are equal.
 """
 
 from __future__ import annotations

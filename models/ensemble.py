@@ -1,24 +1,18 @@
-"""Seeds of one variant fused into one model: K seeds train as one model with an ensemble axis.
+"""K seeds of one variant fused into one model: every parameter gets a leading seed axis K.
 
-A model built with `ensemble=K` gives every parameter a leading K axis. Tensors between layers stay
-batch-first, the batch axis being K·B and seed-major (rows [k*B:(k+1)*B] are seed k's), so attention,
-masks and decoding run unchanged; a parameter layer views its input as (K, B·..., in). Each layer takes the
-model's `Ensemble`, which builds its parameter layers once per seed as a plain model builds them and fuses
-the K: nn.Linear, nn.Embedding, nn.LayerNorm and nn.RMSNorm become the ensemble layers below, any other
-parameter is stacked. For K = 1 it builds the plain layer itself, so a plain model's parameters, names and
-numbers are what they were before fusion existed. For K > 1 the parameters keep their names with the K axis
-in front: `seed_state_dict(fused, k)` is seed k's plain state dict and `fuse_state_dicts` stacks K of them,
-so `fuse_models` builds a fused model from K plain ones, each initialised under its own seed.
+Tensors between layers stay batch-first, the batch axis K·B and seed-major (rows [k*B:(k+1)*B] are seed
+k's), so attention, masks and decoding run unchanged; a parameter layer views its input as (K, B·..., in).
+`Ensemble` builds each parameter layer once per seed, as a plain model does, and fuses the K (the ensemble
+layers below; any other parameter is stacked). K = 1 builds the plain layer itself, so a plain model is
+unchanged; for K > 1 parameters keep their names, K in front (`seed_state_dict`, `fuse_state_dicts`).
 
-Fusion changes no experiment: each seed's numbers are the ones it gets alone, to float rounding, given
-- its own dropout masks: every dropout is a SeedDropout, which draws seed k's masks from seed k's
-  generator (`seed_dropout`), one draw per call over the seed's own lengths, as the seed's model alone
-  draws them, whatever padding the K batches were stacked with (the plain model must be seeded the same way);
-- its own loss: the sum over seeds of each seed's mean token loss (models/module.py's `per_seed_loss`);
-- its own gradient clipping: `clip_grad_norm_per_seed`;
-- its own optimiser state: AdamW is elementwise, so one AdamW over the stacked parameters updates each seed
-  as its own would; `ActiveSeeds` stops updating a seed that stopped.
-A fused step stacks K batches of B examples each, padded to the longest of the K.
+Each seed's numbers are those it gets alone, to float rounding, given its own
+- dropout masks: SeedDropout draws seed k's from seed k's generator over its own lengths, whatever padding
+  the K batches were stacked with (the plain model must be seeded the same way);
+- loss: the sum over seeds of each seed's mean token loss (models/steps.py's `per_seed_loss`);
+- gradient clipping: `clip_grad_norm_per_seed`;
+- optimiser state: AdamW is elementwise, so one AdamW over the stacked parameters updates each seed as its
+  own would; `ActiveSeeds` freezes a seed that stopped.
 """
 
 from __future__ import annotations
@@ -137,12 +131,10 @@ def fuse_modules(plain: Sequence[nn.Module]) -> nn.Module:
 
 
 class SeedDropout(nn.Dropout):
-    """nn.Dropout with a mask per seed. Once the model is seeded (`seed_dropout`), seed k's mask comes from
-    seed k's generator and covers only the seed's own extent: along each dim named in `axes` (the dims after
-    the batch axis; 'src' or 'tgt', None for a whole dim), the longest real sequence of its own batch on
-    that side; beyond it, padding of its rows, nothing is drawn. So each seed draws, call by call, exactly
-    what its model draws alone, however long the other seeds' batches are. An unseeded plain model is
-    nn.Dropout on the global generator."""
+    """nn.Dropout with a mask per seed. Once seeded (`seed_dropout`), seed k's mask comes from its own
+    generator and covers only its extent: along each dim after the batch axis named in `axes` ('src' or
+    'tgt'; None: the whole dim), its longest real sequence on that side. So each seed draws exactly what its
+    model draws alone. An unseeded plain model is nn.Dropout on the global generator."""
 
     def __init__(self, p: float, ensemble: Ensemble, axes: tuple[str | None, ...] = ()):
         super().__init__(p)
@@ -188,9 +180,8 @@ class SeedDropout(nn.Dropout):
 
 
 class Ensemble:
-    """What the layers of one model share about its K seeds (K = 1: a plain model): the factory of its
-    parameter and dropout layers, each seed's dropout generator, and each seed's own lengths in the
-    forward pass under way (the model measures them; SeedDropout reads them)."""
+    """What one model's layers share about its K seeds (K = 1: plain): the factory of its parameter and
+    dropout layers, each seed's dropout generator, and each seed's lengths in the current forward pass."""
 
     def __init__(self, k: int = 1):
         self.k = k
@@ -247,8 +238,7 @@ def seed_dropout(model: nn.Module, seeds: Sequence[int]) -> list[torch.Generator
 
 
 def fuse_state_dicts(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """K plain models' state dicts -> the fused model's: every entry stacked on a new leading axis (K = 1:
-    the plain model's own)."""
+    """K plain state dicts -> the fused model's, each entry stacked on a new leading axis (K = 1: as is)."""
     if len(states) == 1:
         return dict(states[0])
     return {name: torch.stack([state[name] for state in states]) for name in states[0]}
@@ -284,11 +274,9 @@ def clip_grad_norm_per_seed(model: nn.Module, max_norm: float, k: int) -> torch.
 
 
 class ActiveSeeds:
-    """Which seeds of a fused model `optimizer` still trains. A stopped seed (diverged, early-stopped) keeps
-    its parameters and optimiser state as they were when it stopped: after every step its slice of each is
-    put back, so neither AdamW's weight decay nor its moments move it (state that a step creates starts at
-    zero there, as Adam's moments do). It works through the optimizer's step hooks, so whatever calls
-    `optimizer.step` (Lightning included) keeps it."""
+    """Which seeds of a fused model `optimizer` still trains. After every step a stopped seed's slice of each
+    parameter and optimiser state is put back, so neither weight decay nor the moments move it (new state
+    starts at zero there); done in step hooks, so any caller of `optimizer.step` (Lightning) keeps it."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.stopped: list[int] = []

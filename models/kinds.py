@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-# model.arch -> the module and class of its family's nn.Module, imported only to build one (torch takes
-# seconds to load).
+# model.arch -> module and class of its family's nn.Module, imported only to build one (torch loads slowly).
 FAMILIES = {
     "lstm": ("ablate.models.rnn", "RNNSeq2Seq"),
     "transformer": ("ablate.models.transformer", "Transformer"),

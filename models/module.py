@@ -61,10 +61,9 @@ class Seq2SeqModule(L.LightningModule):
         train_max_len: int = 0,
         dropout_seed: int | None = None,
     ):  # pragma: no mutate block (save_hyperparameters reads this frame; a mutmut trampoline hides it)
-        """optim: OptimConfig, or any config that extends it (harness's TrainConfig); None: its defaults.
-        dropout_seed: training draws dropout masks from a generator of this seed, as seed k of a fused
-        model does (models/ensemble.py), so a seed's masks are the same alone or fused; None: the global
-        generator."""
+        """optim: OptimConfig or a config extending it (TrainConfig); None: its defaults. dropout_seed: draw
+        dropout masks from a generator of this seed, as a fused model's seed does, so a seed's masks are the
+        same alone or fused; None: the global generator."""
         super().__init__()
         self.model_cfg = model if isinstance(model, ModelConfig) else ModelConfig(**model)
         self.optim = OptimConfig.of(optim or {})
@@ -131,8 +130,7 @@ class Seq2SeqModule(L.LightningModule):
 
     def _evaluate(self, split: str, batch: dict[str, torch.Tensor], beam_size: int, need_weights: bool):
         """Adds the batch's loss terms and generation scores to the split's sums. Returns the predictions
-        (B, L), and with need_weights the teacher-forced attention weights and layer outputs of the same
-        forward pass that gave the loss (see `forward` and `record_states` of the model families)."""
+        (B, L) and, with need_weights, the attention weights and layer outputs of the loss's forward pass."""
         weights, states = {}, {}
         target = batch["tgt_out"]
         if need_weights:
@@ -196,9 +194,8 @@ class Seq2SeqModule(L.LightningModule):
 def optimizer_and_schedule(
     params, o: OptimConfig, fused: bool | None = None
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """The one optimiser every model trains with, alone or as fused seeds (harness/fused.py): AdamW at
-    train.lr with train.weight_decay, its lr scaled step by step by the schedule (LambdaLR). fused: AdamW's
-    single-kernel implementation (CUDA)."""
+    """AdamW with its LambdaLR schedule, for every model alone or as fused seeds (harness/fused.py). fused:
+    AdamW's single-kernel implementation (CUDA)."""
     optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, fused=fused)
     schedule = lr_lambda(o.schedule, o.warmup_steps, o.max_steps)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

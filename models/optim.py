@@ -1,7 +1,6 @@
-"""OptimConfig: the training settings Seq2SeqModule uses (optimiser, lr schedule, loss, decoding,
-compilation), typed and validated, with the one set of defaults; and the lr schedules by name (SCHEDULES).
-schema/config.py's TrainConfig extends it with what only the Trainer reads (batches, budgets, precision),
-so both read as `train.*` keys."""
+"""OptimConfig: the settings Seq2SeqModule reads (optimiser, lr schedule, loss, decoding, compilation), and
+the lr schedules by name (SCHEDULES). schema/config.py's TrainConfig extends it with what only the Trainer
+reads, so both are `train.*` keys."""
 
 from __future__ import annotations
 

@@ -1,21 +1,16 @@
-"""Positional kinds: the one list of names `model.pos_encoding` accepts, and what each does to a Transformer.
+"""Positional kinds: the names `model.pos_encoding` accepts, and what each does to a Transformer.
 
-A kind has up to three parts, each built from models/positional_layers.py (the math) or absent:
-- `embedding`: adds absolute positions to the token embeddings of both sides, (x (B, L, D), offset) -> x + P;
-- `rotary`: rotates the queries and keys of self-attention by their positions (RoPE);
-- `score_bias`: (q_len, k_len) -> (H, q_len, k_len), added to the self-attention scores (ALiBi, T5); built
-  once per stack (encoder, decoder), told whether that stack's self-attention sees later positions.
-Cross-attention gets no rotary or bias: they relate positions inside one sequence. A `bounded` kind serves
-at most `model.max_positions` positions; a `learned` one adds a trained table, whose start `model.pos_init`
-sets.
+A kind has up to three parts, built from models/positional_layers.py:
+- `embedding`: adds absolute positions to both sides' token embeddings, (x (B, L, D), offset) -> x + P;
+- `rotary`: rotates self-attention's queries and keys by position (RoPE);
+- `score_bias`: (q_len, k_len) -> (H, q_len, k_len), added to self-attention's scores (ALiBi, T5), one per
+  stack, told whether that stack sees later positions.
+Cross-attention gets no rotary or bias: they relate positions inside one sequence.
 
-Kinds with different parts combine with '+', e.g. `alibi+sinusoidal`: each part comes from the kind that
-has it (x-transformers keeps an absolute embedding beside ALiBi by default). ALiBi alone is blind to
-mirror images of the source: its encoder bias -m|i - j| is the same for a sequence and its reverse, and
-nothing else in the model carries position; an absolute embedding beside it breaks the symmetry.
-
-Adding a kind: one entry in POSITIONAL, and its layer in models/positional_layers.py. This module imports
-no torch (config checks read it); `build_positions` loads the layers.
+Kinds with different parts combine with '+', e.g. `alibi+sinusoidal` (as x-transformers keeps an absolute
+embedding beside ALiBi): ALiBi's encoder bias -m|i - j| is the same for a sequence and its reverse, so alone
+it is blind to mirror images. Adding a kind: an entry in POSITIONAL and its layer. No torch here (config
+checks read it); `build_positions` loads the layers.
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ if TYPE_CHECKING:
 
     from ablate.models.config import ModelConfig
 
-# Builds one part from the layers module and the config; a score bias also from whether its stack's
-# self-attention is bidirectional (sees later positions).
+# (layers module, config) -> one part; a score bias also takes whether its stack sees later positions.
 Part = Callable[[ModuleType, "ModelConfig"], "nn.Module"]
 BiasPart = Callable[[ModuleType, "ModelConfig", bool], "nn.Module"]
 PARTS = ("embedding", "rotary", "score_bias")

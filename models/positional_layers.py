@@ -1,16 +1,10 @@
-"""The layers of the positional kinds (models/positional.py names them): sinusoidal / learned added to
-embeddings, Rotary (rotates q and k), ALiBi (a per-head linear bias on attention scores), T5Bias (a learned
-bias per head and bucket of relative distance), and `Positions`, one Transformer's parts together.
+"""The layers of the positional kinds (models/positional.py names them), and `Positions`, one Transformer's.
 
-Every layer takes an `offset`, the absolute position of the first element, so incremental decoding
-(one new token at position t) sees exactly the positions that full decoding does.
-
-Beyond the training lengths: sinusoidal, rope, alibi and t5 are functions of the position and extend to
-any length (t5's distances past its max distance share its last bucket). Learned positions have one
-trained vector per position up to `model.max_positions`; positions the training data never reached keep
-their initial random vectors (which is what the test_long split measures), and a position past the table
-has no vector at all, so it is an error naming the key to raise rather than a silent reuse of another
-position's vector.
+Every layer takes `offset`, the absolute position of the first element, so incremental decoding sees
+exactly the positions full decoding does. Sinusoidal, rope, alibi and t5 extend to any length (t5's
+distances past its max share its last bucket). Learned positions stop at `model.max_positions`: rows the
+training data never reached keep their random start (what test_long measures), and a position past the
+table is an error naming the key, not a silent reuse of another position's vector.
 """
 
 from __future__ import annotations
@@ -99,10 +93,8 @@ class Rotary(nn.Module):
 
 
 class ALiBi(nn.Module):
-    """Press et al. 2022: score bias -m_h * |i - j| with geometric head slopes; no embedding at all.
-
-    The distance is symmetric, so the same bias serves the bidirectional encoder; under a causal mask it
-    is the paper's -m_h * (i - j)."""
+    """Press et al. 2022: score bias -m_h * |i - j| with geometric head slopes. Symmetric, so it serves the
+    bidirectional encoder too; under a causal mask it is the paper's -m_h * (i - j)."""
 
     def __init__(self, heads: int):
         super().__init__()
@@ -132,11 +124,10 @@ class ALiBi(nn.Module):
 def t5_bucket(
     relative: torch.Tensor, bidirectional: bool, buckets: int = 32, max_distance: int = 128
 ) -> torch.Tensor:
-    """T5's bucket of each relative position key - query (Raffel et al. 2020; `_relative_position_bucket` of
-    the T5 code). Bidirectional: half the buckets for keys before the query (and the query itself), half for
-    keys after it; causal: all of them for keys at or before it, and a later key (masked anyway) is bucket
-    0. Of a direction's n buckets, distances below n/2 have one each; the rest grow logarithmically up to
-    max_distance, and every distance beyond shares the last."""
+    """T5's bucket of each relative position key - query (Raffel et al. 2020; `_relative_position_bucket`).
+    Bidirectional: half the buckets for keys at or before the query, half for keys after; causal: all for
+    keys at or before it (a later, masked key is bucket 0). Of a direction's n buckets, distances below n/2
+    have one each, the rest grow logarithmically up to max_distance; distances beyond share the last."""
     if bidirectional:
         buckets //= 2
         offset = (relative > 0).long() * buckets
@@ -153,13 +144,10 @@ def t5_bucket(
 
 class T5Bias(nn.Module):
     """Raffel et al. 2020, Sec. 2.1: a learned scalar per (bucket of relative position, head) added to the
-    attention logits, the buckets `t5_bucket`'s (32 up to distance 128, T5's). One module serves every layer
-    of a stack, as T5 shares it across layers, and the encoder and the decoder each have their own.
-    `bidirectional`: whether the attention it serves sees later keys (the encoder; a decoder without the
-    causal mask). T5 scales no q·k; here the bias adds to the scores as the model's score gives them.
-
-    Initialised N(0, d_model^-1), as Hugging Face's T5 does. Its weight is (buckets, H); (K, buckets, H) in
-    a model of fused seeds, each seed its own."""
+    attention logits, buckets as `t5_bucket` (32 up to distance 128, T5's). One per stack, shared by its
+    layers as in T5; `bidirectional`: whether its attention sees later keys. T5 scales no q·k; here the bias
+    adds to whatever the model's score gives. Weight (buckets, H), or (K, buckets, H) with fused seeds,
+    initialised N(0, d_model^-1) as Hugging Face's T5 does."""
 
     def __init__(
         self, heads: int, d_model: int, bidirectional: bool, buckets: int = 32, max_distance: int = 128
@@ -178,13 +166,9 @@ class T5Bias(nn.Module):
 
 
 class Positions(nn.Module):
-    """One Transformer's positional parts, resolved once (models/positional.build_positions):
-
-    embed(x (B, L, D), offset) adds absolute positions to embeddings (x itself when the kind has none);
-    `rotary` and `score_bias[side]` are what self-attention takes in its generic slots (None when absent):
-    rotary(x (B, H, L, Dh), offset) -> x rotated, score_bias[side](q_len, k_len) -> (H, q_len, k_len), or
-    (K, H, q_len, k_len) where each of K fused seeds learns its own; one per stack, by its side ('src' the
-    encoder's, 'tgt' the decoder's)."""
+    """One Transformer's positional parts (models/positional.build_positions): embed(x (B, L, D), offset)
+    adds absolute positions (x itself without any); `rotary` and `score_bias[side]` ('src' the encoder's,
+    'tgt' the decoder's) fill self-attention's slots (MultiHeadAttention), None when absent."""
 
     def __init__(
         self, embedding: nn.Module | None, rotary: nn.Module | None, score_bias: dict[str, nn.Module] | None

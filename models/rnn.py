@@ -3,16 +3,13 @@
 `attention: none` is the fixed-length bottleneck: the decoder sees the source only through the encoder's
 final state. Otherwise three independent switches shape the decoder step (Bahdanau et al. 2015; Luong et
 al. 2015):
-- `attention`: the score function (models/attention.py), over `attention_heads` heads, within the window
-  `attention_window` (global: every source position; Luong's local-m and local-p: 2·`attention_width` + 1
-  positions around an aligned one);
+- `attention`: the score (models/attention.py) over `attention_heads` heads, within `attention_window`
+  (global, or Luong's local-m / local-p: 2·`attention_width` + 1 positions around an aligned one);
 - `attention_query`: `previous` scores with s_{t-1} and feeds the context into the RNN input (Bahdanau),
   `current` scores with the new h_t (Luong);
 - `input_feeding`: the previous attentional state h~_{t-1} enters the RNN input (Luong).
-Either way the output layer reads the attentional state h~_t = tanh(W_c [c_t; h_t]).
-
-`ensemble=K` fuses K seeds into one model (models/ensemble.py): every layer takes the model's Ensemble, which
-builds its parameters with a seed axis (the score once per seed, then fused), and the batch axis is K·B.
+Either way the output layer reads the attentional state h~_t = tanh(W_c [c_t; h_t]). `ensemble=K` fuses K
+seeds into one model (models/ensemble.py).
 """
 
 from __future__ import annotations
@@ -32,15 +29,12 @@ from ablate.models.scores import make_score, make_window
 
 
 class RNN(nn.Module):
-    """nn.LSTM / nn.GRU with batch_first, for the K seeds of a model, run one layer at a time.
-
-    The parameters are nn.LSTM's / nn.GRU's: the same names (weight_ih_l0, ..., bias_hh_l1_reverse), shapes
-    and initialisation, with a leading seed axis when K > 1. Each seed runs its own weights over its own B
-    rows, K stacks in turn: on a 2-core CPU that took 7-9 ms for K = 4 (64 x 9 tokens, d 64, one layer,
-    forward and backward), as a cell written out and batched over K did, and one LSTM of hidden K·H with
-    block-diagonal weights took 12; it is the plain model's own kernel, packed sequences included.
-    Layers run one at a time because the dropout between them must be drawn per seed (SeedDropout):
-    nn.LSTM draws its own from the global generator (cuDNN: from a state of its own) and takes no other."""
+    """nn.LSTM / nn.GRU with batch_first for the K seeds of a model: their parameter names, shapes and
+    initialisation, with a leading seed axis when K > 1. Each seed runs its own weights over its B rows in
+    turn, on the plain model's kernel, packed sequences included (2-core CPU, K = 4, 64 x 9 tokens, d 64:
+    7-9 ms, as fast as a cell batched over K; one block-diagonal LSTM of hidden K·H took 12). Layers run one
+    at a time because the dropout between them is drawn per seed (SeedDropout); nn.LSTM draws its own from
+    the global generator (cuDNN: its own state)."""
 
     def __init__(
         self, cell: str, input_size: int, hidden_size: int, num_layers: int, ensemble: Ensemble,
@@ -76,11 +70,10 @@ class RNN(nn.Module):
         lengths: torch.Tensor | None = None,
         offset: int = 0,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """x (K·B, T, in) -> outputs (K·B, T, directions·H) and the final state: (h, c) for an LSTM, (h,)
-        for a GRU, each (layers·directions, K·B, H). state: the initial one (zeros when None). lengths
-        (K·B,): packs each seed's sequences, so padding is skipped and a row's final state is at its own
-        last token. offset: the position of x's first step, for the dropout between layers (the decoder's
-        step loop)."""
+        """x (K·B, T, in) -> outputs (K·B, T, directions·H) and the final state, (h, c) or (h,), each
+        (layers·directions, K·B, H). state: the initial one (None: zeros). lengths (K·B,): packs each seed's
+        sequences, so a row's final state is at its own last token. offset: the position of x's first step,
+        for the dropout between layers."""
         k = self.ensemble.k
         if state is None:
             zeros = x.new_zeros(self.num_layers * self.directions, x.size(0), self.hidden_size)
@@ -195,8 +188,7 @@ class RNNSeq2Seq(nn.Module):
 
     def _decode(self, x: torch.Tensor, state: dict[str, torch.Tensor], offset: int = 0):
         """Embedded targets x (B, T, D) from position `offset` -> output-layer inputs (B, T, D), weights
-        (B, H, T, S) or None, next state. T > 1 only when self.parallel; the step loop calls this with
-        T = 1."""
+        (B, H, T, S) or None, next state. T > 1 only when self.parallel; the step loop passes T = 1."""
         memory, padding = state["memory"], state["padding"]
         steps = state["step"] + torch.arange(x.size(1), device=x.device)  # (B, T): the step of each query
         inputs = [x]
@@ -251,8 +243,7 @@ class RNNSeq2Seq(nn.Module):
         padding = src != self.pad_id
         self.ensemble.measure("src", padding)
         memory, final = self.encoder(src, padding.sum(1))
-        # step (B, 1): the decoder step of the next query, which local-m attention centres on; a batch-first
-        # tensor, so beams reorder it like the rest (they are all at one step).
+        # step (B, 1): the next query's decoder step (local-m centres on it), batch-first for beams.
         state = {"memory": memory, "padding": padding, "step": src.new_zeros(src.size(0), 1)}
         if self.attention is not None:
             state["prepared"] = self.attention.prepare(memory)  # once per source, not once per step

@@ -1,9 +1,7 @@
-"""The recurrent family's score functions by name: the one list `model.attention` accepts (besides `none`,
-the fixed-length bottleneck), each with how it is built from its class in models/attention.py; and its
-windows, the list `model.attention_window` accepts: which source positions a step attends to.
+"""The recurrent family's scores and windows by name: the names `model.attention` (besides `none`) and
+`model.attention_window` accept, each built from its class in models/attention.py.
 
-Adding a score: its class in models/attention.py and one entry in SCORES; a window likewise in WINDOWS. This
-module imports no torch (config checks read it); `make_score` and `make_window` load the classes.
+Adding one: its class and an entry in SCORES or WINDOWS. No torch here (config checks read it).
 """
 
 from __future__ import annotations

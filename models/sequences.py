@@ -1,11 +1,9 @@
-"""Token sequences as every model, task and metric reads them: the special tokens' ids, and how a
-prediction is scored against its reference.
+"""Token sequences as every model, task and metric reads them: the special tokens' ids, and scoring.
 
-A sequence is its ids up to and including its first EOS, without padding or BOS; one that never emits
-EOS is all its tokens. Token accuracy counts the reference's positions through its EOS (the positions the
-training loss averages over), compared position by position with the prediction: a prediction that stops
-early gets the missing positions wrong, tokens past the reference's EOS are not counted. Exact match: the
-prediction equals the reference through EOS. Plain Python, so reports and configs can use it without torch.
+A sequence is its ids through its first EOS, without padding or BOS (all of them if it never emits EOS).
+Token accuracy compares the reference's positions through EOS (those the training loss averages over) with
+the prediction's: one that stops early gets the rest wrong; tokens past the reference's EOS do not count.
+Exact match: equal through EOS. Plain Python, so reports and configs can use it without torch.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
-"""The step functions every loop runs, each the same whether eager or compiled whole: a trial's training
-loss, a fused group's per-seed losses, and a validation batch's loss sums; `train.compile` says which.
+"""The step functions every loop runs, eager or compiled whole (`train.compile`): a trial's training loss, a
+fused group's per-seed losses, and a validation batch's loss sums.
 
-Compiled, each is one graph (`torch.compile(fullgraph=True)`: a graph break is an error, not a silent
-fallback), its backward compiled with it; on CUDA it runs captured as CUDA graphs (`reduce-overhead`),
-where an eager step waits on Python between a few hundred small kernels. Lengths are padded to a multiple
-of LENGTH_MULTIPLE (harness/tasks/datamodule.py) so a run compiles for a bounded set of shapes, and
-dynamo's automatic dynamic shapes make a length that changes once symbolic from then on.
-
-What stays eager, and why (EAGER_PARTS): the LSTM family, whose encoder packs each batch by lengths read on
-the host; a model with dropout, whose masks are drawn per seed over lengths read on the host (what keeps a
-fused seed's masks its own alone); decoding, whose loop grows the key/value cache a step at a time and
-stops when every sequence has ended; and the test pass's teacher-forced forward, which records attention
-weights and layer outputs through hooks. Decoding and the test forward run eager inside a compiled run;
-a model that cannot compile whole trains eager.
+Compiled, each is one graph (`fullgraph=True`: a graph break is an error, not a silent fallback), backward
+included; on CUDA it runs captured as CUDA graphs (`reduce-overhead`), where an eager step waits on Python
+between a few hundred small kernels. Lengths are padded to a multiple of LENGTH_MULTIPLE
+(harness/tasks/datamodule.py) so a run compiles for a bounded set of shapes; dynamo makes a length that
+changes once symbolic from then on. What stays eager, and why: EAGER_PARTS.
 """
 
 from __future__ import annotations
@@ -60,8 +53,7 @@ def why_eager(cfg: ModelConfig) -> str | None:
 
 def compiles(setting: bool | str, cfg: ModelConfig, device: str) -> bool:
     """train.compile resolved for a model on a device type: true compiles every model that compiles whole
-    (the others run eager, EAGER_PARTS says why); auto does so on the devices where compiling was measured
-    faster (AUTO_COMPILES_ON); false never."""
+    (why_eager); auto does so only on AUTO_COMPILES_ON devices; false never."""
     wanted = setting is True or (setting == "auto" and device in AUTO_COMPILES_ON)
     return wanted and why_eager(cfg) is None
 
@@ -84,10 +76,9 @@ def padded_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def token_cross_entropy(
     logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0, reduction: str = "mean"
 ) -> torch.Tensor:
-    """logits (B, T, V), target (B, T) -> cross entropy over the non-padding positions.
-
-    With smoothing eps the target distribution is (1 - eps) on the gold token plus eps / V on every
-    token, so the loss is (1 - eps) * NLL + eps * mean_v(-log p_v). Computed in float32 under autocast."""
+    """logits (B, T, V), target (B, T) -> cross entropy over the non-padding positions, in float32 under
+    autocast. With smoothing eps the target is (1 - eps) on the gold token plus eps / V on every token, so
+    the loss is (1 - eps) * NLL + eps * mean_v(-log p_v)."""
     return F.cross_entropy(
         logits.float().flatten(0, 1), target.flatten(),
         ignore_index=PAD_ID, label_smoothing=label_smoothing, reduction=reduction,
@@ -97,9 +88,8 @@ def token_cross_entropy(
 def per_seed_loss(
     logits: torch.Tensor, target: torch.Tensor, seeds: int, label_smoothing: float = 0.0
 ) -> torch.Tensor:
-    """A fused model's logits (K·B, T, V), target (K·B, T) -> (K,): each seed's own token_cross_entropy, the
-    mean over its non-padding tokens. Train on their sum: a mean over seeds would divide each seed's
-    gradient by K."""
+    """A fused model's logits (K·B, T, V), target (K·B, T) -> (K,): each seed's mean token_cross_entropy.
+    Train on their sum: a mean over seeds would divide each seed's gradient by K."""
     tokens = token_cross_entropy(logits, target, label_smoothing, reduction="none").view(seeds, -1)
     return tokens.sum(1) / (target != PAD_ID).view(seeds, -1).sum(1)
 
@@ -115,9 +105,8 @@ def seed_losses(
     model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float,
     seeds: int, training: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """A fused group's step: (the sum of the training seeds' losses, to train on; each seed's loss (K,)).
-    training (K,) bool: the seeds still training (a stopped seed's loss may be NaN, so it is selected out,
-    not multiplied by 0)."""
+    """A fused group's step -> (the sum of the training seeds' losses, each seed's loss (K,)). training (K,)
+    bool: a stopped seed's loss may be NaN, so it is selected out, not multiplied by 0."""
     losses = per_seed_loss(model(src, tgt_in), tgt_out, seeds, label_smoothing)
     return torch.where(training, losses, torch.zeros_like(losses)).sum(), losses
 
@@ -145,9 +134,8 @@ def compiled(fn: Callable, device: str) -> Callable:
     return torch.compile(fn, fullgraph=True, mode=mode, backend=BACKEND)
 
 
-# Dynamo keeps the graphs of a function per code object, and at its recompile limit (8) a fullgraph compile
-# fails: a worker that runs many variants would reach it. So each model configuration compiles its own copy
-# of each step (its own code object), shared by the trials of that configuration in this process.
+# Dynamo keeps graphs per code object and a fullgraph compile fails at its recompile limit (8), which a worker
+# running many variants would reach: so each model configuration compiles its own copy of each step.
 _COMPILED: dict[tuple[str, ModelConfig, str], Callable] = {}
 
 
@@ -157,8 +145,7 @@ def own_copy(fn: Callable) -> Callable:
 
 
 class Steps:
-    """A model's step functions, eager or compiled as `compiles` resolves train.compile on the device the
-    batch is on."""
+    """A model's step functions, eager or compiled (`compiles`) on the device the batch is on."""
 
     def __init__(self, setting: bool | str, cfg: ModelConfig):
         self.setting, self.cfg = setting, cfg

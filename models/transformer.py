@@ -1,19 +1,14 @@
 """Encoder-decoder Transformer (Vaswani et al. 2017) with every part switchable.
 
-Each switch in ModelConfig is resolved to a module (or nn.Identity) here in __init__, so forward reads
-straight through: score and scale -> MultiHeadAttention.score (models/transformer_scores.py),
-pos_encoding -> Positions (models/positional.py), norm -> where the LayerNorms sit, residual ->
-Sublayer.residual, ffn -> the feed-forward Sublayer or Skip, causal_mask / cross_attention /
-decoder_self_attention -> DecoderLayer, qkv_projections -> Identity projections in MultiHeadAttention.
-
-With `cross_attention: false` nothing of the source reaches the decoder: it is a language model of the
-target, the control that shows how much a task needs the source (no encoder layers are built). With
-`decoder_self_attention: false` a target position sees no earlier one: without positions it cannot tell
-where it is (Haviv et al. 2022's contrast: their causal model infers its position from the mask).
-
-`ensemble=K` fuses K seeds into one model (models/ensemble.py): every layer takes the model's Ensemble, which
-builds its parameters with a seed axis (the registries' parts once per seed, then fused), and the batch axis
-is K·B. Each dropout knows its side ('src' or 'tgt'), whose lengths bound each seed's mask.
+Each ModelConfig switch is resolved to a module (or nn.Identity) in __init__, so forward reads straight
+through: score and scale -> MultiHeadAttention.score, pos_encoding -> Positions, norm -> where the norms
+sit, residual -> Sublayer.residual, ffn -> Sublayer or Skip, causal_mask / cross_attention /
+decoder_self_attention -> DecoderLayer, qkv_projections -> Identity projections. `cross_attention: false`
+builds no encoder: a language model of the target, the control that shows how much a task needs the source.
+`decoder_self_attention: false`: a target position sees no earlier one, so without positions it cannot tell
+where it is (Haviv et al. 2022's contrast: a causal decoder infers its position from the mask).
+`ensemble=K`: models/ensemble.py; each dropout knows its side ('src' or 'tgt'), whose lengths bound each
+seed's mask.
 """
 
 from __future__ import annotations
@@ -260,10 +255,8 @@ class Transformer(nn.Module):
         need_weights: bool = False,
         caches: list[Cache] | None = None,
     ):
-        """tgt_in (B, T) -> logits (B, T, V) and per-layer self / cross weights.
-
-        With `caches` (one per layer, see init_state) the first positions' keys and values are already
-        known and only the remaining T - cached positions are computed."""
+        """tgt_in (B, T) -> logits (B, T, V) and per-layer self / cross weights. With `caches` (one per layer,
+        see init_state) only the T - cached positions after the cached ones are computed."""
         cached = caches[0]["self_k"].size(2) if caches else 0
         padding = tgt_in != self.pad_id
         self.ensemble.measure("tgt", padding)

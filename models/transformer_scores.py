@@ -1,12 +1,8 @@
-"""The Transformer family's attention scores by name: the one list `model.score` accepts, each with how it
-is built from its class in models/attention.py and what `model.scale` means for it.
+"""The Transformer's attention scores by name: the names `model.score` accepts, how each is built from its
+class in models/attention.py (ScaledDotProduct says what a score does), and what `model.scale` means for it.
 
-A score is a small module every attention layer of the Transformer holds: it prepares the per-head queries
-and keys and gives the factor on q·k, so MultiHeadAttention keeps both of its paths (fused
-`scaled_dot_product_attention`, explicit weights), the rotary and score_bias slots and the masks unchanged.
-
-Adding a score: its class in models/attention.py and one entry in TRANSFORMER_SCORES. This module imports
-no torch (config checks read it); `build_score` loads the classes.
+Adding a score: its class and one entry in TRANSFORMER_SCORES. No torch here (config checks read it);
+`build_score` loads the classes.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""What a report reads: the tidy trial table from the Optuna storage, per-trial artifacts (metric history,
-accuracy by length, attention samples, text tasks' translations) where they exist, tune studies, and
-provenance.
-
-The table comes from the storage (cost figures a trial did not store there are filled from its
-metrics.json). Artifacts are optional: a trial without them still counts in every statistic, it only draws
-no curve."""
+"""What a report reads: the tidy trial table from the Optuna storage (cost figures it lacks filled from the
+trial's metrics.json), per-trial artifacts (metric history, accuracy by length, attention samples,
+translations), tune studies and provenance. Artifacts are optional: a trial without them still counts in
+every statistic, it only draws no curve."""
 
 from __future__ import annotations
 
@@ -57,11 +54,9 @@ def eval_trials(spec: StudySpec, storage) -> list[optuna.trial.FrozenTrial]:
 def read_artifacts(
     t: optuna.trial.FrozenTrial, spec: StudySpec, runs_root: str | Path, store=None
 ) -> TrialArtifacts:
-    """A trial's artifacts from the study's Optuna artifact store (the trial's 'artifacts' user attr maps
-    each file's path to its artifact id), else from its own folder (harness.artifacts.trial_dir); whatever
-    is missing stays empty. Read: the metrics file (holds history and per_length), the attention
-    samples and the translations; checkpoints are left alone. `store`: the artifact store (None: none
-    exists)."""
+    """A trial's metrics file (history, per_length), attention samples and translations, from its own folder
+    (harness.artifacts.trial_dir), else from `store` (the 'artifacts' user attr maps each path to its artifact
+    id; None: no store); whatever is missing stays empty, checkpoints are left alone."""
     files: dict[str, Path] = {}
     folder = artifacts.trial_dir(artifacts.study_dir(spec.slug, runs_root), EVAL, t.number)
     if folder.is_dir():
@@ -151,9 +146,8 @@ def collect(
 
 
 def tune_trials(spec: StudySpec, storage) -> dict[str, list[optuna.trial.FrozenTrial]]:
-    """Completed tune trials by variant, from the studies '<study>:tune:<variant>' (one per variant) or
-    '<study>:tune' in the storage. The variant is the trial's 'variant' param or user attribute, else the
-    one its study is named after, else 'all'."""
+    """Completed tune trials by variant, from the studies '<study>:tune:<variant>' or '<study>:tune'; the
+    variant is the trial's 'variant' param or user attribute, else its study's, else 'all'."""
     prefix = optuna_study_name(spec, TUNE)
     out: dict[str, list] = {}
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):

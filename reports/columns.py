@@ -1,7 +1,6 @@
-"""The variant table's columns: the one list both report templates (HTML and Markdown) read, each column's
-header, its cell for one row of analysis.stats.summarize, and whether the table shows it at all.
-
-Adding a statistic to the table: its value in summarize's row (analysis/stats.py) and its Column here."""
+"""The variant table's columns, the one list both report templates read: each one's header, its cell for a
+row of analysis.stats.summarize, and whether the table shows it. Adding a statistic: its value in
+summarize's row and its Column here."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """The study as optuna-dashboard shows it: the report's summary as the eval study's note, a note per trial
-(variant, seed, outcome; both rendered by reports.render), and the key figures as plotly graphs on the study page, all from the report's tidy
-table and claim verdicts. Written at every report build; they are derived, never the study's data, and
-`ablate report` writes them again.
-
-optuna-dashboard and plotly are optional here: without optuna-dashboard nothing is written, without
-plotly the notes are written and the figures left out."""
+(both rendered by reports.render) and the key figures as plotly graphs, rewritten at every report build
+(derived, never the study's data). Without optuna-dashboard nothing is written; without plotly, no figures."""
 
 from __future__ import annotations
 
@@ -87,9 +83,8 @@ def metric_by_variant(df: pd.DataFrame, summary: pd.DataFrame, metric: str, orde
 
 
 def length_curves(seeds: pd.DataFrame, order: list[str]) -> pd.DataFrame:
-    """Mean exact match by variant and target length over the seeds of `seeds` (plots.length_accuracy), with
-    its 95% CI: the report's figure's table (stats.mean_table, in the metric's range); columns variant,
-    length, mean, ci_low, ci_high, seeds."""
+    """The report figure's table: mean exact match over `seeds` (plots.length_accuracy) by variant and target
+    length, with its 95% CI (stats.mean_table); columns variant, length, mean, ci_low, ci_high, seeds."""
     out = mean_table(seeds.sort_values("length"), ["variant", "length"], "seq_acc", "n")
     rank = {v: i for i, v in enumerate(order)}
     return out.sort_values(["variant", "length"], key=lambda c: c.map(rank) if c.name == "variant" else c)

@@ -10,10 +10,9 @@ from ablate.schema.errors import ConfigError
 
 
 def write_whole(path: Path, data: bytes | str) -> None:
-    """Write to a temporary file beside `path`, then rename: a report is never half-written. A path that
-    exists and is not a regular file (/dev/null, a folder, a symbolic link) is refused, never renamed over. open() creates
-    it, not mkstemp (always 0600), so that its mode follows the umask and others can read what the
-    umask lets them (classmates on a shared server)."""
+    """Write to a temporary file beside `path`, then rename: never half-written. A path that exists and is
+    not a regular file (/dev/null, a folder, a symlink) is refused, never renamed over. open(), not mkstemp
+    (always 0600), creates it, so its mode follows the umask (classmates on a shared server can read it)."""
     if path.is_symlink() or (path.exists() and not path.is_file()):  # a device, a folder, a planted link
         raise ConfigError(f"{path}: exists and is not a regular file; give the path of a file to write")
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")

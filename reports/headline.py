@@ -1,7 +1,6 @@
-"""The report's words about its numbers: the headline a reader sees first (what was compared, what won, by
-how much, how sure, each claim's verdict, tests of published findings apart from checks of mechanisms) and
-the notes under the variant table that say why a p-value
-or a column is what it is. Plain text, the same in report.html, report.md and the dashboard's note."""
+"""The report's words about its numbers: the headline a reader sees first, and the notes under the variant
+table that say why a p-value or a column is what it is. Plain text, the same in report.html, report.md and
+the dashboard's note."""
 
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
 """Paired significance over test sentences, for text tasks: sacreBLEU's paired bootstrap resampling
 (Koehn 2004) of corpus BLEU, each variant against the baseline on the sentences both translated.
 
-Seeds are paired: a variant's seed s is compared with the baseline's seed s, on a split whose references
-are the same for both (the same sentences in the same order). Each seed pair gets its own test, which is
-sacreBLEU's test itself, and the matched seeds get one test together, a cluster bootstrap: each resample
-draws test sentences with replacement, each sentence with every seed's translations of it, and compares
-the two variants' BLEU averaged over seeds. A sentence's translations by different seeds are not
-independent sentences (seeds that agree repeat each other), so drawing them one by one, as pooling the
-seeds' translations into one corpus does, would count one sentence as several and understate p. The
-seed-by-seed tests show whether one seed drives the result. Both resample sentences only, so they speak of
-these trained models, not of what another seed would train: the per-variant CIs over seeds are what
-generalise over training runs."""
+A variant's seed s is paired with the baseline's seed s on a split with the same references. Each pair gets
+sacreBLEU's own test (does one seed drive the result?), and the matched seeds one cluster bootstrap: each
+resample draws sentences, each with every seed's translations of it, and compares seed-averaged BLEU.
+Pooling the seeds' translations into one corpus would count one sentence as several (seeds that agree
+repeat each other) and understate p. Both resample sentences only, so they speak of these trained models;
+the per-variant CIs over seeds are what generalise over training runs."""
 
 from __future__ import annotations
 
@@ -50,10 +46,9 @@ def draws(sentences: int) -> np.ndarray:
 
 
 def sentence_stats(metric: BLEU, hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarray:
-    """(sentences, 2 + 2 * order) integers: each sentence's BLEU sufficient statistics in sacreBLEU's
-    order (hypothesis length, reference length, matched n-grams, hypothesis n-grams), so that sums over
-    sentences give corpus BLEU. Read from each sentence's own corpus score: public, where sentence_score
-    would warn on every sentence and PairedTest reads a private method."""
+    """(sentences, 2 + 2 * order) integers: each sentence's BLEU sufficient statistics in sacreBLEU's order
+    (hyp length, ref length, matched n-grams, hyp n-grams), summing to corpus BLEU's. From each sentence's own
+    corpus score: public, where sentence_score warns every sentence and PairedTest reads a private method."""
     scores = [metric.corpus_score([hyp], [[ref]]) for hyp, ref in zip(hypotheses, references, strict=True)]
     return np.array([[s.sys_len, s.ref_len, *s.counts, *s.totals] for s in scores], dtype=np.int64)
 
@@ -79,15 +74,12 @@ def _mean_bleu(metric: BLEU, seeds: list[np.ndarray], drawn: list[np.ndarray]) -
 def cluster_bootstrap(
     metric: BLEU, baseline: list[np.ndarray], system: list[np.ndarray], drawn: np.ndarray | list[np.ndarray]
 ) -> dict[str, float]:
-    """{bleu_baseline, bleu, p}: the paired bootstrap of `system` against `baseline` given per seed (paired
-    by position) as sentence_stats, each seed pair on its own sentences; `drawn`, the resamples' sentence
-    indices: one array for seeds that share their sentences (each resample draws a sentence with every
-    seed's translations of it), or one per seed where each seed has sentences of its own (a task that draws
-    its data per seed: each seed's sentences are resampled among themselves). BLEU is each seed's corpus
-    BLEU averaged over seeds; p is sacreBLEU's two-sided p: the share of resamples whose absolute
-    difference, centred on its mean over the resamples, exceeds the observed absolute difference, one added
-    to both counts. With one seed this is sacreBLEU's paired bootstrap. Outputs that BLEU cannot tell apart
-    get p = 1, where sacreBLEU's strict count gives them its smallest p, 1 / (resamples + 1)."""
+    """{bleu_baseline, bleu, p}: the paired bootstrap of `system` against `baseline`, given per seed (paired
+    by position) as sentence_stats. `drawn`: the resamples' sentence indices, one array for seeds that share
+    their sentences, or one per seed where a task draws its data per seed. BLEU is averaged over seeds; p is
+    sacreBLEU's two-sided p (the share of resamples whose absolute difference, centred on its mean, exceeds
+    the observed one; one added to both counts), so one seed is sacreBLEU's test. Outputs BLEU cannot tell
+    apart get p = 1, where sacreBLEU's strict count gives its smallest p, 1 / (resamples + 1)."""
     drawn = [drawn] * len(baseline) if isinstance(drawn, np.ndarray) else drawn
     bleu_baseline, bleu = (float(np.mean([_bleu(metric, s.sum(axis=0).tolist()) for s in side]))
                            for side in (baseline, system))  # fmt: skip
@@ -106,11 +98,9 @@ def _by_seed(split_rows: pd.DataFrame, variant: str) -> dict[Any, pd.DataFrame]:
 
 
 def paired_tests(translations: pd.DataFrame, order: list[str], baseline: str) -> list[dict[str, Any]]:
-    """One row per variant other than the baseline and test split: {variant, split, seeds, sentences (per
-    seed), bleu_baseline, bleu (each the mean over the seeds of their corpus BLEU), diff, p (the seeds
-    together: sentences resampled with all their seeds where the seeds share them, each seed's among its
-    own where the task drew them per seed), p_seeds (per seed pair, in seed order), signature}; none where
-    the two share no seed with the same references."""
+    """One row per non-baseline variant and test split: {variant, split, seeds, sentences (per seed),
+    bleu_baseline, bleu (seed means of corpus BLEU), diff, p (the seeds together: cluster_bootstrap), p_seeds
+    (per seed pair, in seed order), signature}; none where the two share no seed with the same references."""
     if translations.empty:
         return []
     metric = bleu_metric()

@@ -1,8 +1,6 @@
-"""Seaborn figures for a study report. Each function returns a matplotlib Figure, or None when the study
-holds nothing to draw (no completed trial, no artifact of that kind). Every figure shows each seed's value
-as a point. Bands and error bars are the 95% CIs of the mean across seeds that the tables report
-(stats.mean_ci, inside the metric's range); with one seed they vanish and the mean is drawn alone. The axis
-of a bounded metric spans its whole range."""
+"""Seaborn figures for a study report: each a matplotlib Figure, or None with nothing to draw. Every figure
+shows each seed's value as a point; bands and error bars are the tables' 95% CIs of the mean across seeds
+(stats.mean_ci, inside the metric's range), absent with one seed. A bounded metric's axis spans its range."""
 
 from __future__ import annotations
 
@@ -108,9 +106,8 @@ def metric_by_factor(df: pd.DataFrame, metric: str, factor: str, others: list[st
 def _mean_curves(
     ax, rows: pd.DataFrame, x: str, y: str, hue_order: list[str], n_column: str, fit: bool = False
 ) -> None:
-    """Per variant: the mean over seeds against x with its CI band (stats.mean_table, with the fewest
-    examples of `n_column` at that x; 0 where unknown), and each seed's value as a point, on the axis
-    _show_range gives the metric (with `fit`, a bounded one's fitted to the seeds and bands: _fit_range).
+    """Per variant: the mean over seeds against x with its CI band (stats.mean_table; the fewest `n_column`
+    examples at that x, 0 where unknown) and each seed as a point, on _show_range's axis (`fit`: _fit_range).
     Bands are cut at the axis; a mean of 0 (every seed at 0) is drawn as a point on the axis, above it."""
     rng, seeds = metric_range(y), rows[y].to_numpy(float)
     curves = mean_table(rows.sort_values(x), ["variant", x], y, n_column)
@@ -181,11 +178,10 @@ def accuracy_by_length(
 
 
 def length_bleu(translations: pd.DataFrame) -> pd.DataFrame | None:
-    """Corpus BLEU per trial and bucket of source lengths, every test split's sentences pooled
-    (harness.metrics.bleu_by_length): columns trial, variant, seed, length_min, length_max, length (the
-    bucket's centre), n, bleu; None without translations. Every trial has the same buckets, of BLEU_BUCKET
-    lengths with at least BLEU_BUCKET_SENTENCES sentences a trial on average (harness.metrics.length_buckets
-    on all trials' sentences)."""
+    """Corpus BLEU per trial and source-length bucket, test splits pooled (harness.metrics.bleu_by_length):
+    columns trial, variant, seed, length_min, length_max, length (the bucket's centre), n, bleu; None without
+    translations. All trials share the buckets: BLEU_BUCKET lengths wide, with at least BLEU_BUCKET_SENTENCES
+    sentences a trial on average."""
     if translations.empty:
         return None
     groups = translations.groupby(["trial", "variant", "seed"], sort=False)
@@ -203,12 +199,10 @@ def length_bleu(translations: pd.DataFrame) -> pd.DataFrame | None:
 def bleu_by_length(
     translations: pd.DataFrame, order: list[str], max_tokens: int | None
 ) -> plt.Figure | None:
-    """Corpus BLEU against source sentence length per variant (length_bleu), the figure of Bahdanau et al.
-    (2015) Fig. 2, with the sources longer than any training pair (task.max_tokens) shaded. BLEU stays in
-    [0, 100], but the axis is fitted to the curves, ending a little above the highest interval: models
-    trained for minutes score a few points, which a full-range axis would flatten. Each variant's points
-    sit a little apart from the others' (within DODGE tokens of the bucket's centre), so that no seed hides
-    behind another variant's."""
+    """Corpus BLEU against source length per variant (length_bleu; Bahdanau et al. 2015, Fig. 2), sources
+    longer than any training pair (task.max_tokens) shaded. The axis ends a little above the highest interval,
+    not at 100: models trained for minutes score a few points. Variants' points are dodged (within DODGE
+    tokens of the bucket's centre) so no seed hides behind another variant's."""
     table = length_bleu(translations)
     if table is None:
         return None

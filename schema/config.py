@@ -189,9 +189,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def build_config(tree: dict[str, Any], overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """A config from a nested tree with an optional `preset`, then dotted overrides on top.
-
-    The preset fills `model`; keys given under `model` and in overrides win over it."""
+    """A config from a nested tree with an optional `preset` (filling `model`), then dotted overrides on top;
+    keys under `model` and in overrides win over the preset."""
     tree = {k: (dict(v) if isinstance(v, dict) else v) for k, v in tree.items()}
     for key, value in (overrides or {}).items():
         if key == "preset":
@@ -273,9 +272,8 @@ def load_config(
 def config_from_tree(
     tree: dict[str, Any], overrides: dict[str, Any], by_hand: bool = True
 ) -> ExperimentConfig:
-    """build_config, refusing a model or task key set by hand that the model or task ignores (`ablate train`
-    and the API's `train`): in the overrides, and in the tree unless it is a built config's dump (by_hand
-    False), which holds every key."""
+    """build_config, refusing a model or task key set by hand that the config ignores (`ablate train`, the
+    API): in the overrides, and in the tree unless it is a built config's dump (by_hand False)."""
     cfg = build_config(tree, overrides)
     sections = [section for section in ("model", "task") if by_hand and isinstance(tree.get(section), dict)]
     written = {f"{section}.{key}" for section in sections for key in tree[section]} | set(overrides)
@@ -287,9 +285,8 @@ def config_from_tree(
 
 
 def ignored_settings(cfg: ExperimentConfig, written: Iterable[str]) -> list[tuple[str, str]]:
-    """(key, why) for each dotted key of `written` that the configured model or task ignores
-    (ModelConfig.ignored_keys, ignored_task_keys): a key set by hand that changes nothing makes two configs
-    that look different build one model on the same data."""
+    """(key, why) for each dotted key of `written` the configured model or task ignores: a key set by hand
+    that changes nothing makes two different-looking configs build one model on the same data."""
     ignored = {**{f"model.{key}": why for key, why in cfg.model.ignored_keys().items()},
                **{f"task.{key}": why for key, why in ignored_task_keys(cfg.task).items()}}  # fmt: skip
     return [(key, ignored[key]) for key in sorted(written) if key in ignored]

@@ -1,9 +1,6 @@
 """The one list of the metrics trials report, by the name after the split ("test/seq_acc" -> "seq_acc"):
-each metric's range, which way is better, the scale claims judge it on, whether it is exact match, where it
-is computed (which fixes the splits it is logged on) and which trials report it. Every reader of a metric
-name looks it up here: the metrics a configuration produces (harness.metrics), the validation metric tuning
-reads (schema.spec), the intervals and tables (analysis.stats), the claims' judging rules
-(analysis.claims), the report's figures and words (reports/).
+each one's range, direction, judging scale, where it is computed and which trials report it. Every reader
+of a metric name (harness.metrics, schema.spec, analysis.stats, analysis.claims, reports/) looks it up here.
 
 Torch-free and importing nothing of the project, so that analysis/ reads it as it reads the study's schema."""
 
@@ -26,8 +23,7 @@ class MetricRange:
         return math.isfinite(self.low) and math.isfinite(self.high)
 
     def difference(self) -> MetricRange:
-        """The range of a difference of two such values (or of two averages of them):
-        [low - high, high - low]."""
+        """The range of a difference of two such values (or of their averages): [low - high, high - low]."""
         return MetricRange(self.low - self.high, self.high - self.low)
 
 

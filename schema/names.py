@@ -25,10 +25,9 @@ def checked_name(name: str) -> str:
 
 
 def slugify(name: str) -> str:
-    """A study's or variant's folder name, safe on every filesystem: the name itself where it is safe as it
-    is (so existing folders stay where they are), else its readable slug plus '+' and a hash of the name.
-    No safe name holds '+', so distinct names never share a folder ('team/x' and 'team_x', two emoji-only
-    names), and names too long for the filesystem are shortened the same way."""
+    """A study's or variant's folder name, safe on every filesystem: the name itself where safe (so existing
+    folders stay put), else its slug, '+' and a hash of the name; no safe name holds '+', so distinct names
+    ('team/x', 'team_x') never share a folder. Names too long are shortened the same way."""
     slug = UNSAFE.sub("_", name).strip("._")
     if slug == name and 0 < len(name) <= MAX_FOLDER_BYTES:
         return name

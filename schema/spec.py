@@ -63,9 +63,8 @@ class ClaimVersus(BaseModel):
 
 
 class ClaimControl(BaseModel):
-    """The positive control of a `similar` or `not_worse` claim: two sides of the same study, selected as a
-    claim's are, that are designed to differ on the claim's metric by more than its margin. Where they do
-    not, the metric could not have told the claim's sides apart either (analysis.claims)."""
+    """A `similar` or `not_worse` claim's positive control: two sides designed to differ by more than its
+    margin; where they do not, the metric could not tell the claim's sides apart either (analysis.claims)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     compare: dict[str, Value]
@@ -160,9 +159,8 @@ class TuneSpec(BaseModel):
     trials: int = Field(8, ge=1, le=10**6, strict=True)
     pruner: Literal[tuple(PRUNERS)] = "hyperband"  # type: ignore[valid-type]
     metric: MetricSpec | None = None  # default: the study metric measured on the validation split
-    # Seeds each candidate trains, scored on their mean (trained fused where they can be): a count (seeds
-    # right after the eval seed pool), or the seeds themselves, none of them an eval seed. Unset: the first
-    # eval seed alone.
+    # Seeds each candidate trains, scored on their mean: a count (the seeds after the eval seed pool) or the
+    # seeds themselves, none an eval seed. Unset: the first eval seed alone.
     seeds: (
         Annotated[int, Field(ge=1, le=MAX_TUNE_SEEDS, strict=True)]
         | Annotated[list[Seed], Field(max_length=MAX_TUNE_SEEDS)]
@@ -174,9 +172,8 @@ class TuneSpec(BaseModel):
 
 
 class HeartbeatSpec(BaseModel):
-    """How a dead worker is noticed: a running trial records a heartbeat every `interval` seconds; one whose
-    last heartbeat is older than `grace` seconds is failed and queued again. Stored with the study, so every
-    worker, wherever it runs, uses the same periods."""
+    """How a dead worker is noticed: a running trial beats every `interval` seconds; one silent for `grace`
+    seconds is failed and queued again. Stored with the study, so every worker uses the same periods."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     interval: int = Field(15, ge=1, le=86400)
@@ -217,10 +214,9 @@ SeedsField = Annotated[
 
 
 class JudgeFrom(BaseModel):
-    """The level the study's baseline, and every variant a claim compares, must reach before the claim is
-    judged: below it the models have not learned the task well enough for a verdict to speak of the claimed
-    factor (a translation model at a few BLEU). Fixed before the run, as margins are; a profile may set its
-    own."""
+    """The level the baseline and every variant a claim compares must reach before the claim is judged: below
+    it a model has not learned the task enough for a verdict on the claimed factor (a translation model at a
+    few BLEU). Fixed before the run, as margins are; a profile may set its own."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     metric: str  # e.g. test/bleu
@@ -329,8 +325,7 @@ class StudySpec(BaseModel):
 
     @property
     def seed_looks(self) -> list[int]:
-        """How many seeds each variant has at each look: one look at all listed seeds, or min, min + step,
-        ..., max."""
+        """Seeds each variant has at each look: one look at all listed seeds, or min, min + step, ..., max."""
         if isinstance(self.seeds, AdaptiveSeeds):
             return [*range(self.seeds.min, self.seeds.max, self.seeds.step), self.seeds.max]
         return [len(self.seeds)]
@@ -392,11 +387,10 @@ def variant_settings(spec: StudySpec) -> dict[str, dict[str, Value]]:
 
 
 def apply_profile(tree: dict[str, Any], profile: str | None, where: str) -> dict[str, Any]:
-    """Study files size their runs per machine in `profiles` (e.g. `cpu` and `gpu`); the first listed is the
-    default. A profile's keys are config keys (added to `fixed`) or study keys: `seeds`, `factors.<key>`,
-    `variants` (in place of the file's named variants), `judge_from` (in place of the file's, or null for
-    none) and `claims` (more claims, for findings only that profile's scale can test). Any other profile than the
-    default runs as its own study, `<name>-<profile>`."""
+    """Study files size their runs per machine in `profiles` (e.g. `cpu`, `gpu`; the first is the default). A
+    profile's keys are config keys (added to `fixed`) or study keys: `seeds`, `factors.<key>`, `variants` and
+    `judge_from` (replacing the file's; null: none), and `claims` (added: findings only its scale can test).
+    A profile other than the default runs as its own study, `<name>-<profile>`."""
     profiles = tree.pop("profiles", None) or {}
     if not isinstance(profiles, dict):
         raise ConfigError(f"{where}: profiles: expected a mapping of profile names to overrides")

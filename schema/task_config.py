@@ -1,6 +1,5 @@
-"""task.*: what a task builder reads. The names `name`, `split` and `tokenizer` accept and the keys each task
-reads are the task registry's (tasks.py); `ignored_task_keys` gives those a configured task ignores. The name
-is checked one level up, in ExperimentConfig, so that a bad name is reported only once the rest is valid."""
+"""task.*: what a task builder reads; accepted names and each task's keys are tasks.py's. The name is
+checked one level up, in ExperimentConfig, so that a bad name is reported only once the rest is valid."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""The task registry: each task's name, what it is, the task.* keys its builder reads, and where the builder
-is. TASKS is the one list of names `task.name` accepts and the one statement of which keys a task reads:
-`ablate list` shows it, and `ignored_task_keys` (task_config.py) refuses the others where they are set, as
-a model key the model ignores is. SCAN_SPLITS and TOKENIZERS are the names `task.split` and `task.tokenizer`
-accept.
-
-Names and keys only: a builder is named as 'module:function' of harness/tasks/ and imported when a task is
-built (harness/tasks/__init__.py), so reading a config or a study loads no task module and no tokenizer
-library. tests/test_task_keys.py records what each builder reads against what its entry declares."""
+"""The task registry: TASKS, the names `task.name` accepts, each with what it is, the task.* keys its builder
+reads (`ablate list` shows them; `ignored_task_keys` refuses the others) and where the builder is; SCAN_SPLITS
+and TOKENIZERS, the names `task.split` and `task.tokenizer` accept. Names and keys only: a builder, named
+'module:function' of harness/tasks/, is imported when a task is built, so reading a config loads no task
+module or tokenizer library. tests/test_task_keys.py checks each entry against what its builder reads."""
 
 from __future__ import annotations
 

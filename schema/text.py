@@ -1,8 +1,7 @@
-"""User text (study, variant and claim names, claim texts, paths, error details) as each sink writes it, one
-helper a sink, so that no sink interprets it: a terminal (`shown`, and `terminal` for Rich, which would read
-`[...]` as markup and `[link=...]` as a link), a CSV cell that a spreadsheet would run as a formula
-(`csv_cell`). Markdown cells: reports/formats.py `md_cell`, which escapes through `shown` too.
-Torch-free and dependency-free but for Rich, imported lazily: every layer may use it."""
+"""User text (names, claim texts, paths, error details) as each sink writes it, so that no sink interprets
+it: a terminal (`shown`; `terminal` for Rich, which would read `[...]` as markup), a CSV cell a spreadsheet
+would run as a formula (`csv_cell`); Markdown cells: reports/formats.py `md_cell`. Dependency-free but for
+Rich, imported lazily: every layer may use it."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""A trial as the storage holds it: the shape of every attribute the project stores with a trial (Optuna keeps
-them as JSON), as its readers take it, and how they read its phase, variant, seed and grid point. The readers:
-the trial table (analysis/table.py), the report (reports/collect.py), the queue and the workers.
-`check_readable` (harness/study/storage.py) holds each trial of a storage to these shapes before anything
-reads it, so that valid JSON of the wrong shape (text where the metrics belong, a list where a mapping does)
-is one line naming the trial and the attribute, not a TypeError in whatever reads it next. An attribute the
-project does not store (a user's own) is read by nothing here, so it may hold anything."""
+"""A trial as the storage holds it: the shape of every attribute the project stores with a trial (as JSON),
+and how readers get its phase, variant, seed and grid point. `check_readable` (harness/study/storage.py)
+holds each stored trial to these shapes first, so JSON of the wrong shape is one line naming the trial and
+the attribute, not a TypeError in whatever reads it next. A user's own attributes may hold anything."""
 
 from __future__ import annotations
 
