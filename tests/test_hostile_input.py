@@ -109,7 +109,7 @@ def test_ablate_list_shows_each_keys_range_from_the_schema():
     assert ranges["train.max_epochs"] == "integer >= 1, <= 1000000000, or unset"
     assert ranges["model.dropout"] == "number >= 0, < 1"
     assert ranges["model.norm"].startswith("post | pre")
-    proc = ablate("list")
+    proc = ablate("list", env={"COLUMNS": "200"})  # wide enough that no cell wraps
     assert proc.returncode == 0
     row = next(line for line in proc.stdout.splitlines() if "train.max_time" in line)
     assert "number > 0, <= 31622400, or unset" in row
@@ -325,6 +325,28 @@ def test_the_study_metric_is_one_every_variant_reports(tmp_path, task, preset, m
     else:
         (line,) = problems_of(path)
         assert line.startswith(f"{path}: metric.name: {metric!r} is not reported by variant 'base'")
+
+
+def test_a_positive_control_on_another_task_is_refused(tmp_path):
+    """A control shows that the claim's own setting could have seen a difference: one that moves the metric
+    on another task says nothing of the claim's (assay sensitivity)."""
+    variants = {f"{pos}-{task}": {"model.pos_encoding": pos, "task.name": task}
+                for pos in ("none", "sinusoidal") for task in ("sort", "reverse")}  # fmt: skip
+    claim = {"text": "t", "expect": "similar", "margin": 0.05,
+             "compare": {"model.pos_encoding": "none", "task.name": "sort"},
+             "to": {"model.pos_encoding": "sinusoidal", "task.name": "sort"}}  # fmt: skip
+    elsewhere = {"compare": {"model.pos_encoding": "none", "task.name": "reverse"},
+                 "to": {"model.pos_encoding": "sinusoidal", "task.name": "reverse"}}  # fmt: skip
+    path = study(tmp_path, variants=variants, claims=[{**claim, "control": elsewhere}])
+    (line,) = problems_of(path)
+    assert line == (f"{path}: claims[0].control: runs on another task than the claim: task.name='reverse' "
+                    "(the claim's: 'sort'); a positive control runs on the claim's own task and metric")  # fmt: skip
+    # The same contrast on the claim's own task is its control.
+    own = {side: {**selector, "task.name": "sort"} for side, selector in elsewhere.items()}
+    load_study(study(tmp_path, variants=variants, claims=[{**claim, "control": own}]))
+    # A claim over both tasks takes a control on either.
+    across = {**claim, "compare": {"model.pos_encoding": "none"}, "to": {"model.pos_encoding": "sinusoidal"}}
+    load_study(study(tmp_path, variants=variants, claims=[{**across, "control": elsewhere}]))
 
 
 @pytest.mark.parametrize(

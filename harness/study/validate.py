@@ -289,7 +289,7 @@ def reference_problems(spec: StudySpec, configs: dict[str, ExperimentConfig]) ->
         problems += metric_problems("judge_from.metric", spec.judge_from.metric, produced)
         problems += in_range("judge_from.value", spec.judge_from.value, spec.judge_from.metric)
     for i, claim in enumerate(spec.claims):
-        problems += claim_problems(f"claims[{i}]", claim, spec, produced)
+        problems += claim_problems(f"claims[{i}]", claim, spec, produced, configs)
         if claim.chance is not None:
             problems += in_range(f"claims[{i}].chance", claim.chance, claim.metric or spec.metric.name)
     return problems
@@ -315,11 +315,12 @@ def metric_problems(where: str, metric: str, produced: dict[str, set[str]]) -> l
 
 
 def claim_problems(
-    where: str, claim: ClaimSpec, spec: StudySpec, produced: dict[str, set[str]]
+    where: str, claim: ClaimSpec, spec: StudySpec, produced: dict[str, set[str]],
+    configs: dict[str, ExperimentConfig],
 ) -> list[Problem]:
     """Each side of each difference a claim makes (its own, `versus` for an interaction, and its positive
     `control`) selects a variant, matched as the report matches them (analysis.claims: overrides plus the
-    keys their preset sets), and reports the claim's metric."""
+    keys their preset sets), and reports the claim's metric; the control runs on the claim's own task."""
     from ablate.analysis.claims import claim_sides, control_claim
 
     known = {*ExperimentConfig().flat(), "preset"}
@@ -339,8 +340,13 @@ def claim_problems(
         differences.append(
             (f"{where}.control", control_claim(claim, differences[0][2]), differences[0][2], {})
         )
+    tasks: list = []  # the claim's own tasks, then whether its control runs on them
     for label, sides, metric, within in differences:
         compared, others = claim_sides(settings, sides, within)
+        if label == f"{where}.control":
+            problems += control_task_problems(label, tasks, [configs[v].task for v in (*compared, *others)])
+        else:
+            tasks += [configs[v].task for v in (*compared, *others)]
         compare, to = {**sides.compare, **within}, {**sides.to, **within}
         if not compared:
             problems.append((f"{label}.compare", f"no variant matches {compare}"))
@@ -350,6 +356,19 @@ def claim_problems(
             involved = {name: produced[name] for name in (*compared, *others)}
             problems += metric_problems(f"{label}.metric", metric, involved)
     return problems + judging_problems(where, claim, spec)
+
+
+def control_task_problems(where: str, claim_tasks: list, control_tasks: list) -> list[Problem]:
+    """A positive control shows that the claim's own setting could have seen a difference (assay
+    sensitivity): one that moves the metric on another task says nothing of the claim's."""
+    other = next((task for task in control_tasks if task not in claim_tasks), None)
+    if other is None or not claim_tasks:
+        return []
+    own = claim_tasks[0]
+    differs = sorted(k for k, v in other.model_dump().items() if own.model_dump().get(k) != v)
+    settings = ", ".join(f"task.{k}={getattr(other, k)!r} (the claim's: {getattr(own, k)!r})" for k in differs)
+    return [(where, f"runs on another task than the claim: {settings}; a positive control runs on the claim's "
+                    "own task and metric")]  # fmt: skip
 
 
 def judging_problems(where: str, claim: ClaimSpec, spec: StudySpec) -> list[Problem]:
