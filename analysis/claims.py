@@ -294,16 +294,20 @@ KIND_NAMES = {"test": ("test of a published finding", "tests of published findin
 
 
 def tally(results: list[ClaimResult]) -> str:
-    """Each kind's verdicts counted apart: '3 tests of published findings: 2 reproduced, 1 inconclusive;
+    """Each kind's verdicts counted apart, claims revised after a run apart from those fixed before it:
+    '3 tests of published findings: 2 reproduced, 1 inconclusive (1 revised after a run: 1 reproduced);
     1 check of a mechanism: 1 reproduced'; empty without claims."""
+
+    def counted(group: list[ClaimResult]) -> str:
+        counts = Counter(r.verdict for r in group)  # in the order verdicts first appear
+        return ", ".join(f"{n} {verdict}" for verdict, n in counts.items())
+
     parts = []
     for kind, group in zip(KIND_NAMES, by_kind(results)):
         if group:
-            counts = Counter(r.verdict for r in group)  # in the order verdicts first appear
-            name = KIND_NAMES[kind][len(group) > 1]
-            parts.append(
-                f"{len(group)} {name}: " + ", ".join(f"{n} {verdict}" for verdict, n in counts.items())
-            )
+            fixed, revised = [r for r in group if not r.claim.revised], [r for r in group if r.claim.revised]
+            part = f"{len(group)} {KIND_NAMES[kind][len(group) > 1]}: {counted(fixed) or 'none fixed before a run'}"
+            parts.append(part + (f" ({len(revised)} revised after a run: {counted(revised)})" if revised else ""))
     return "; ".join(parts)
 
 
@@ -449,6 +453,7 @@ def _below_level(spec: StudySpec, result: ClaimResult, df: pd.DataFrame) -> None
     if short:
         result.verdict = UNDECIDABLE
         why = f": {level.why}" if level.why else ""
+        why += f" (the level was revised after a run: {level.revised})" if level.revised else ""
         result.reason = f"{'; '.join(short)}, short of the {level.value:g} the study judges from{why}"
 
 
@@ -565,6 +570,7 @@ def evaluate_interaction(
     sides = [(label, cell, s.to_numpy()) for (label, cell, _), s in zip(cells, raw)]
     if _uninformative(result, sides):
         return result
+    judged_cells = raw
     if claim.chance is not None:
         _, trained = _cells(spec, claim, df, claim.chance)
         result.failed = [(label, len(r) - len(t), len(r)) for (label, _, _), r, t in zip(cells, raw, trained)]
@@ -572,7 +578,7 @@ def evaluate_interaction(
             if result.paired_by_seed:  # a seed that failed in one cell leaves all four: still paired
                 kept = set.intersection(*(set(t.index) for t in trained))
                 trained = [t[t.index.isin(kept)] for t in trained]
-            scaled = judged(trained)
+            scaled, judged_cells = judged(trained), trained
             _contrast(result, scaled)
             if _too_few(result, min(len(s) for s in trained), needed, df, variants, "a cell"):
                 return result
@@ -581,6 +587,8 @@ def evaluate_interaction(
         f"Δ = ({result.diff_first:.3g} on {metric}) - ({result.diff_versus:.3g} on {versus_metric}); "
         + result.reason
     )
+    if _censored(result, cells, judged_cells):
+        return result
     first, second = (judged_bounds(m) for m in (metric, versus_metric))
     means = [s.mean() for s in scaled]
     _at_bounds(result, [(means[0], means[1], first), (means[2], means[3], second)])
@@ -651,6 +659,37 @@ def _at_bounds(result: ClaimResult, arms: list[tuple[float, float, MetricRange]]
     at = "; ".join(f"{m}: {w} {b:g}" for m, w, b in zip(metrics, words, shown))
     result.reason = (f"in each difference both means lie within half the margin {result.margin_text} of a bound "
                      f"({at}): neither difference can move")  # fmt: skip
+
+
+# Each cell's sign in Δ = (compare - to) - (compare' - to').
+CELL_SIGNS = (1, -1, -1, 1)
+
+
+def _censored(result: ClaimResult, cells: list[tuple[str, list[str], str]], values: list[pd.Series]) -> bool:
+    """Marks a directional interaction decided with a cell at a bound of its metric in every seed: that
+    cell's value is censored there (a model at exact match 0 could be worse still), so its difference, and
+    the interaction, may be the bound's. Only a bound that could overturn the verdict counts: at the floor a
+    cell's true value lies at or below the one measured, which moves Δ against its sign in Δ."""
+    side = one_sided(result.claim.expect, threshold(result.claim, result.metric),
+                     metric_info(result.metric).direction)  # fmt: skip
+    if side is None or result.verdict not in (REPRODUCED, CONTRADICTED):
+        return False
+    # The direction in which the true Δ would overturn the verdict: up for Δ found below its edge.
+    overturn_up = (side[0] == "below") == (result.verdict == REPRODUCED)
+    for (label, variants, metric), sign, found in zip(cells, CELL_SIGNS, values):
+        rng = metric_info(metric).range
+        floor, ceiling = len(found) and (found == rng.low).all(), len(found) and (found == rng.high).all()
+        if not (floor or ceiling):
+            continue
+        shift = -sign if floor else sign  # the sign of true - measured Δ
+        if (shift > 0) == overturn_up:
+            bound = f"lower bound {rng.low:g}" if floor else f"upper bound {rng.high:g}"
+            result.verdict = FLOOR if floor else CEILING
+            result.reason = (f"cell {label} ({', '.join(variants)}) lies at the {bound} of {metric} in every seed: "
+                             f"its value is censored there, and Δ could be {'higher' if shift > 0 else 'lower'} "
+                             f"than measured, across the margin; " + result.reason)  # fmt: skip
+            return True
+    return False
 
 
 def _no_room(

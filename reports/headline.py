@@ -105,6 +105,7 @@ def claim_line(result: ClaimResult) -> dict[str, str]:
         f"{100 * result.level:.3g}% CI {bounds(result.ci_low, result.ci_high)}, "
         f"expected {result.expected}{as_ratio}.{failed}",
         "confounds": " ".join(result.claim.confounds.split()),
+        "revised": " ".join(result.claim.revised.split()),
     }
 
 

@@ -95,6 +95,9 @@ class ClaimSpec(BaseModel):
     control: ClaimControl | None = None  # a `similar` or `not_worse` claim's positive control
     source: ClaimSource | None = None
     confounds: str = ""  # what the study cannot separate from the claimed factor
+    # What of the claim (its expect, margin, sides, control or chance) was set or changed after a run of this
+    # study had been seen, when and why; the report marks such a claim and counts its verdict apart.
+    revised: str = ""
 
     @model_validator(mode="after")
     def _versus(self) -> ClaimSpec:
@@ -224,6 +227,7 @@ class JudgeFrom(BaseModel):
     # range (validate.py)
     value: float = Field(allow_inf_nan=False)
     why: str = ""  # one line for the report: what a model below it cannot do
+    revised: str = ""  # set or changed after a run of this study had been seen: when and why
 
 
 class StudySpec(BaseModel):

@@ -164,6 +164,24 @@ def test_interaction_without_shared_seeds_is_welchs_interval_of_four_groups():
     assert (result.ci_low, result.ci_high) == pytest.approx((estimate - half, estimate + half))
 
 
+def test_a_directional_interaction_carried_by_a_cell_at_the_floor_is_uninformative():
+    # Unscaled at d_model 16 sits at exact 0 in every seed: its true value could be lower still, so the
+    # gap at 16, and with it how much the gap grows, is the floor's, not measured.
+    floor = {**GRID, ("d_model=16,scale=none", 0): 0.0, ("d_model=16,scale=none", 1): 0.0,
+             ("d_model=16,scale=sqrt", 0): 0.50, ("d_model=16,scale=sqrt", 1): 0.52}  # fmt: skip
+    (result,) = claims.evaluate_all(grid_spec({}), trials({key: {GRID_METRIC: x} for key, x in floor.items()}))
+    assert claims.verdict(result.ci_low, result.ci_high, "lower", 0.1) == REPRODUCED
+    assert result.verdict == FLOOR
+    assert result.reason.startswith(
+        "cell compare' (d_model=16,scale=none) lies at the lower bound 0 of test/tok_acc in every seed: its "
+        "value is censored there, and Δ could be higher than measured, across the margin; Δ = ("
+    )
+    # At the floor on the side where it can only make Δ lower still, the bound cannot overturn the verdict.
+    conservative = {**GRID, ("d_model=256,scale=none", 0): 0.0, ("d_model=256,scale=none", 1): 0.0}
+    df = trials({key: {GRID_METRIC: x} for key, x in conservative.items()})
+    assert claims.evaluate_all(grid_spec({}), df)[0].verdict == REPRODUCED
+
+
 def test_an_interaction_cell_without_variants_or_seeds_is_inconclusive():
     df = trials({key: {GRID_METRIC: x} for key, x in GRID.items()})
     missing = grid_spec({"versus": {"within": {"model.d_model": 64}}})

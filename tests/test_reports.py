@@ -470,16 +470,23 @@ def test_the_report_counts_and_shows_tests_and_checks_apart(tmp_path):
     # and the headline carries the test's confounds.
     check = {**CLAIM, "text": "Without positions a set cannot be reversed.", "kind": "check"}
     test = {**CLAIM, "compare": {"model.norm": "pre"}, "to": {"model.norm": "post"}, "expect": "higher",
-            "margin": 0.0, "text": "Pre-LN <i>beats</i> post-LN.", "confounds": "one <i>task</i>"}  # fmt: skip
+            "margin": 0.0, "text": "Pre-LN <i>beats</i> post-LN.", "confounds": "one <i>task</i>",
+            "revised": "margin 0.1 -> 0 after the first run"}  # fmt: skip
     spec, storage, runs = synthetic_study(tmp_path, keys={"factors": GRID, "claims": [check, test]})
     out = build_report(spec, storage, runs)
     md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
-    tally = "1 test of a published finding: 1 pending; 1 check of a mechanism: 1 pending"
+    # A claim revised after a run is marked, and its verdict counted apart from those fixed before it.
+    tally = ("1 test of a published finding: none fixed before a run (1 revised after a run: 1 pending); "
+             "1 check of a mechanism: 1 pending")  # fmt: skip
+    assert md.count("Revised after a run: margin 0.1 -&gt; 0 after the first run") == 2  # headline, table
+    assert html.count("Revised after a run: margin 0.1 -&gt; 0 after the first run") == 2
     opening = md[: md.index("## Results by variant")].splitlines()
     rows = [line for line in opening if line.startswith("> | ")]
     assert f"> **Claims:** {tally}." in opening
     assert [row.split(" | ")[1:3] for row in rows] == [
-        ["test", "verdict"], ["Pre-LN &lt;i&gt;beats&lt;/i&gt; post-LN", "**pending**"],
+        ["test", "verdict"],
+        ["Pre-LN &lt;i&gt;beats&lt;/i&gt; post-LN (Revised after a run: margin 0.1 -&gt; 0 after the first run)",
+         "**pending**"],
         ["check", "verdict"], ["Without positions a set cannot be reversed", "**pending**"],
     ]  # fmt: skip
     assert rows[1].endswith(" | one &lt;i&gt;task&lt;/i&gt; |") and rows[3].endswith(" | – |")
