@@ -37,11 +37,11 @@ from ablate.harness.callbacks import (
 )
 from ablate.harness.checkpoints import BestCheckpoint, Checkpointer
 from ablate.harness.evaluation import Evaluation
+from ablate.harness.lengths import position_problem
 from ablate.harness.probes import log_images, select_probes
 from ablate.harness.rules import MONITOR, Best, Cost, Schedule
 from ablate.harness.tasks import TaskData, build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
-from ablate.models.decoding import generation_budget
 from ablate.models.module import Seq2SeqModule
 from ablate.models.steps import compiles
 from ablate.schema.config import ExperimentConfig
@@ -89,24 +89,6 @@ def resolve_precision(precision: str) -> str:
     return "32-true" if precision == "auto" else precision
 
 
-def check_positions(cfg: ExperimentConfig, data: TaskData) -> None:
-    """A model that places at most model.max_positions positions (ModelConfig.position_limits: learned
-    positions, location attention) is checked against the task before training, not in the test after it."""
-    source_limit, target_limit = cfg.model.position_limits
-    longest_source = 1 + max(len(ex.src) for examples in data.splits.values() for ex in examples)  # + EOS
-    decoded = generation_budget(longest_source, data.train_max_len)
-    decoding = f"decoding may run to {decoded} positions (sources of up to {longest_source} tokens)"
-    checks = [
-        (target_limit, decoded, decoding),
-        (source_limit, longest_source, f"sources reach {longest_source} tokens"),
-    ]
-    for limit, needed, reach in checks:
-        if limit is not None and needed > limit:
-            raise ConfigError(
-                f"model.max_positions: {limit} is too short for {cfg.task.name}: {reach}; set it to at least {needed}"
-            )
-
-
 def data_module(cfg: ExperimentConfig, data: TaskData) -> Seq2SeqDataModule:
     """The trial's batches; lengths from a bounded set when its step compiles on the device it trains on
     (the Trainer's accelerator="auto")."""
@@ -140,7 +122,9 @@ class Prepared:
     def of(cls, cfg: ExperimentConfig) -> Prepared:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         data = build_task(cfg.task, cfg.seed)
-        check_positions(cfg, data)
+        problem = position_problem(cfg, data)
+        if problem is not None:
+            raise ConfigError(": ".join(problem))
         dm = data_module(cfg, data)
         module = build_module(cfg, data, dm.eval_splits)
         return cls(cfg, data, dm, module, select_probes(data))

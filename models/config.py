@@ -63,6 +63,10 @@ class ModelConfig(BaseModel):
     # token embeddings' scale (std ≈ 1.4 under embed_scale), so that neither drowns the other at the start.
     pos_init: Literal["small", "embedding"] = "small"
     max_positions: Count = 512
+    # T5's relative-position buckets (Raffel et al. 2020: 32 up to distance 128): half exact, the rest
+    # logarithmic up to max_distance, every distance beyond sharing the last.
+    t5_buckets: Annotated[int, Field(ge=4, le=MAX_SIZE, strict=True)] = 32
+    t5_max_distance: Count = 128
     residual: bool = True
     ffn: bool = True  # false: no feed-forward sublayers (pure attention when residual is false too)
     norm: Literal[tuple(NORMS)] = "post"  # type: ignore[valid-type]
@@ -97,6 +101,11 @@ class ModelConfig(BaseModel):
                 )
             check_fits(self)
             check_scale(self)
+            if positional_kind(self.pos_encoding).bucketed and self.t5_max_distance <= self.t5_buckets // 2:
+                raise ValueError(
+                    f"t5_max_distance: must exceed the {self.t5_buckets // 2} exact buckets of t5_buckets="
+                    f"{self.t5_buckets} (got {self.t5_max_distance})"
+                )
         else:
             if self.bidirectional and self.d_model % 2:
                 raise ValueError(
@@ -130,6 +139,9 @@ class ModelConfig(BaseModel):
                 ignored["pos_base"] = f"acts only on sinusoidal or rotary positions, not {self.pos_encoding}"
             if not kind.learned:
                 ignored["pos_init"] = f"acts only on learned positions, not {self.pos_encoding}"
+            if not kind.bucketed:
+                for key in ("t5_buckets", "t5_max_distance"):
+                    ignored[key] = f"acts only on the T5 bias, not {self.pos_encoding}"
         score_reads = self.arch == "transformer" and TRANSFORMER_SCORES[self.score].reads_max_positions
         if self.position_limits == (None, None) and not score_reads:
             ignored["max_positions"] = (
@@ -171,7 +183,8 @@ LSTM_KEYS = ("cell", "bidirectional", "attention", "attention_query", "input_fee
 # An LSTM's switches that act only with attention.
 ATTENTION_KEYS = ("attention_query", "input_feeding", "attention_heads", "attention_window",
                   "attention_width")  # fmt: skip
-TRANSFORMER_KEYS = ("heads", "key_dim", "d_ff", "scale", "score", "pos_encoding", "pos_base", "pos_init", "residual", "ffn",
+TRANSFORMER_KEYS = ("heads", "key_dim", "d_ff", "scale", "score", "pos_encoding", "pos_base", "pos_init",
+                    "t5_buckets", "t5_max_distance", "residual", "ffn",
                     "norm", "causal_mask", "cross_attention", "decoder_self_attention", "embed_scale",
                     "qkv_projections")  # fmt: skip
 

@@ -41,6 +41,7 @@ class PositionalKind:
     bounded: bool = False
     based: bool = False  # reads model.pos_base (the wavelengths' base)
     learned: bool = False  # a trained table added to the embeddings: reads model.pos_init
+    bucketed: bool = False  # a bias per bucket of distance: reads model.t5_buckets and t5_max_distance
 
     def max_length(self, max_positions: int) -> int | None:
         """The most positions one sequence may have; None when any length works."""
@@ -72,7 +73,10 @@ POSITIONAL: dict[str, PositionalKind] = {
     "alibi": PositionalKind(score_bias=lambda layers, cfg, bidirectional: layers.ALiBi(cfg.heads)),
     # Raffel et al. 2020 (T5): a learned bias per head and bucket of relative distance, one per stack.
     "t5": PositionalKind(
-        score_bias=lambda layers, cfg, bidirectional: layers.T5Bias(cfg.heads, cfg.d_model, bidirectional)
+        score_bias=lambda layers, cfg, bidirectional: layers.T5Bias(
+            cfg.heads, cfg.d_model, bidirectional, cfg.t5_buckets, cfg.t5_max_distance
+        ),
+        bucketed=True,
     ),
 }
 
@@ -93,7 +97,7 @@ def positional_kind(name: str) -> PositionalKind:
             f"{name!r}: join kinds that each add a different part ({', '.join(PARTS)}), e.g. alibi+sinusoidal"
         )
     merged = {part: next((getattr(k, part) for k in kinds if getattr(k, part)), None) for part in PARTS}
-    flags = {flag: any(getattr(k, flag) for k in kinds) for flag in ("bounded", "based", "learned")}
+    flags = {flag: any(getattr(k, flag) for k in kinds) for flag in ("bounded", "based", "learned", "bucketed")}
     return PositionalKind(**merged, **flags)
 
 

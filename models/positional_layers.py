@@ -142,6 +142,20 @@ def t5_bucket(
     return offset + torch.where(distance < exact, distance, logarithmic.clamp(max=buckets - 1))
 
 
+def t5_untrained(
+    trained: int, tested: int, bidirectional: bool, buckets: int = 32, max_distance: int = 128
+) -> list[int]:
+    """The buckets that sequences of up to `tested` positions read and no training sequence of up to `trained`
+    positions reaches: their bias stays at its initial value, so what a model reads there was never learned
+    (T5's own L = 512 puts every distance past 128 in its last, trained, bucket)."""
+
+    def reached(length: int) -> set[int]:
+        relative = torch.arange(-(length - 1), length if bidirectional else 1)
+        return set(t5_bucket(relative, bidirectional, buckets, max_distance).tolist())
+
+    return sorted(reached(tested) - reached(trained))
+
+
 class T5Bias(nn.Module):
     """Raffel et al. 2020, Sec. 2.1: a learned scalar per (bucket of relative position, head) added to the
     attention logits, buckets as `t5_bucket` (32 up to distance 128, T5's). One per stack, shared by its

@@ -239,7 +239,7 @@ def test_a_key_the_model_ignores_is_refused_on_the_command_line():
 CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention_query": "current",
            "input_feeding": True, "attention_heads": 2, "attention_window": "local-m", "attention_width": 3,
            "heads": 2, "key_dim": 4, "d_ff": 8, "scale": "none", "score": "cosine", "pos_encoding": "rope",
-           "pos_base": 100.0, "pos_init": "embedding", "residual": False, "ffn": True, "norm": "pre",
+           "pos_base": 100.0, "pos_init": "embedding", "t5_buckets": 8, "t5_max_distance": 9, "residual": False, "ffn": True, "norm": "pre",
            "causal_mask": False, "cross_attention": False, "decoder_self_attention": False,
            "embed_scale": False, "qkv_projections": False, "max_positions": 9}  # fmt: skip
 

@@ -70,6 +70,7 @@ SWITCHES = {
         {"score": "cosine", "scale": 3.0}, {"scale": "none"}, {"scale": 0.5},
         *({"norm": norm} for norm in values("norm")),
         {"heads": 1}, {"heads": 4}, {"key_dim": 3}, {"key_dim": 4, "pos_encoding": "rope"},
+        {"pos_encoding": "t5", "t5_buckets": 8, "t5_max_distance": 9},
         *(flipped(key) for key in ("causal_mask", "cross_attention", "decoder_self_attention", "qkv_projections", "ffn", "residual",
                                    "embed_scale", "tie_embeddings")),
     ],

@@ -327,6 +327,26 @@ def test_the_study_metric_is_one_every_variant_reports(tmp_path, task, preset, m
         assert line.startswith(f"{path}: metric.name: {metric!r} is not reported by variant 'base'")
 
 
+def test_a_t5_bias_tested_in_buckets_training_never_reaches_is_refused(tmp_path):
+    """T5's buckets reach distance 128 (Raffel et al.): trained on short sequences and tested on longer ones,
+    the far buckets' bias stays as initialised. The study check reads the task's lengths and says so, with
+    the fix; scaled to the training length the same design passes."""
+    task = {**TINY_TASK, "name": "reverse", "min_len": 2, "max_len": 6, "test_max_len": 10}
+    path = study(tmp_path, base=base(task=task), variants={"t5": {"model.pos_encoding": "t5"}})
+    (line,) = problems_of(path)
+    assert line == (
+        f"{path}: base.model.t5_max_distance: 128 leaves T5 buckets 7-8, 23-24 untrained: sources of up to 11 "
+        "positions are tested, training reaches 7; set model.t5_max_distance to at most 7 and model.t5_buckets "
+        "to at most 7, so that every longer distance falls in a trained last bucket"
+    )
+    scaled = {"model.pos_encoding": "t5", "model.t5_max_distance": 6, "model.t5_buckets": 6}
+    load_study(study(tmp_path, base=base(task=task), variants={"t5": scaled}))
+    # Only the T5 bias reads the keys; elsewhere they are refused as having no effect.
+    other = study(tmp_path, base=base(task=task), variants={"rope": {"model.pos_encoding": "rope",
+                                                                     "model.t5_buckets": 8}})  # fmt: skip
+    assert "model.t5_buckets: has no effect (acts only on the T5 bias, not rope)" in problems_of(other)[0]
+
+
 def test_a_positive_control_on_another_task_is_refused(tmp_path):
     """A control shows that the claim's own setting could have seen a difference: one that moves the metric
     on another task says nothing of the claim's (assay sensitivity)."""

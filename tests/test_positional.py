@@ -20,6 +20,7 @@ from ablate.models.positional_layers import (
     T5Bias,
     sinusoidal_table,
     t5_bucket,
+    t5_untrained,
 )
 from ablate.models.sequences import BOS_ID, EOS_ID
 from ablate.models.transformer import Transformer
@@ -459,3 +460,14 @@ def test_a_kind_added_to_the_registry_reaches_config_and_model(monkeypatch):
 class Doubling(torch.nn.Module):
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         return 2 * x
+
+
+def test_t5_buckets_past_the_training_length_are_named_untrained():
+    # Trained on windows of 32 (+ BOS) and tested on 4L: T5's own buckets for distances 33-128 never train.
+    assert t5_untrained(33, 129, bidirectional=False) == list(range(22, 32))
+    # Scaled to L, every distance past L shares the last bucket, which training reaches.
+    assert t5_untrained(33, 129, bidirectional=False, max_distance=33) == []
+    # Bidirectional: 16 buckets a direction, exact below 8: distance 7 its own, 8-10 share bucket 8.
+    assert t5_untrained(7, 11, bidirectional=True) == [7, 8, 23, 24]
+    assert t5_untrained(7, 11, bidirectional=True, buckets=8, max_distance=6) == []
+    assert t5_untrained(40, 40, bidirectional=True) == []  # nothing tested beyond training

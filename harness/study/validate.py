@@ -17,7 +17,7 @@ import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -47,6 +47,9 @@ from ablate.schema.spec import (
 )
 from ablate.schema.task_config import TaskConfig
 from ablate.schema.tasks import TASKS
+
+if TYPE_CHECKING:
+    from ablate.harness.tasks.base import TaskData
 
 Problem = tuple[str, str]  # (where in the study file or command line, what is wrong)
 MAX_SHOWN = 20
@@ -401,37 +404,49 @@ def judging_problems(where: str, claim: ClaimSpec, spec: StudySpec) -> list[Prob
 def data_problems(spec: StudySpec, configs: dict[str, ExperimentConfig], set_keys: set[str]) -> list[Problem]:
     """What each task reads from this machine (its registry entry's `reads_machine`: a local corpus, the
     Bibles' SWORD modules, SCAN's files), read once by the task's own reader: it exists, parses and fills
-    every split. Corpora named on the Hugging Face hub are fetched by the trial itself."""
-    from ablate.harness.tasks.corpora import looks_local  # the task registry: seconds of imports, when needed
+    every split; and, where a variant's model bounds the lengths it can place or has trained on (learned
+    positions, the T5 bias), its task's lengths against it (harness/lengths.py), generated tasks included.
+    Corpora named on the Hugging Face hub are fetched, and checked, by the trial itself."""
+    from ablate.harness.lengths import position_problem  # the task registry: seconds of imports, when needed
+    from ablate.harness.tasks.corpora import looks_local
+    from ablate.models.positional import positional_kind
 
     problems, read = [], {}
     for name, cfg in configs.items():
-        task = cfg.task
+        task, model = cfg.task, cfg.model
         reads = TASKS[task.name].reads_machine
         local = reads == "always" or (reads == "path" and task.path is not None and looks_local(task.path))
-        if not local or task in read:
+        bounded = model.position_limits != (None, None) or (
+            model.arch == "transformer" and positional_kind(model.pos_encoding).bucketed
+        )
+        if not (local or (bounded and reads == "nothing")):
             continue
-        read[task] = corpus_problem(task, cfg.seed)
-        if read[task]:
+        if task not in read:
+            read[task] = corpus_problem(task, cfg.seed)
+        problem, data = read[task]
+        if problem:
             key = "task.path" if task.path else "task.name"
-            problems.append((origin(spec, name, key, set_keys), read[task]))
+            problems.append((origin(spec, name, key, set_keys), problem))
+        elif bounded and (found := position_problem(cfg, data)):
+            problems.append((origin(spec, name, found[0], set_keys), found[1]))
     return problems
 
 
-def corpus_problem(task: TaskConfig, seed: int) -> str | None:
+def corpus_problem(task: TaskConfig, seed: int) -> tuple[str | None, TaskData | None]:
+    """(why the task cannot be read, None), or (None, its data)."""
     from ablate.harness.tasks import build_task
 
     try:
         data = build_task(task, seed)
     except ConfigError as e:
-        return str(e)
+        return str(e), None
     except OSError as e:
-        return f"{e.filename or task.path}: {os_reason(e)}"
+        return f"{e.filename or task.path}: {os_reason(e)}", None
     empty = [split for split in ("train", "valid", "test") if not data.splits[split]]
     if empty:
         sizes = ", ".join(f"{split} {len(data.splits[split])}" for split in ("train", "valid", "test"))
-        return f"{task.path or 'task ' + task.name}: too few pairs for every split ({sizes})"
-    return None
+        return f"{task.path or 'task ' + task.name}: too few pairs for every split ({sizes})", None
+    return None, data
 
 
 def fusion_problems(configs: dict[str, ExperimentConfig]) -> list[Problem]:

@@ -1,0 +1,72 @@
+"""What a model can place against the lengths its task gives, checked before training (a trial) and before
+a study queues anything (harness/study/validate.py): learned positions and location attention stop at
+model.max_positions; the T5 bias reads buckets of distance that training must have reached."""
+
+from __future__ import annotations
+
+from ablate.harness.tasks.base import TaskData
+from ablate.models.decoding import generation_budget
+from ablate.schema.config import ExperimentConfig
+
+
+def position_problem(cfg: ExperimentConfig, data: TaskData) -> tuple[str, str] | None:
+    """(key, message) of the first length the model cannot place or never trained on, or None."""
+    return max_positions_problem(cfg, data) or t5_problem(cfg, data)
+
+
+def max_positions_problem(cfg: ExperimentConfig, data: TaskData) -> tuple[str, str] | None:
+    source_limit, target_limit = cfg.model.position_limits
+    longest_source = 1 + max(len(ex.src) for examples in data.splits.values() for ex in examples)  # + EOS
+    decoded = generation_budget(longest_source, data.train_max_len)
+    decoding = f"decoding may run to {decoded} positions (sources of up to {longest_source} tokens)"
+    checks = [
+        (target_limit, decoded, decoding),
+        (source_limit, longest_source, f"sources reach {longest_source} tokens"),
+    ]
+    for limit, needed, reach in checks:
+        if limit is not None and needed > limit:
+            return "model.max_positions", (
+                f"{limit} is too short for {cfg.task.name}: {reach}; set it to at least {needed}"
+            )
+    return None
+
+
+def t5_problem(cfg: ExperimentConfig, data: TaskData) -> tuple[str, str] | None:
+    """Test distances in T5 buckets that no training distance reaches: their bias never trained, which is
+    not T5's setting nor Press et al.'s (there every distance past the last bucket's start trains it)."""
+    from ablate.models.positional import positional_kind
+
+    model = cfg.model
+    if cfg.model.arch != "transformer" or not positional_kind(model.pos_encoding).bucketed:
+        return None
+    from ablate.models.positional_layers import t5_untrained
+
+    def longest(side: str, splits) -> int:  # + EOS or BOS
+        return 1 + max((len(getattr(ex, side)) for split in splits for ex in data.splits[split]), default=0)
+
+    tested = [split for split in data.splits if split != "train"]
+    stacks = [("sources", "src", True)] if model.cross_attention else []
+    if model.decoder_self_attention:
+        stacks.append(("targets", "tgt", not model.causal_mask))
+    for what, side, bidirectional in stacks:
+        trained, reach = longest(side, ["train"]), longest(side, tested)
+        untrained = t5_untrained(trained, reach, bidirectional, model.t5_buckets, model.t5_max_distance)
+        if untrained:
+            return "model.t5_max_distance", (
+                f"{model.t5_max_distance} leaves T5 buckets {spans(untrained)} untrained: {what} of "
+                f"up to {reach} positions are tested, training reaches {trained}; set model.t5_max_distance to "
+                f"at most {trained} and model.t5_buckets to at most {trained}, so that every longer distance "
+                "falls in a trained last bucket"
+            )
+    return None
+
+
+def spans(numbers: list[int]) -> str:
+    """[7, 8, 23, 24] -> '7-8, 23-24'."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
