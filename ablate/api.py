@@ -43,11 +43,10 @@ def load_study(
     artifacts: str | None = None,
     allow_large: bool = False,
 ) -> Study:
-    """A study file, or the name of a bundled one (`ablate list`), with one of its profiles and `sets`
-    ({"train.max_steps": 50}) fixed for every trial, as `ablate sweep --profile --set` take them. Its runs
-    live in `out`/<study>/ and its trials in `storage` (default: SQLite there), its trials' files in
-    `artifacts` (s3://bucket/prefix; default: the folder). ConfigError lists every problem of the study
-    and of these options."""
+    """A study file or bundled study's name (`ablate list`), with one of its profiles and `sets`
+    ({"train.max_steps": 50}) fixed for every trial, as `ablate sweep --profile --set` take them. Runs live
+    in `out`/<study>/, trials in `storage` (default: SQLite there), their files in `artifacts`
+    (s3://bucket/prefix; default: the folder). ConfigError lists every problem of the study and options."""
     options = checked(
         SweepOptions,
         {"storage": storage, "out": Path(out), "artifacts": artifacts, "allow_large": allow_large},
@@ -90,15 +89,12 @@ class Study:
         launcher: str | None = None,
         launch: tuple[str, ...] = (),
     ) -> Path | None:
-        """Runs every variant x seed not yet done, as `ablate sweep` does (reading the study file again):
-        `workers` local CPU processes, or `per_device` processes on each GPU of `devices` ("0,1"); W&B
-        `online`, `offline` or `disabled` (default: online with credentials, else offline). Writes the
-        report unless `report=False` and returns its HTML file. Progress shows as bars (in Jupyter too).
-        `launcher` ("slurm", "ray", "local") starts the workers as `ablate sweep --launcher` does, with
-        `launch` its settings ("tasks=4", as `--launch` takes them); None when a scheduler took them.
-
-        Interrupting (Ctrl-C, or the notebook's stop button) stops the workers, which checkpoint their
-        trials, and raises KeyboardInterrupt; calling run again resumes them."""
+        """Runs every variant x seed not yet done, as `ablate sweep` (reading the study file again): `workers`
+        local CPU processes, or `per_device` on each GPU of `devices` ("0,1"); W&B `online`, `offline` or
+        `disabled` (default: online with credentials, else offline); `launcher` ("slurm", "ray", "local") and
+        `launch` ("tasks=4") as `ablate sweep --launcher --launch`. Writes the report unless `report=False`;
+        returns its HTML file, or None when a scheduler took the workers. Ctrl-C (or a notebook's stop) stops
+        the workers, which checkpoint their trials, and raises KeyboardInterrupt; run again resumes them."""
         options = checked(SweepOptions, {**self.options.model_dump(), "workers": workers, "devices": devices,
                                          "per_device": per_device, "wandb": wandb, "report": report,
                                          "launcher": launcher, "launch": tuple(launch)})  # fmt: skip
@@ -124,9 +120,8 @@ class Study:
 
     def claims(self) -> list[ClaimResult]:
         """Each claim's verdict with the numbers behind it, as the report judges it (analysis/claims.py
-        ClaimResult: kind, claim.text, verdict, diff, ci_low, ci_high, level, decision, ...): the tests of
-        published findings first, then the checks of mechanisms (kind 'check'), each in the study's order.
-        analysis.claims.tally counts each kind's verdicts."""
+        ClaimResult: kind, claim.text, verdict, diff, ci_low, ci_high, level, decision, ...): tests of
+        published findings, then mechanism checks (kind 'check'), in study order; claims.tally counts them."""
         from ablate.analysis.claims import tests_first
         from ablate.harness.study.looks import judge
 
@@ -140,8 +135,7 @@ class Study:
 
     def compare(self, other: Study | str) -> Comparison:
         """This run beside `other`, as `ablate compare`: another Study (its own out and storage: a re-run on
-        fresh seeds under another out, another profile), or the name of a study stored where this one's out
-        and storage say. See `compare` below for what it holds."""
+        fresh seeds, another profile) or a study's name stored where this one's are; see `compare` below."""
         from ablate.comparison import compare_stored
 
         here = (self.name, self.options.storage, self.options.out)
@@ -160,12 +154,11 @@ def compare(
     storage: str | tuple[str | None, str | None] | None = None,
     out: str | Path | tuple[str | Path, str | Path] = "runs",
 ) -> Comparison:
-    """Two stored runs side by side, as `ablate compare FIRST SECOND`: each a study's name or file, found in
-    `storage` (default: SQLite under `out`/<study>/); `storage` and `out` are one value for both runs or a
-    pair, the first run's and the second's. Returns analysis/compare.py's Comparison: `claims` (per claim
-    its `text`, each run's ClaimResult or None in `results`, and `changed`) and `variants` (per variant
-    each run's `means`: mean, ci_low, ci_high, seeds of the study metric). ConfigError when a study is not
-    stored, a storage cannot be read, or both name one run."""
+    """Two stored runs side by side, as `ablate compare FIRST SECOND`: each a study's name or file in
+    `storage` (default: SQLite under `out`/<study>/); `storage` and `out` are one value or a (first, second)
+    pair. Returns analysis/compare.py's Comparison: `claims` (per claim its `text`, each run's ClaimResult or
+    None in `results`, and `changed`) and `variants` (per variant each run's `means`: mean, ci_low, ci_high,
+    seeds of the study metric). ConfigError: a study not stored, a storage unreadable, both one run."""
     from ablate.comparison import compare_stored, per_run
 
     studies = (str(first), str(second))

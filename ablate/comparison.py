@@ -1,8 +1,6 @@
-"""Two stored runs of a study side by side, for `ablate compare` and the Python API alike: each run is opened
-as every command opens a stored study (sweep.stored_study, read-only), the same run given twice is refused,
-and the two trial tables are compared by analysis/compare.py.
-
-Errors: ConfigError, one line, before anything is written."""
+"""Two stored runs of a study side by side, for `ablate compare` and the Python API alike: each opened as
+every command opens a stored study (sweep.stored_study, read-only), the same run twice refused, the trial
+tables compared by analysis/compare.py. Errors: ConfigError, one line, before anything is written."""
 
 from __future__ import annotations
 

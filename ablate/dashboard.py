@@ -1,9 +1,7 @@
-"""`ablate dashboard`: optuna-dashboard on a study's storage with its trials' files. Which storage and files
-a study's name or file, or --storage alone, means (`find`), checked before anything is served; the server
+"""`ablate dashboard`: optuna-dashboard on a study's storage with its trials' files, found from a study's
+name or file, or --storage alone (`find`; ConfigError for bad input, before anything is served). The server
 runs in this process, so a killed `ablate` leaves none behind and the URL stays off the command lines `ps`
-shows.
-
-Errors: ConfigError for bad input, before anything is served."""
+shows."""
 
 from __future__ import annotations
 

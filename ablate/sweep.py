@@ -1,8 +1,7 @@
 """Running a study, for `ablate sweep` and the Python API alike: every check before anything is created,
-the storage, the workers its launcher starts (harness/launchers; local processes by default) and their
-progress, the report; and a study already in a storage.
-
-Errors: ConfigError for bad input (before anything is created), RunFailed for a fault during the run."""
+the storage, the workers its launcher starts (harness/launchers; local processes by default), their
+progress and the report; and a study already in a storage. Errors: ConfigError for bad input (before
+anything is created), RunFailed for a fault during the run."""
 
 from __future__ import annotations
 
@@ -28,9 +27,8 @@ Options = TypeVar("Options", bound=BaseModel)
 
 
 class SweepOptions(local.Options):
-    """`ablate sweep`'s options: the command line's flags, or the Python API's arguments, each number with
-    its range; `checked` builds them. --workers, --devices and --per-device are the local launcher's
-    options, with their ranges there."""
+    """`ablate sweep`'s options (the command line's flags or the Python API's arguments), built by `checked`;
+    --workers, --devices and --per-device, with their ranges, are the local launcher's (local.Options)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -53,9 +51,8 @@ class ThreadOptions(BaseModel):
 
 
 def checked(schema: type[Options], values: dict[str, Any], from_text: bool = False) -> Options:
-    """`values` as `schema` validates them, strictly for the API's Python values, converted from text for
-    the command line's (`from_text`); otherwise a ConfigError naming each option as its flag
-    (`--per-device: ...`), raised before anything is created."""
+    """`values` validated by `schema` (strictly for the API's Python values, from text for the command
+    line's), or a ConfigError naming each option as its flag (`--per-device: ...`) before anything is made."""
     try:
         return schema.model_validate(values, strict=not from_text)
     except ValidationError as e:
@@ -83,10 +80,9 @@ def check_artifacts(location: str | None, reach: bool = False) -> None:
 def load_sweep(
     study: str | Path, profile: str | None, sets: dict[str, Any] | None, options: SweepOptions
 ) -> tuple[StudySpec, Launch]:
-    """The study file (or bundled name) with its profile and `sets` added to its fixed keys, and the
-    launcher that starts its workers with its options, checked together with the options: every problem in
-    one ConfigError, before anything is created. Local worker processes are checked against this machine.
-    The file is read once, for its launcher block and its study."""
+    """The study file (or bundled name) with its profile and `sets` added to its fixed keys, and the launcher
+    to start its workers, checked with the options (local workers against this machine): every problem in
+    one ConfigError, before anything is created. The file is read once, for its launcher block and study."""
     from ablate.harness.launchers import plan
     from ablate.harness.study.validate import MAX_TRIALS, load_study, raise_problems, read_study, run_problems
 
@@ -111,7 +107,7 @@ def load_sweep(
 
 
 def size_line(spec: StudySpec):
-    """'quickstart: 3 variants x 2 seeds: 6 trials', a Rich Text with the name in bold (never read as markup)."""
+    """'quickstart: 3 variants x 2 seeds: 6 trials', a Rich Text, the name in bold (never read as markup)."""
     from rich.text import Text
 
     from ablate.harness.study.validate import seed_count, trial_count, variant_count
@@ -133,15 +129,13 @@ def sweep(
     console: Console,
     stop_on_signals: bool,
 ) -> Path | None:
-    """Tunes (if the study says so) and runs every variant x seed of the study in the workers its launcher
-    starts (harness/launchers: local processes unless `options.launcher` names another), resuming what the
-    storage holds, then writes the report; returns its HTML file (None without one). A launcher that hands the
-    workers to a scheduler returns at once, None, and the worker that finishes the study writes the report.
-
-    `stop_on_signals` (the command line): SIGTERM and SIGINT are noted (harness/signals.py) and forwarded
-    to the workers, which checkpoint their trials; then this returns None, and signals.received() says
-    which. Otherwise Ctrl-C (KeyboardInterrupt, as in a notebook) stops the workers the same way and is
-    raised again. Either way the same call resumes the study."""
+    """Tunes (if the study says so) and runs every variant x seed in the workers its launcher starts (local
+    processes unless `options.launcher` names another), resuming what the storage holds, then writes the
+    report; returns its HTML file (None without one, or at once when a scheduler took the workers: the
+    worker that finishes the study writes the report). `stop_on_signals` (the command line): stop signals
+    (harness/signals.py) are noted and forwarded to the workers, which checkpoint their trials; this then
+    returns None and signals.received() says which. Otherwise Ctrl-C (KeyboardInterrupt, as in a notebook)
+    stops the workers the same way and is raised again. Either way the same call resumes the study."""
     from ablate.harness import signals, tracking
     from ablate.harness.artifacts import check_run_folder, default_storage_url
     from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
@@ -186,9 +180,8 @@ def write_report(
     spec: StudySpec, store, out: Path, mode: str | None, artifacts: str | None, console: Console | None,
     folder: Path | None = None,
 ) -> Path:  # fmt: skip
-    """The study's report (reports/render.py) in `folder` (default: the study's report/ under `out`), its
-    HTML file named on `console`: how a sweep, the worker that finishes a study, `ablate report` and the
-    API write it; that file."""
+    """Writes the study's report (reports/render.py) to `folder` (default: report/ under `out`), as a sweep,
+    the worker that finishes a study, `ablate report` and the API do; its HTML file, named on `console`."""
     from ablate.harness.artifacts import REPORT_HTML
     from ablate.reports.render import build_report
 
@@ -292,9 +285,8 @@ def join_study(study: str, spec: StudySpec, url: str):
 def stored_study(
     command: str, study: str, storage: str | None, out: Path, read_only: bool = True, stored: bool = False
 ):
-    """The spec (as stored) and storage of a study, by name or file (`stored`: by name, whatever files there
-    are), that exists in the storage, its data read once (check_readable); `read_only` unless the command
-    writes to it (a report's notes)."""
+    """The stored spec and storage of a study that exists there, by name or file (`stored`: by name, whatever
+    files there are), its data read once (check_readable); `read_only` unless the command writes (notes)."""
     from ablate.harness.artifacts import default_storage_url
     from ablate.harness.study.queue import load_spec_from_storage, stored_study_names
     from ablate.harness.study.storage import check_readable, masked_url, open_storage

@@ -23,7 +23,7 @@ def train_config(
     progress: bool,
 ) -> TrialResult:
     """Trains and tests `cfg` (built from `config_file`, `preset` and `overrides`, which name and tag its
-    W&B run); with `out`, leaves its artifacts there. ConfigError before training on a bad `out` or `wandb`."""
+    W&B run); with `out`, leaves its artifacts there. ConfigError before training for a bad `out`/`wandb`."""
     from ablate.harness import tracking
     from ablate.harness.study.validate import raise_problems, run_problems
 

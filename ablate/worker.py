@@ -1,9 +1,7 @@
-"""`ablate worker`: the one way a process joins a study and works on it. The study comes from its file (joined
-as `ablate sweep` joins it, sweep.join_study) or stored by name; its queued trials run until none is left
-(harness/workers.py); the worker that records the study's last trial writes the report (sweep.write_report).
-The local launcher's workers, and so `ablate sweep`'s and `Study.run`'s, are `ablate worker` processes.
-
-Errors: ConfigError for bad input, before any trial runs."""
+"""`ablate worker`: the one way a process joins a study and works on it (the local launcher's, and so
+`ablate sweep`'s and `Study.run`'s, workers too). The study comes from its file (sweep.join_study) or
+stored by name; its queued trials run until none is left (harness/workers.py); the worker that records the
+last trial writes the report (sweep.write_report). ConfigError for bad input, before any trial runs."""
 
 from __future__ import annotations
 

@@ -1,28 +1,22 @@
-"""Statistics of a study's table: per-variant summaries with CIs of the mean over seeds; differences to
-the baseline with their CIs, the p-value that inverts each CI (so p < 0.05 exactly when the 95% CI
-excludes 0), permutation p-values with their floor, Holm's correction and Hedges' g; ranks; and the
-Pareto front.
+"""Statistics of a study's table: per-variant means with CIs over seeds; differences to the baseline with
+their CIs, the p-value inverting each CI (p < 0.05 exactly when the 95% CI excludes 0), permutation
+p-values with their floor, Holm's correction and Hedges' g; ranks; and the Pareto front.
 
-Every interval respects its metric's range (schema.metric_registry, the one list of metrics plots and
-claims read too):
-- bounded metrics (accuracies, AER and rank collapse in [0, 1]; BLEU and chrF in [0, 100]): the Wilson
-  score interval with the between-seed variance kept (quasi-binomial). A seed's value is a proportion of
-  the n test examples; the seeds' variance s^2, as a multiple of p(1 - p) and never below the binomial
-  1/n, sets an effective sample size k p(1 - p)/s^2, as for proportions from clustered survey data (Korn
-  & Graubard 1998). The interval lies in the range and around the mean, and seeds all at 0 (or 1) still
-  get the binomial width of k * n examples rather than none. Critical value: Student t with k - 1 df; for
-  a difference the dispersion s^2/(p(1 - p)) is pooled over the variants compared, with sum(k - 1) df
-  (the p(1 - p) factor already lets a variant near 0 vary less than one near 0.5);
+Every interval respects its metric's range (schema.metric_registry, which plots and claims read too):
+- bounded metrics (accuracies, AER, rank collapse in [0, 1]; BLEU, chrF in [0, 100]): Wilson's score
+  interval with the between-seed variance kept (quasi-binomial). A seed's value is a proportion of n test
+  examples; the seeds' variance s^2, as a multiple of p(1 - p) and never below the binomial 1/n, sets an
+  effective sample size k p(1 - p)/s^2, as for clustered survey proportions (Korn & Graubard 1998). The
+  interval lies in the range and around the mean, and seeds all at 0 (or 1) still get the binomial width
+  of k * n examples. Critical value: Student t, k - 1 df; for a difference s^2/(p(1 - p)) is pooled over
+  the variants compared (p(1 - p) already lets a variant near 0 vary less than one near 0.5), sum(k - 1) df;
 - metrics bounded below (loss >= 0, perplexity >= 1): the t-interval of log(mean - low) (delta method);
 - anything else: Student's t-interval.
-For these two, a difference takes the Welch-Satterthwaite df. A difference's interval combines the two
-sides' intervals by MOVER (Zou & Donner 2008), so a difference of accuracies stays in [-1, 1]; with
-symmetric t-intervals MOVER is exactly Welch's interval. They are
-t-intervals, not bootstraps: with 2-5 seeds a percentile bootstrap of a mean is about [min, max] of the
-seeds, far too narrow. One seed gives no interval.
-
-One value per (variant, seed) enters: the latest completed trial of that grid point, so a retried
-trial is never counted twice."""
+For these two a difference takes the Welch-Satterthwaite df. A difference's interval combines the two
+sides' by MOVER (Zou & Donner 2008; diff_ci). These are t-intervals, not bootstraps: with 2-5 seeds a
+percentile bootstrap of a mean is about [min, max] of the seeds, far too narrow. One seed gives no interval.
+One value per (variant, seed) enters, the latest completed trial of that grid point, so a retried trial is
+never counted twice."""
 
 from __future__ import annotations
 
@@ -82,9 +76,8 @@ def _dispersion(units: list[np.ndarray], n_examples: int | None) -> float:
 
 
 def _wilson(unit: np.ndarray, dispersion: float, q: float) -> tuple[float, float]:
-    """Wilson's score interval of the mean p of k proportions at the effective sample size k / dispersion
-    (Kish's design effect) and critical value q: inside [0, 1], around p, and at p = 0 or 1 as wide as
-    the binomial interval of k * n examples."""
+    """Wilson's score interval of the mean p of k proportions at effective sample size k / dispersion (Kish's
+    design effect) and critical value q: in [0, 1], around p, at p = 0 or 1 as wide as for k * n examples."""
     p = float(unit.mean())
     if dispersion == 0:
         return (p, p)
@@ -111,8 +104,7 @@ def t_quantile(level: float, df: float) -> float:
 
 
 def _welch_df(groups: list[np.ndarray]) -> float:
-    """Welch-Satterthwaite df of sum(s^2/n) over the groups (n - 1 for one group); when no group varies
-    at all, the pooled sum(n - 1)."""
+    """Welch-Satterthwaite df of sum(s^2/n) over the groups (one group: n - 1; none varies: sum(n - 1))."""
     terms = [(_spread(g) / len(g), len(g) - 1) for g in groups]
     variance = sum(v for v, _ in terms)
     return variance**2 / sum(v**2 / dof for v, dof in terms) if variance > 0 else sum(d for _, d in terms)
@@ -121,9 +113,8 @@ def _welch_df(groups: list[np.ndarray]) -> float:
 def _intervals(
     groups: list[np.ndarray], rng: MetricRange, n_examples: int | None, level: float
 ) -> list[tuple[float, float]]:
-    """Each group's CI of its mean, all at one critical value (see the module doc). Bounded metrics: Wilson
-    with the dispersion pooled over the groups and sum(k - 1) df. Others: the t-interval (on the log scale
-    above a lower bound) at the Welch-Satterthwaite df of the groups."""
+    """Each group's CI of its mean at one critical value (module doc): bounded metrics, Wilson with the pooled
+    dispersion and sum(k - 1) df; others, the t-interval (log scale above a lower bound) at Welch's df."""
     if rng.bounded:
         width = rng.high - rng.low
         units = [(g - rng.low) / width for g in groups]
@@ -151,10 +142,9 @@ def mean_ci(
 
 
 def mean_table(rows: pd.DataFrame, keys: list[str], metric: str, n_column: str | None = None) -> pd.DataFrame:
-    """Per group of `keys` (a variant at a length or a step), the mean of `metric` over the group's rows
-    (one per seed) with its CI (mean_ci in the metric's range, at the group's fewest examples in
-    `n_column`): columns *keys, mean, ci_low, ci_high, seeds, in the groups' first-seen order. The one
-    table the report's curves and the dashboard's draw, so the two cannot differ."""
+    """Per group of `keys` (a variant at a length or a step), the mean of `metric` over its rows (one per
+    seed) with mean_ci at the group's fewest examples in `n_column`: columns *keys, mean, ci_low, ci_high,
+    seeds, groups in first-seen order. The report's and the dashboard's curves both draw it, so they agree."""
     rng, out = metric_range(metric), []
     for key, group in rows.groupby(keys, sort=False):
         values = group[metric].to_numpy(dtype=float)
@@ -169,12 +159,11 @@ def diff_ci(
     n_examples: int | None = None,
     level: float = LEVEL,
 ) -> tuple[float, float, float]:
-    """The mean over the k pairs of mean(a) - mean(b), and its CI by MOVER (Zou & Donner 2008; for one
-    pair of proportions Newcombe's hybrid score interval): each variant's interval (_intervals, one
-    critical value for all) gives the distances its mean may move down and up, and those distances,
-    weighted 1/k, add in quadrature. With symmetric t-intervals this is exactly Welch's interval; with
-    the range-respecting ones the difference stays inside [low - high, high - low]. The estimate is NaN
-    when a group is empty, the interval when a group has fewer than two values."""
+    """The mean over the k pairs of mean(a) - mean(b) and its CI by MOVER (Zou & Donner 2008; for one pair
+    of proportions Newcombe's hybrid score interval): each variant's interval (_intervals) gives how far its
+    mean may move down and up, and those distances, weighted 1/k, add in quadrature. With symmetric
+    t-intervals this is exactly Welch's interval; range-respecting ones keep the difference in [low - high,
+    high - low]. NaN estimate when a group is empty, NaN interval when one has fewer than two values."""
     if not pairs or any(len(a) == 0 or len(b) == 0 for a, b in pairs):
         return (np.nan, np.nan, np.nan)
     groups = [np.asarray(g, dtype=float) for pair in pairs for g in pair]
@@ -197,12 +186,11 @@ def ci_p(
     n_examples: int | None = None,
     interval: tuple[float, float, float] | None = None,
 ) -> float:
-    """The two-sided p-value that inverts diff_ci: the smallest alpha at which the 1 - alpha CI of the
-    difference excludes 0, found by a root search over the level (the intervals are nested in it). So p <
-    0.05 exactly when the 95% CI excludes 0; where that CI is Welch's (unbounded metrics) this is Welch's
-    t-test. 1 for a difference of 0; 0 when no level's interval reaches 0 (seeds without any spread and no
-    example count); NaN where diff_ci gives no interval. `interval`: diff_ci's 95% interval of `pairs`
-    where the caller has it already (difference)."""
+    """The two-sided p-value inverting diff_ci: the smallest alpha whose 1 - alpha CI of the difference
+    excludes 0, by a root search over the level (the intervals are nested in it), so p < 0.05 exactly when
+    the 95% CI excludes 0 (Welch's t-test where that CI is Welch's, for unbounded metrics). 1 for a
+    difference of 0; 0 when no level's interval reaches 0 (seeds without spread, no example count); NaN
+    where diff_ci gives none. `interval`: diff_ci's 95% interval of `pairs`, if the caller has it."""
     estimate, lo, _ = diff_ci(pairs, rng, n_examples) if interval is None else interval
     if not np.isfinite(lo):
         return np.nan
@@ -286,10 +274,9 @@ def difference(a: np.ndarray, b: np.ndarray, rng: MetricRange, n_examples: int |
 def summarize(
     df: pd.DataFrame, metric: str, order: list[str], baseline: str | None, direction: str = "maximize"
 ) -> pd.DataFrame:
-    """One row per variant in `order`: n, mean, std, 95% CI; against the baseline: diff (variant -
-    baseline) with its CI and p (ci_p, the test of that CI), p_holm (Holm across the non-baseline
-    variants), the permutation p-value with its floor p_perm_floor, and Hedges' g; and rank (1 = best
-    mean in the metric's direction)."""
+    """One row per variant in `order`: n, mean, std, 95% CI; against the baseline, diff (variant - baseline)
+    with its CI and p (ci_p), p_holm (Holm across the non-baseline variants), p_perm with its floor
+    p_perm_floor, and Hedges' g; and rank (1 = best mean in the metric's direction)."""
     values = variant_values(df, metric)
     rng, n_examples = metric_range(metric), examples(df, metric)
     base = values.get(baseline, np.array([]))

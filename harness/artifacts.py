@@ -12,17 +12,15 @@ that reads them both go through here.
             checkpoints/{best,last}.ckpt   best: weights only; last: full state, to train on
             checkpoints/resume.ckpt     the periodic full state a retried trial resumes from (while it runs)
             attention/probe<i>_<split>.npz    AttentionSample.save / load
-            attention/probe<i>_<split>.png    its heatmap (reports.attention), shown by optuna-dashboard
+            attention/probe<i>_<split>.png    its heatmap (harness.attention_maps), shown by optuna-dashboard
             translations.jsonl      text tasks: {split, src_len, hyp, ref} per test sentence
             data/                   vocabularies and tokenizers
 
-The artifact store is that folder, or with `--artifacts s3://bucket/prefix` an S3-compatible bucket
+The artifact store is that folder or, with `--artifacts s3://bucket/prefix`, an S3-compatible bucket
 (<prefix>/<study>/<artifact id>; endpoint from AWS_ENDPOINT_URL, credentials from the usual AWS variables,
-which boto3 reads itself: nothing here sees or writes them), so workers on machines without a shared
-filesystem, and `ablate report` anywhere, meet the same files.
-
-Paths take plain names (a folder name, a phase, a trial number), so nothing here depends on the study spec.
-Numpy only besides Optuna's artifact store: reading artifacts needs no torch."""
+read by boto3 alone: nothing here sees them), so workers without a shared filesystem, and `ablate report`
+anywhere, meet the same files. Paths take plain names (folder, phase, trial number), not the study spec;
+numpy and Optuna only, so reading artifacts needs no torch."""
 
 from __future__ import annotations
 
@@ -57,10 +55,9 @@ def study_dir(slug: str, runs_root: str | Path = "runs") -> Path:
 
 
 def check_run_folder(slug: str, runs_root: str | Path = "runs") -> None:
-    """ConfigError for a symbolic link inside the study's folder (report/, study.db, artifacts/, a trial's
-    folder or file; W&B's own folder aside, whose `latest-run` link W&B makes). Nothing here makes a link, so
-    one was placed there, and would send what is written through it outside --out: every command that
-    writes under the folder calls this when it opens the folder."""
+    """ConfigError for a symbolic link anywhere in the study's folder but W&B's (whose `latest-run` link W&B
+    makes). Nothing here makes one, so it was placed there and would send writes outside --out: every
+    command that writes under the folder calls this on opening it."""
     root = study_dir(slug, runs_root)
     if not root.is_dir():
         return
@@ -101,9 +98,8 @@ def attention_file(index: int, split: str, suffix: str = ".npz") -> str:
 
 
 def artifact_store(slug: str, runs_root: str | Path = "runs", location: str | None = None):
-    """Per-trial files (metrics and history, per-length results, attention samples, checkpoints) live in
-    an Optuna artifact store, the study's folder's or the bucket `location` names; trials record them in the
-    storage."""
+    """The Optuna artifact store of per-trial files (metrics, per-length results, attention, checkpoints):
+    the study folder's, or the bucket `location` names; trials record them in the storage."""
     if location is not None:
         return prefixed_s3_store(*study_prefix(slug, location))
     path = artifact_dir(slug, runs_root)
@@ -120,8 +116,7 @@ def artifact_location(slug: str, runs_root: str | Path = "runs", location: str |
 
 
 def study_prefix(slug: str, location: str) -> tuple[str, str]:
-    """The bucket of `location` and the key prefix of a study's files in it: the location's own, then the
-    study's name."""
+    """The bucket of `location` and its key prefix for a study's files: the location's, then the study's."""
     bucket, prefix = parse_s3_url(location)
     return bucket, f"{prefix}/{slug}".lstrip("/")
 
@@ -135,9 +130,8 @@ def parse_s3_url(location: str) -> tuple[str, str]:
 
 
 def s3_problem(location: str) -> str | None:
-    """Why the bucket of `location` cannot hold trial files now, from one request made before anything runs
-    (as the storage is opened first): an endpoint that does not answer within S3_TIMEOUT_S, no credentials,
-    no such bucket, access refused. None when the bucket answers."""
+    """Why `location`'s bucket cannot hold trial files, from one request before anything runs: no answer
+    within S3_TIMEOUT_S, no credentials, no such bucket, access refused; None when the bucket answers."""
     import boto3
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError

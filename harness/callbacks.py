@@ -59,9 +59,8 @@ class EarlyStop(L.Callback):
 
 
 def report_step(trial: optuna.Trial, score: float, step: int, prune: bool = False) -> None:
-    """A validation's score reported to its trial at the training step it ran at; with `prune`, the trial
-    stops there (optuna.TrialPruned) when its pruner says so. Every trial reports through here, alone
-    (StepPruning, ReportValidation) or fused (harness/fused.py's on_validation)."""
+    """A validation's score reported to its trial at its training step; with `prune`, optuna.TrialPruned
+    when the pruner says so. Every trial reports here, alone (StepPruning, ReportValidation) or fused."""
     trial.report(float(score), step=step)
     if prune and trial.should_prune():
         raise optuna.TrialPruned(f"pruned at step {step}")

@@ -1,7 +1,6 @@
-"""Library chatter kept off the terminal: what Optuna, Lightning and W&B log at INFO (a new study, the
-devices found, tips, checkpoint restores) and the warnings libraries raise (deprecations, advice to whoever
-calls them), which would bury the lines `ablate` prints. `ablate --verbose` (ABLATE_VERBOSE=1, which the
-workers a sweep starts inherit) shows them all."""
+"""Library chatter kept off the terminal, where it would bury the lines `ablate` prints: what Optuna,
+Lightning and W&B log at INFO (new studies, devices, tips, checkpoint restores) and library warnings
+(deprecations, advice). `ablate --verbose` (ABLATE_VERBOSE=1, inherited by a sweep's workers) shows all."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Resume, not restart: periodic checkpoints of a running trial, published to the artifact store, and the
-stop that a SIGTERM or SIGINT asks for.
-
-Every `train.checkpoint_every` steps (and once more when a stop signal arrives) the trial's full state
-(weights, optimizer, schedule, loop counters, callbacks, RNG states) goes to checkpoints/resume.ckpt and,
-under a worker, to the artifact store, recorded in the trial's user attr `resume`. A trial queued again
-(preempted) or copied by the heartbeat retry (whose copy inherits the user attrs) starts from that record:
-the same batch sequence continues, so in deterministic mode the numbers equal an uninterrupted run's."""
+stop that a stop signal (harness.signals) asks for. Every `train.checkpoint_every` steps, and on that stop,
+the trial's full state (weights, optimizer, schedule, loop counters, callbacks, RNG states) goes to
+checkpoints/resume.ckpt and, under a worker, to the artifact store, recorded in the user attr `resume`. A
+trial queued again (preempted) or copied by the heartbeat retry (the copy inherits the user attrs) resumes
+from it with the same batch sequence: in deterministic mode its numbers equal an uninterrupted run's."""
 
 from __future__ import annotations
 
@@ -52,16 +50,12 @@ class Preempted(Exception):
 
 
 class Checkpointer(L.Callback):
-    """Saves the full training state when the schedule says (rules.Schedule.checkpoints), and when stopped by a
-    signal; hands it to
-    `publish`, and raises Preempted once a stop signal was received. A periodic step that validates is
-    saved after its validation: a resumed run does not validate that step again, and its history and best
-    checkpoint must hold it. A signal cannot wait for that validation (Lightning stops right after the step
-    on SIGTERM), so a run stopped at a validating step lacks that one validation; its training is the same.
-
-    Its own checkpoint state is the RNG states (Lightning's checkpoint holds none), so dropout continues
-    the same stream from the first resumed step; on resume it makes the training sampler skip the batches
-    the epoch already used."""
+    """Saves the full training state when the schedule says (rules.Schedule.checkpoints) and on a stop
+    signal, hands it to `publish`, then raises Preempted for a signal. A validating periodic step is saved
+    after its validation, which a resumed run does not repeat and its history and best checkpoint must
+    hold; a signal cannot wait (Lightning stops right after the step on SIGTERM), so a run stopped there
+    lacks that one validation, its training the same. Its own state is the RNG states (Lightning's holds
+    none), so dropout continues the same stream; on resume the sampler skips the epoch's used batches."""
 
     def __init__(self, directory: Path, schedule: Schedule, publish: Callable[[Path, int], None] | None):
         self.directory, self.schedule, self.publish = Path(directory), schedule, publish
@@ -120,9 +114,8 @@ class Checkpointer(L.Callback):
 
 
 class BestCheckpoint(L.Callback):
-    """rules.Best of a trial alone: the weights of each better validation (no optimizer state: what testing
-    and inference need) written whole to `directory`/best.ckpt. Its score resumes with the trial, whose
-    best-so-far file the worker fetched into that folder."""
+    """rules.Best of a trial alone: each better validation's weights (no optimizer state) written whole to
+    `directory`/best.ckpt; its score resumes with the trial, whose best file the worker fetched there."""
 
     def __init__(self, directory: Path):
         self.path, self.rule = Path(directory) / BEST_FILE, Best()
@@ -146,10 +139,8 @@ class BestCheckpoint(L.Callback):
 
 
 class StoredCheckpoints:
-    """A trial's resume checkpoints in the artifact store, so that a worker on another machine finds them.
-
-    Each attempt writes under ids of its own, alternating between two: a worker killed while uploading
-    leaves the previously recorded one whole."""
+    """A trial's resume checkpoints in the artifact store, for a worker on another machine. Each attempt
+    alternates two ids of its own, so a worker killed mid-upload leaves the last recorded one whole."""
 
     def __init__(self, store, trial, kind: str | None = None):
         self.store, self.trial, self.kind = store, trial, kind  # kind: FUSED_STATE for a fused seed

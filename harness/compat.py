@@ -1,8 +1,6 @@
 """The private Optuna, optuna-integration, Lightning and pysword attributes this project relies on, in one
-place.
-
-Each has no public equivalent for what we need; tests/test_compat.py pins the behaviour each use assumes,
-so an upgrade that changes it fails there, by name, rather than somewhere inside a study."""
+place: none has a public equivalent, and tests/test_compat.py pins the behaviour each use assumes, so an
+upgrade that changes it fails there, by name, rather than somewhere inside a study."""
 
 from __future__ import annotations
 
@@ -17,9 +15,8 @@ if TYPE_CHECKING:  # reports use trial_id too, and must not load Lightning
 
 
 def trial_id(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
-    """The storage's id of a trial. Workers claim queued trials themselves (set_trial_state_values) and
-    beat their heartbeat, and both storage calls take this id; Optuna exposes only `number`, which is
-    unique within one study, not within the storage that holds every variant's study."""
+    """The storage's id of a trial, which a worker's claim (set_trial_state_values) and heartbeat take;
+    Optuna exposes only `number`, unique within one study, not across the storage's per-variant studies."""
     return trial._trial_id
 
 
@@ -31,8 +28,7 @@ def pruning_trial(callback: PyTorchLightningPruningCallback) -> optuna.Trial:
 
 def validates_this_step(trainer: L.Trainer) -> bool:
     """Whether the step that just ended is followed by a validation, by Lightning's own rule (val_every,
-    epoch ends, max_steps). A periodic checkpoint on such a step waits for it, so a resumed run holds that
-    validation; Lightning decides it in its epoch loop and exposes no public query."""
+    epoch ends, max_steps), decided in its epoch loop with no public query (Checkpointer waits for it)."""
     return trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
 
 
@@ -52,10 +48,9 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 
 
 def cache_sword_blocks(bible: Any) -> None:
-    """Makes a pysword Bible decompress each block once. A zText module stores its text in compressed
-    blocks (a whole book each in Debian's Bibles), and pysword decompresses the verse's block for every
-    verse it returns, so reading a Bible verse by verse takes minutes instead of a fraction of a second.
-    Its zText reader gets a block through `_decompressed_text(testament, block)`; other module kinds have
-    none and are left as they are."""
+    """Makes a pysword Bible decompress each block once: zText stores compressed blocks (a whole book each
+    in Debian's Bibles) and pysword decompresses one for every verse, so reading a Bible would take minutes,
+    not a fraction of a second. Other module kinds, without zText's `_decompressed_text(testament, block)`,
+    are left as they are."""
     if hasattr(bible, "_decompressed_text"):
         bible._decompressed_text = functools.lru_cache(maxsize=4)(bible._decompressed_text)

@@ -1,8 +1,7 @@
-"""One evaluation pass: after training, `trainer.test` decodes each test split once, and every test metric
-comes from that pass. Seq2SeqModule.test_step runs one teacher-forced forward (loss, perplexity, attention
-weights, layer outputs) and one decode (exact match, token accuracy) per batch; the Evaluation callback
-reads each batch's record and adds what the module does not log: the per-length table, BLEU / chrF and
-each test sentence's translation, AER, rank collapse and the probes' attention samples."""
+"""One evaluation pass: after training, `trainer.test` decodes each test split once, for every test metric.
+Seq2SeqModule.test_step runs one teacher-forced forward (loss, perplexity, attention weights, layer outputs)
+and one decode (exact match, token accuracy) per batch; the Evaluation callback adds from each batch's record
+the per-length table, BLEU / chrF and translations, AER, rank collapse and the probes' attention samples."""
 
 from __future__ import annotations
 
@@ -63,7 +62,7 @@ class SplitPass:
                 self.collapse[side] = self.collapse.get(side, 0.0) + value
 
     def metrics(self, data: TaskData) -> dict[str, float]:
-        """BLEU / chrF (text tasks), AER (gold alignments and cross-attention), rank collapse (Transformers)."""
+        """BLEU / chrF (text tasks), AER (gold alignments, cross-attention), rank collapse (Transformers)."""
         rows = [(pred, None) for pred in self.predictions]
         self.translations = translations(self.split, rows, data)
         self.signatures = {}
@@ -81,8 +80,7 @@ class SplitPass:
 
 
 class Evaluation(L.Callback):
-    """Collects the test pass; after `trainer.test`, `metrics`, `per_length` and `attention` give its
-    results."""
+    """Collects the test pass, whose results `metrics`, `per_length` and `attention` give afterwards."""
 
     def __init__(self, data: TaskData, splits: list[str], probes: list[Probe]):
         self.data, self.splits, self.probes = data, list(splits), probes

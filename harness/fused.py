@@ -1,20 +1,16 @@
-"""Seeds of one variant trained as one model: K eval trials of a variant, or the K seeds a tune candidate is
-scored on (tune.seeds), fused (models/ensemble.py).
+"""Seeds of one variant trained as one model (models/ensemble.py): K eval trials of a variant, or the K
+seeds a tune candidate is scored on (tune.seeds).
 
 Each seed is prepared as its trial alone prepares it (harness/trial.py `Prepared`: its own data, sampler,
-initialisation and dropout generator), the K models are fused, and one loop trains them together: a step
-stacks each seed's own next batch (K·B rows, seed-major, padded to the longest of the K), trains on the sum
-of the K mean losses, clips each seed's gradient norm on its own and takes one AdamW step over the stacked
-parameters, which is each seed's own step. Everything else is the trial alone's rules (harness/rules.py),
-one of each per seed: the schedule of validations, resume checkpoints and the stop, the history, the best
-val/loss weights, early stopping, divergence (a seed that diverges fails alone, with the trial's own message)
-and the cost. A stopped seed stays frozen (`ActiveSeeds`) while the others train on. Validation and the test pass run on
-each seed's plain model with its weights (the test through Lightning, as the trial alone), so every metric,
-artifact and report row of a seed is the one it gets alone, to float rounding.
-
-A group's seeds share the wall clock: `wall_time`, `peak_mem_mb` and a `max_time` budget are the group's,
-`tokens_per_sec` a seed's own tokens over the group's training time.
-"""
+initialisation and dropout generator); one loop trains the fused model: a step stacks each seed's next batch
+(K·B rows, seed-major, padded to the longest of the K), trains on the sum of the K mean losses, clips each
+seed's gradient norm on its own and takes one AdamW step over the stacked parameters, which is each seed's
+own step. Everything else is the trial alone's rules (harness/rules.py), one of each per seed: a seed that
+diverges fails alone, with its trial's message, and a stopped seed stays frozen (`ActiveSeeds`) while the
+others train on. Validation and the test pass run each seed's plain model with its weights (the test
+through Lightning), so every metric, artifact and report row of a seed is the one it gets alone, to float
+rounding. The seeds share the wall clock: `wall_time`, `peak_mem_mb` and a `max_time` budget are the
+group's, `tokens_per_sec` a seed's own tokens over the group's training time."""
 
 from __future__ import annotations
 
@@ -53,10 +49,9 @@ from ablate.schema.errors import ConfigError, RunFailed
 
 @dataclass
 class Member:
-    """One eval trial of a fused group: its config, its folder, its resume checkpoint (a fused seed's),
-    where each new resume checkpoint is published (folder, step), who hears each validation row, and its
-    W&B run, opened once the group is trained (a context manager giving a logger or None): the run gets
-    the validation history then, with the test results."""
+    """One eval trial of a fused group: config, folder, resume checkpoint (a fused seed's), `publish` for each
+    new one (folder, step), `report` for each validation row, and `logger`, its W&B run (a context manager
+    giving a logger or None) opened once the group is trained, to get the history and test results then."""
 
     cfg: ExperimentConfig
     out_dir: Path | None = None
@@ -68,8 +63,7 @@ class Member:
 
 @dataclass
 class Seed:
-    """One seed's run inside the group: its rules (harness/rules.py), one of each as its trial alone holds
-    them, and its place in its data."""
+    """One seed's run in the group: its rules (harness/rules.py), one of each as alone; its data position."""
 
     member: Member
     prepared: Prepared
@@ -121,9 +115,8 @@ class Seed:
             self.epoch, self.batches_done = self.epoch + 1, 0
 
     def state(self, fused, optimizer, scheduler, k: int, generator: torch.Generator, step: int) -> dict:
-        """The seed's resume checkpoint: its slices of the weights and AdamW moments, the shared schedule,
-        its data position, dropout generator and its rules' states (its cost counts from the resumption, as
-        a trial alone's)."""
+        """The seed's resume checkpoint: its slices of the weights and AdamW moments, the shared schedule, its
+        data position, dropout generator and rules' states (its cost counts from the resumption, as alone)."""
         seeds = fused.ensemble.k
         moments = {
             name: {key: seed_axis(t, seeds)[k].clone() for key, t in optimizer.state[p].items()
@@ -212,8 +205,8 @@ class FusedGroup:
                 seed.restore(state)
         self.model = fuse_models([s.prepared.module.model for s in self.seeds]).to(self.device)
         self.generators = seed_dropout(self.model, [s.cfg.seed for s in self.seeds])
-        # One kernel for every parameter on a GPU (the fused loop clips per seed itself, so nothing stands in
-        # its way, as Lightning's clipping does for a trial alone); elementwise, so still each seed's own step.
+        # One kernel for every parameter on a GPU (the fused loop clips per seed itself, so nothing blocks it
+        # as Lightning's clipping does for a trial alone); elementwise, so still each seed's own step.
         self.optimizer, self.scheduler = optimizer_and_schedule(
             self.model.parameters(), self.cfg.train, fused=self.device.type == "cuda" or None
         )
@@ -319,9 +312,8 @@ class FusedGroup:
 
     @torch.no_grad()
     def validate(self) -> None:
-        """Each training seed's validation on its plain model, then its rules in the order the Trainer alone
-        runs them: the history row, the best weights, the trial's report, early stopping. Validation time is
-        left out of every seed's cost."""
+        """Each training seed's validation on its plain model, then its rules in the Trainer's order: history
+        row, best weights, the trial's report, early stopping. Validation time is left out of every cost."""
         rows = []
         for seed in self.seeds:
             seed.cost.lap()
@@ -416,7 +408,6 @@ class FusedGroup:
 def run_fused(
     members: list[Member], on_validation: Callable[[int, list[dict[str, float]]], None] | None = None
 ) -> list[TrialResult | BaseException]:
-    """Trains and tests K trials of one variant (its eval seeds, or a tune candidate's seeds) as one model;
-    see FusedGroup."""
+    """Trains and tests K trials of one variant as one model (FusedGroup)."""
     return FusedGroup(members, on_validation).run()
 

@@ -9,10 +9,9 @@ FUSE_AT_MOST = 16  # seeds in one fused model: the GPU figure's group
 
 
 def why_not_fused(cfgs: list[ExperimentConfig]) -> str | None:
-    """Why these trials' configs cannot train as one model, or None. They must be one variant (equal but
-    for the seed) with batches of a fixed number of examples (a token budget gives each seed batches of
-    its own sizes), at full precision or under bf16 autocast (the precisions that keep fp32 weights and need
-    no loss scaling). Compiled or not, as a trial alone (train.compile)."""
+    """Why these trials' configs cannot train as one model, or None: they must be one variant (equal but for
+    the seed), with batches of a fixed number of examples (a token budget gives each seed its own sizes), at
+    full precision or under bf16 autocast (fp32 weights, no loss scaling); compiled or not (train.compile)."""
     first = cfgs[0]
     train = first.train
     if any(cfg.model_copy(update={"seed": first.seed}) != first for cfg in cfgs[1:]):

@@ -106,9 +106,8 @@ class Picker:
         return wants_fusion(cfg, torch.cuda.is_available()) and why_not_fused([cfg]) is None
 
     def claim_from(self, study: optuna.Study, phase: str, joining: Claim | None = None) -> Claim | None:
-        """The first claimable WAITING trial of `study`; with `joining`, one that trains fused with that
-        claim: its variant's, resuming from a fused seed's checkpoint of the same step or starting afresh as
-        it does."""
+        """The first claimable WAITING trial of `study`; with `joining`, one that trains fused with that claim
+        (its variant's, resuming from a fused seed's checkpoint of the same step, or afresh as it does)."""
         for frozen in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             variant = trial_variant(frozen)
             if phase == EVAL and not self.tuning_finished(variant):
@@ -190,8 +189,7 @@ class Job:
                       functools.partial(logger, self))  # fmt: skip
 
     def record(self, result) -> float:
-        """Stores a finished trial's artifacts and results (a harness.trial.TrialResult); its objective
-        value."""
+        """Stores a finished trial's artifacts and results (a TrialResult); its objective value."""
         trial = self.claim.trial
         self.store_artifacts()
         trial.set_user_attr("metrics", result.metrics)

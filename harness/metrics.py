@@ -1,11 +1,8 @@
 """Scores of decoded outputs: exact match and token accuracy by target length (`length_table`), BLEU / chrF
-(sacreBLEU, with its signatures) and BLEU by source length for text tasks, and the alignment error rate
-of attention against gold alignments; and which of them, by name, a configuration's trials report
-(`produced_metrics`, from schema.metric_registry).
-
-Prediction rows are (prediction ids, target ids), EOS and padding kept. Exact match and token accuracy
-are models.sequences' `score`, the one definition the module's metrics use too: token accuracy counts the
-reference's positions through its EOS, exact match compares through EOS."""
+(sacreBLEU, with signatures) and BLEU by source length for text tasks, attention's alignment error rate
+against gold alignments; and which metrics a configuration's trials report (`produced_metrics`). Rows keep
+EOS and padding. Exact match and token accuracy are models.sequences' `score`, as the module's metrics:
+token accuracy counts the reference's positions through its EOS, exact match compares through EOS."""
 
 from __future__ import annotations
 
@@ -83,10 +80,9 @@ BLEU_BUCKET_SENTENCES = 20
 def length_buckets(
     lengths: Sequence[int], width: int = BLEU_BUCKET, min_sentences: int = 1
 ) -> list[tuple[int, int]]:
-    """(first, last) length of each bucket, shortest first: `width` lengths a bucket, empty ones left out,
-    then, while some bucket holds fewer than `min_sentences` of `lengths`, the sparsest joins its sparser
-    neighbour (an end bucket its only one), so the sparse tails of a length distribution pool into wider
-    buckets."""
+    """(first, last) length of each bucket, shortest first: `width` lengths a bucket, empty ones left out;
+    then, while a bucket holds fewer than `min_sentences`, the sparsest joins its sparser neighbour (an end
+    bucket its only one), so sparse tails pool into wider buckets."""
     counts: dict[int, int] = defaultdict(int)
     for length in lengths:
         counts[length // width] += 1
@@ -104,8 +100,7 @@ def bleu_by_length(
     hypotheses: list[str], references: list[str], lengths: Sequence[int], buckets: Sequence[tuple[int, int]]
 ) -> list[dict[str, Any]]:
     """Rows of {length_min, length_max, n, bleu} per bucket (first, last) of `lengths` (the source's, as
-    Bahdanau et al. 2015 Fig. 2 plots BLEU) that holds sentences: corpus BLEU of the bucket's sentences,
-    scored as `bleu` scores them."""
+    Bahdanau et al. 2015 Fig. 2 plots BLEU) holding sentences: their corpus BLEU, scored as `bleu` does."""
     rows = []
     for first, last in buckets:
         members = [i for i, length in enumerate(lengths) if first <= length <= last]
@@ -116,11 +111,9 @@ def bleu_by_length(
 
 
 def translations(split: str, rows: Sequence[Row], data: TaskData) -> list[dict[str, Any]]:
-    """Per example of data.splits[split], for a text task ([] otherwise): {src_len (source tokens), hyp,
-    ref}, the detokenized prediction and reference that BLEU / chrF score: text the task's tokenizer
-    detokenized (words joined by spaces, characters joined, BPE decoded). Rows must be in the order of
-    data.splits[split], as the DataModule's evaluation loaders give them; references come from the
-    examples, so target words outside the vocabulary are scored as written, not as <unk>."""
+    """Per example of a text task's data.splits[split] ([] otherwise): {src_len (source tokens), hyp, ref},
+    detokenized as BLEU / chrF score them. Rows come in the split's order, as evaluation loaders give them;
+    references come from the examples, so out-of-vocabulary target words are scored as written, not <unk>."""
     examples = data.splits[split]
     if not data.is_text or not rows:
         return []
@@ -154,12 +147,10 @@ def attention_alignment(weights: Any, src_len: int | None = None, tgt_len: int |
 def alignment_error_rate(
     attentions: Sequence[Any], gold: Sequence[Alignment], sizes: Sequence[tuple[int, int]] | None = None
 ) -> float:
-    """Corpus AER (Och & Ney 2003) of attention argmax alignments against gold alignments, with every
-    gold link sure: 1 - 2 |A & G| / (|A| + |G|). 0 is perfect; attention that ignores the gold gives 1.
-
-    attentions: per example a (T, S) array or tensor, rows target positions, columns source positions.
-    gold: per example (source index, target index) pairs, as in Example.alignment.
-    sizes: optional (source length, target length) per example, see `attention_alignment`."""
+    """Corpus AER (Och & Ney 2003) of attention argmax alignments, every gold link sure: 1 - 2 |A & G| /
+    (|A| + |G|); 0 is perfect, attention that ignores the gold gives 1. attentions: per example a (T, S)
+    array or tensor (rows target, columns source positions); gold: per example (source index, target index)
+    pairs, as Example.alignment; sizes: optional (source length, target length) each (attention_alignment)."""
     if len(attentions) != len(gold):
         raise ValueError(f"{len(attentions)} attention matrices for {len(gold)} gold alignments")
     hits = predicted = sure = 0

@@ -1,9 +1,7 @@
-"""Attention on fixed probe examples: captured as arrays (AttentionSample, saved as .npz by
-harness.artifacts), drawn as heatmaps.
-
-The probes are the first examples of the test splits, so every trial of a study looks at the same
-inputs. Weights are teacher-forced on the gold target: rows are the tokens the decoder predicts, and
-they line up with the task's gold alignment where it has one."""
+"""Attention on fixed probe examples (the first of each test split, so every trial of a study looks at the
+same inputs), captured as AttentionSample arrays (.npz, harness.artifacts) and drawn as heatmaps. Weights are
+teacher-forced on the gold target: rows are the tokens the decoder predicts, lined up with the task's gold
+alignment where it has one."""
 
 from __future__ import annotations
 
@@ -33,8 +31,8 @@ class Probe:
     alignment: np.ndarray
 
     def sample(self, weights: dict[str, list[torch.Tensor | None]], row: int = 0) -> AttentionSample:
-        """The probe's attention as float32 arrays, from the model's weights for a batch in which the probe
-        is example `row`: its padding rows and columns are cut off."""
+        """The probe's attention as float32 arrays, from a batch's weights where it is example `row`, its
+        padding rows and columns cut off."""
         sample = AttentionSample(self.split, self.src, self.tgt_in, self.tgt_out, {}, self.alignment)
         for kind, layers in weights.items():
             layers = [w for w in layers if w is not None]

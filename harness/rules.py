@@ -1,10 +1,9 @@
-"""The training rules of a trial, each written once: when it validates, saves its resume checkpoint and stops
-(Schedule), divergence, early stopping (Patience), the best weights (Best), the validation history and the
-training cost. A trial alone holds one of each through thin Lightning callbacks (harness/callbacks.py,
-harness/checkpoints.py); a fused group holds one per seed (harness/fused.py), so a seed follows the same
-rules fused as alone by construction. Torch only: no Lightning, no Optuna.
-
-The report to Optuna and pruning is the one function harness/callbacks.py `report_step`."""
+"""The training rules of a trial, each written once: when it validates, saves its resume checkpoint and
+stops (Schedule), divergence, early stopping (Patience), the best weights (Best), the validation history
+and the training cost. A trial alone holds one of each through thin Lightning callbacks
+(harness/callbacks.py, harness/checkpoints.py), a fused group one per seed (harness/fused.py), so a seed
+follows the same rules fused as alone by construction. Torch only: no Lightning, no Optuna (reporting to
+Optuna and pruning: harness/callbacks.py `report_step`)."""
 
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ class Schedule:
     train: TrainConfig
 
     def trainer_args(self) -> dict[str, Any]:
-        """The same schedule as Lightning's Trainer arguments (the last validation: callbacks.ValidateOnStop)."""
+        """The schedule as Lightning's Trainer arguments (the last validation: callbacks.ValidateOnStop)."""
         t, by_steps = self.train, self.train.max_epochs is None
         return {
             "max_steps": t.max_steps,
@@ -135,8 +134,7 @@ class History:
 
 
 def reset_peak_rss() -> None:
-    """Restarts the kernel's peak-RSS count (Linux), so a long-lived worker reports each trial's own peak
-    rather than the largest of all it ran."""
+    """Restarts the kernel's peak-RSS count (Linux), so a long-lived worker reports each trial's own peak."""
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
 
@@ -172,7 +170,7 @@ class Cost:
         )
 
     def lap(self) -> float:
-        """Closes the window (its tokens and seconds join the totals) and opens the next; the window's rate."""
+        """Closes the window (its tokens and seconds join the totals), opens the next; the window's rate."""
         tokens, seconds = int(self.window_tokens), time.perf_counter() - self.window_start
         self.tokens, self.train_seconds = self.tokens + tokens, self.train_seconds + seconds
         self.window_tokens = 0

@@ -1,9 +1,8 @@
 """SIGTERM (spot preemption, a scheduler about to kill), SIGUSR1 (SLURM's warning before a time limit,
-`--signal=USR1@90`) and SIGINT (Ctrl-C) as a request to stop.
-
-A worker notes the signal instead of dying mid-step: its running trial checkpoints after the step it is
-in and goes back to the queue (harness.checkpoints.Checkpointer), then the worker exits with 128 + the
-signal's number. Lightning's own SIGTERM handler composes with this one (it keeps the handler it finds)."""
+`--signal=USR1@90`) and SIGINT (Ctrl-C) as a request to stop: a worker notes it instead of dying mid-step,
+its trial checkpoints after the current step and goes back to the queue (checkpoints.Checkpointer), and
+the worker exits with 128 + the signal's number. Lightning's own SIGTERM handler composes with this one (it
+keeps the handler it finds)."""
 
 from __future__ import annotations
 

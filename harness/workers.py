@@ -1,13 +1,10 @@
 """Workers: claim a queued trial, run it, store its result and artifacts, until none is left.
 
-A worker runs the tune trials first (each tuned variant's own TPE study, pruned through
-optuna-integration's Lightning callback; every variant, or the baseline alone with `tune.arm: baseline`),
-then the eval grid: an eval trial of a variant is claimed only once the tuning that chooses its parameters
-is finished, and runs with that tuning's best parameters. Any number of workers, local or
-on other machines, may join the same storage; harness/launchers start them (`local.py` on this machine).
-Which trials a worker takes and how each is set up and recorded: harness/jobs.py; how it holds them in the
-storage (claim, heartbeat, release): harness/study/leases.py.
-"""
+Tune trials run first (each tuned variant's own TPE study, pruned through optuna-integration's Lightning
+callback; every variant, or the baseline alone with `tune.arm: baseline`); an eval trial is claimed only
+once the tuning that chooses its parameters is finished, and runs with its best parameters. Any number of
+workers, here or on other machines (harness/launchers), may join one storage. Which trials a worker takes
+and how each is set up and recorded: harness/jobs.py; how it holds them: harness/study/leases.py."""
 
 from __future__ import annotations
 
@@ -60,10 +57,9 @@ class Worker:
 
     def run(self) -> None:
         """Runs trials until nothing is queued or running and no claim wants more seeds (study.looks); waits
-        while eval trials wait for tuning elsewhere, and while other workers' trials run: one whose worker
-        died is queued again once its heartbeat is stale, and somebody must be left to run it.
-        `finished_last` says whether this worker recorded its last trial and that left nothing pending: then
-        it finished the study. Stops early after a stop signal or a full disk."""
+        while eval trials wait for tuning elsewhere and while other workers' trials run (a dead worker's
+        is queued again once its heartbeat is stale: somebody must be left to run it). `finished_last`: this
+        worker's last trial left nothing pending, so it finished the study. Stops on a signal or full disk."""
         while self.stopped is None:
             if signals.received():
                 self.stopped = f"{signals.received().name}: no trial was running; stopped"
@@ -92,10 +88,9 @@ class Worker:
 
     def run_claimed(self, claims: list[Claim]) -> bool:
         """Runs the claimed trials and records their outcomes; False when another worker finished them
-        meanwhile. Then this worker was paused past the heartbeat's grace (SIGSTOP, a frozen machine), the
-        next worker to look failed its trials (queuing a copy of each under a new number, with a folder of its
-        own, while retries are left) and every write of this worker's result was refused: one line each says
-        so, and the result is left to the copy (or to nobody, once the retries are used up)."""
+        meanwhile: this one was paused past the heartbeat's grace (SIGSTOP, a frozen machine), the next to
+        look failed its trials (queuing copies under new numbers and folders while retries are left) and
+        every write of this result was refused. One line each says so; the copy (if any) has the result."""
         try:
             self.run_and_record(claims)
         except Exception:
@@ -153,8 +148,7 @@ class Worker:
                 say(claim, f"{self.metric_name(claim)} = {outcome:.4g}")
 
     def stop_for_space(self, e: BaseException, claims: list[Claim]) -> None:
-        """Every later trial would fail the same way: the claimed ones wait, as they were, for space to be
-        freed."""
+        """Every later trial would fail the same way: the claimed ones wait, as they were, for free space."""
         self.storage_full = storage_full(e)
         where = (
             f"for the storage {masked_url(self.storage.url)}" if self.storage_full else f"under {self.root}"
@@ -182,9 +176,8 @@ class Worker:
 
     def objective(self, claims: list[Claim]) -> list[float | BaseException]:
         """Each claimed trial's objective value, or the exception its trial alone failed with (a fused seed
-        that diverged); an exception of the whole run (pruned, preempted, a fault) is raised. One runner per
-        claim: a trial alone, or fused seeds (a tune candidate's tune.seeds being fused seeds scored on their
-        mean)."""
+        that diverged); an exception of the whole run (pruned, preempted, a fault) is raised. Runs a trial
+        alone, fused eval seeds, or a tune candidate's fused tune.seeds scored on their mean."""
         from ablate.harness.trial import run_trial
 
         jobs = [self.job(claim) for claim in claims]
@@ -239,9 +232,9 @@ class Worker:
             return failure
 
     def tune_on_seeds(self, job: Job) -> float:
-        """A tune candidate scored on the mean of its tune.seeds, trained as one model, each seed in a folder of
-        its own: every validation reports the seeds' mean of the tune metric to the pruner, and the value is
-        the mean of their final ones. A seed that fails fails the candidate."""
+        """A tune candidate scored on the mean of its tune.seeds, trained as one model, each seed in its own
+        folder: every validation reports the seeds' mean tune metric to the pruner; the value is the mean of
+        their final ones. A seed that fails fails the candidate."""
         trial, metric = job.claim.trial, job.metric
 
         def prune(step: int, rows: list[dict[str, float]]) -> None:
@@ -261,7 +254,7 @@ class Worker:
                 raise failure
         trial.set_user_attr("seed_values", {str(s): o.metrics.get(metric, math.nan) for s, o in zip(seeds, outcomes)})
         names = set.intersection(*(set(o.metrics) for o in outcomes))
-        # The candidate's record is the group's (its wall time, sizes, signatures) with the seeds' mean metrics.
+        # The candidate's record is the group's (wall time, sizes, signatures) with the seeds' mean metrics.
         mean = {name: sum(o.metrics[name] for o in outcomes) / len(outcomes) for name in sorted(names)}
         value = job.record(dataclasses.replace(outcomes[0], metrics=mean))
         job.discard_resume_state()
@@ -293,8 +286,8 @@ def run_worker(
     wandb_mode="offline",
     artifacts: str | None = None,
 ) -> Worker:
-    """Runs queued trials of a prepared study (see study.prepare_study) until none is left, or until a stop
-    signal or a full disk (worker.stopped says which)."""
+    """Runs queued trials of a prepared study (study.queue.prepare_study) until none is left, or until a
+    stop signal or a full disk (worker.stopped says which)."""
     signals.install()
     worker = Worker(spec, storage, runs_root, wandb_mode, artifacts)
     worker.run()

@@ -1,17 +1,15 @@
-"""Launchers: where a study's `ablate worker` processes start. `ablate sweep STUDY` starts them on this
-machine (`local`, the default); `--launcher NAME` where a scheduler puts them. The study is checked and
-created in the storage the same way whichever starts them; the queue stays Optuna's (exactly-once claims,
-heartbeat retries, resume from checkpoints), so a launcher only decides where workers start.
+"""Launchers: where a study's `ablate worker` processes start: on this machine (`local`, the default) or,
+with `--launcher NAME`, where a scheduler puts them. The study is checked, created and queued the same way
+whichever starts them (Optuna's exactly-once claims, heartbeat retries, resume from checkpoints).
 
 A launcher is a module here, listed in LAUNCHERS, with
   Options   a pydantic model: the keys of the study file's `launcher: {NAME: {...}}` block, which
             `--launch key=value` overrides
-  problems(options, url, out) -> list of (where, what): why it cannot run the study on that storage with
-            its outputs under `out`, found before anything is created, within a bounded wait for the
-            scheduler or cluster to answer
-  start(spec, url, out, wandb_mode, artifacts, options) -> the workers as Popen-like handles (poll,
-            send_signal, wait, kill, returncode) that the sweep watches, or None when a scheduler took the
-            work (the sweep then returns; the last worker writes the report)
+  problems(options, url, out) -> [(where, what)]: why it cannot run the study on that storage with outputs
+            under `out`, found before anything is created, waiting a bounded time for the scheduler
+  start(spec, url, out, wandb_mode, artifacts, options) -> Popen-like handles (poll, send_signal, wait,
+            kill, returncode) the sweep watches, or None when a scheduler took the work (the last worker
+            then writes the report)
 Each starts its workers with the command line of `commands.py`, which imports no torch."""
 
 from __future__ import annotations
@@ -52,10 +50,9 @@ class Launch:
 def plan(
     name: str | None, study: str, sets: list[str], here: dict[str, Any] | None = None, launchers: Any = None
 ) -> tuple[Launch | None, list[Problem]]:
-    """The launcher `name` with its options (the `launcher.<name>` block of `launchers`, the study file's
-    `launcher` as the sweep read it, then `sets`), and what is wrong with them; without a name, the local
-    launcher with `here`, `ablate sweep`'s own --workers, --devices and --per-device (already checked by
-    their schema, the local Options). `study` names the file in the problems."""
+    """The launcher `name` with its options (`launchers`, the study file's `launcher` block as the sweep read
+    it, then `sets`) and their problems; without a name, the local launcher with `here` (`ablate sweep`'s
+    --workers, --devices and --per-device, already checked). `study` names the file in the problems."""
     from pydantic import ValidationError
 
     from ablate.schema.config import validation_problems

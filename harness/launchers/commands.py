@@ -22,11 +22,10 @@ def worker_args(
     study_name: str, runs_root: str | Path, wandb_mode: str, threads: int, artifacts: str | None = None,
     report: bool = False,
 ) -> list[str]:  # fmt: skip
-    """The arguments of an `ablate worker` that a launcher starts (never the storage URL: that goes in
-    ABLATE_STORAGE); `report`: the worker that finishes the study writes its report. The options come
-    first, each with its value after '=', then `--` and the study's name: a name or a folder that reads as
-    an option (`--help`, `-runs`) stays a value, and `--stored` keeps a name that reads as a file (`x.yaml`)
-    the stored study's."""
+    """A launcher's `ablate worker` arguments (never the storage URL: that goes in ABLATE_STORAGE); `report`:
+    the worker that finishes the study writes its report. Options come first as --opt=value, then `--` and
+    the study's name, so a name or folder that reads as an option (`--help`, `-runs`) stays a value;
+    `--stored` keeps a name that reads as a file (`x.yaml`) the stored study's."""
     return ["worker", "--stored", f"--out={runs_root}", f"--wandb={wandb_mode}", f"--threads={threads}",
             *([] if report else ["--no-report"]), *([f"--artifacts={artifacts}"] if artifacts else []),
             "--", study_name]  # fmt: skip

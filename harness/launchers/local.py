@@ -1,10 +1,9 @@
 """Local: the study's workers as processes on this machine, what `ablate sweep` does without --launcher.
 
-Its options are `ablate sweep`'s --workers, --devices and --per-device (ablate/sweep.py's SweepOptions
-takes them from here: one schema for their ranges), or with `--launcher local` the study file's
-`launcher: {local: {...}}` block and --launch. Each process runs `ablate worker` with the storage URL in
-ABLATE_STORAGE and dies with the sweep that started it; the sweep watches them, forwards a stop signal to
-them and writes the report once all have exited."""
+Its options are `ablate sweep`'s --workers, --devices and --per-device (SweepOptions subclasses Options:
+one schema for their ranges), or with `--launcher local` the study file's `launcher: {local: {...}}` and
+--launch. Each process runs `ablate worker` with the storage URL in ABLATE_STORAGE and dies with the sweep,
+which watches them, forwards stop signals and writes the report once all have exited."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ WORKER_GIB = 0.6  # a worker process's memory with torch and Lightning loaded an
 
 
 class Options(BaseModel):
-    """The local worker processes: `workers` CPU ones, or `per_device` on each GPU of `devices`; neither,
-    one process with the environment as it is."""
+    """`workers` CPU processes, or `per_device` on each GPU of `devices`; neither: one, environment as is."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     workers: Count | None = None  # local CPU worker processes
@@ -35,9 +33,8 @@ class Options(BaseModel):
 
 
 def problems(options: Options, url: str | None, out: Path) -> list[Problem]:
-    """The worker processes against this machine: CPU processes or GPUs, not both; the GPUs named are there;
-    no more CPU workers than its cores, nor processes than its free memory holds. `ablate sweep`'s flags are
-    these options, checked with the study's own problems (load_sweep) so that all of them make one error."""
+    """The worker processes against this machine: CPU processes or GPUs, not both; the GPUs named exist;
+    no more CPU workers than cores, nor processes than free memory holds (load_sweep adds the study's)."""
     if options.workers and options.devices:
         return [("--workers", "give either --workers (CPU processes) or --devices (GPUs), not both")]
     found = device_problems(options.devices) if options.devices is not None else []

@@ -1,13 +1,11 @@
 """Ray: the study's workers as Ray actors on a Ray cluster (the [ray] extra).
 
-Each actor reserves `cpus` CPUs and a `gpus` share of a GPU (0.5: two workers per GPU) and runs one
-`ablate worker` process, which Ray pins to the actor's GPU (CUDA_VISIBLE_DEVICES); the sweep watches them as
-it watches local processes, forwards a stop signal to them (each checkpoints its trial and queues it
-again) and writes the report once all have exited; the last to exit disconnects from Ray, stopping the local
-cluster that the sweep started, if it did. The queue stays Optuna's: Ray only places the workers.
-The storage URL goes to each actor as an argument and to its worker in the environment, never on a command
-line.
-"""
+Each actor reserves `cpus` CPUs and a `gpus` share of a GPU (0.5: two workers per GPU) and runs one `ablate
+worker` process, which Ray pins to the actor's GPU (CUDA_VISIBLE_DEVICES). The sweep watches them as local
+processes, forwards a stop signal (each worker checkpoints its trial and queues it again) and writes the
+report once all have exited; the last to exit disconnects from Ray, stopping the local cluster the sweep
+started, if any. Ray only places the workers; the queue stays Optuna's. The storage URL goes to each actor
+as an argument and to its worker in the environment, never on a command line."""
 
 from __future__ import annotations
 
@@ -97,12 +95,11 @@ def first_line(e: BaseException) -> str:
 
 
 def connection_problem(address: str, timeout: float) -> str | None:
-    """Why Ray does not connect to the cluster at `address` within `timeout` seconds in all, or None. A
-    plain connection first (unreachable: nothing there is said at once, with the system's reason), then
-    ray.init itself, in a child process killed at the bound: at an address that answers but is no Ray
-    cluster ("auto" naming a dead cluster's, another service's host:port) ray.init retries for minutes,
-    printing C++ warnings, and no call of Ray's bounds it. The child's warnings go nowhere; its reason comes
-    on its stdout (probe)."""
+    """Why Ray does not connect to `address` within `timeout` seconds in all, or None. First a plain
+    connection (nothing listening is said at once, with the system's reason), then ray.init in a child
+    process killed at the bound: where something answers that is no Ray cluster ("auto" naming a dead
+    cluster's, another service's host:port) ray.init retries for minutes printing C++ warnings, and no call
+    of Ray's bounds it. The child's warnings go nowhere; its reason comes on its stdout (probe)."""
     deadline = time.monotonic() + timeout
     if reason := unreachable(address, timeout):
         return reason
@@ -125,8 +122,7 @@ def connection_problem(address: str, timeout: float) -> str | None:
 
 
 def probe() -> None:
-    """connection_problem's child: connects to the address its command line names and lets go; exit 1, with
-    the reason on stdout, when it cannot."""
+    """connection_problem's child: connects to argv[1] and lets go; if it cannot, exit 1, reason on stdout."""
     import ray
 
     try:
@@ -189,9 +185,8 @@ class WorkerProcess:
 
 
 class RayWorker:
-    """One actor's worker as the sweep watches a local Popen: poll, send_signal, wait, kill, returncode.
-    The last of the sweep's workers (`group`) to end disconnects from Ray, whether they finished the study
-    or a stop signal ended them: no process of Ray's outlives the sweep."""
+    """One actor's worker as the sweep watches a local Popen (poll, send_signal, wait, kill, returncode).
+    The last of `group` to end, done or stopped, disconnects from Ray: no Ray process outlives the sweep."""
 
     def __init__(self, actor, result, group: list[RayWorker]) -> None:
         self.actor, self.result, self.group = actor, result, group
@@ -233,8 +228,7 @@ DRIVER_SETTINGS = (
 
 
 def worker_environment(url: str, gpus: float) -> dict[str, str]:
-    """What each actor's worker gets on top of its node's environment: the storage, the driver's settings,
-    and no GPU when it was given none."""
+    """What a worker adds to its node's environment: the storage, driver settings, no GPU if given none."""
     settings = {name: os.environ[name] for name in DRIVER_SETTINGS if name in os.environ}
     return {"ABLATE_STORAGE": url, **settings, **({} if gpus else {"CUDA_VISIBLE_DEVICES": ""})}
 

@@ -1,18 +1,16 @@
 """SLURM: the study's workers as a job array submitted with sbatch.
 
-Each array task runs `workers` `ablate worker` processes (one `srun` step, `--ntasks`), until the queue is
-empty; the one that finishes the study writes its report. The storage URL reaches the tasks as
-ABLATE_STORAGE in the job's environment (`sbatch --export=ALL`), never in the batch script or on a command
-line. SLURM's warning before a time limit (`--signal=USR1@<warning>`) or a SIGTERM (preemption, `scancel
---signal=TERM`) makes each worker checkpoint its trial and queue it again (harness.signals); the task then
-asks SLURM to requeue it (`scontrol requeue`) and ends cleanly, so the trial resumes in whichever task
-claims it first. Trials run with Lightning's plain environment (harness/trial.py), so Lightning's own SLURM
-requeue never competes with this one.
+Each array task runs `workers` `ablate worker` processes (one `srun` step, `--ntasks`) until the queue is
+empty; the one that finishes the study writes its report. The storage URL reaches the tasks only as
+ABLATE_STORAGE in the job's environment (`sbatch --export=ALL`). SLURM's time-limit warning
+(`--signal=USR1@<warning>`) or a SIGTERM (preemption, `scancel --signal=TERM`) makes each worker checkpoint
+its trial and queue it again (harness.signals); the task then asks for its own requeue (`scontrol requeue`)
+and ends cleanly, so the trial resumes in whichever task claims it first. Trials run in Lightning's plain
+environment (harness/trial.py), so Lightning's own SLURM requeue never competes with this one.
 
-Every sbatch option goes on sbatch's command line, none in an `#SBATCH` line: sbatch reads such a line
+Every sbatch option goes on sbatch's command line, none in an `#SBATCH` line: sbatch parses such a line
 itself, ending it at a '#' and taking quotes and blanks as its own, so a path or a name there would not
-arrive as it is, while an argument does. The script is shell only, every value in it quoted.
-"""
+arrive intact. The script is shell only, every value in it quoted."""
 
 from __future__ import annotations
 
@@ -60,10 +58,9 @@ ONE_GPU_EACH = (
     "bash -c 'gpus=(${{CUDA_VISIBLE_DEVICES//,/ }}); "
     'export CUDA_VISIBLE_DEVICES=${{gpus[SLURM_LOCALID / {per}]}}; exec "$@"\' worker '
 )
-# The sbatch options that an `sbatch` item cannot give, with the key that sets each where one does: the
-# launcher's own, and those that would submit something else or nothing. sbatch takes any unambiguous
-# prefix of an option's name, so a prefix of one of these is refused too. `--gres` stays open: an item
-# given after the launcher's options replaces its gpu:<gpus> with a typed GPU, e.g. --gres=gpu:a100:1.
+# sbatch options an `sbatch` item cannot give (the launcher's own, with the key that sets each, and those
+# that would submit something else or nothing); sbatch takes any unambiguous prefix, so prefixes are refused
+# too. `--gres` stays open: an item after the launcher's options retypes its GPU, e.g. --gres=gpu:a100:1.
 RESERVED = {
     "array": "tasks", "ntasks": "workers", "cpus-per-task": "cpus", "partition": "partition", "time": "time",
     "signal": "warning", "nodes": None, "requeue": None, "job-name": None, "output": None, "open-mode": None,
@@ -77,8 +74,7 @@ FLAGS = {"contiguous", "exclusive", "hold", "ignore-pbs", "no-kill", "overcommit
          "reboot", "spread-job", "use-min-nodes", "verbose", "nice", "propagate"}  # fmt: skip
 OPTION = re.compile(r"--([a-z][a-z0-9-]*)(=.*)?", re.DOTALL)
 MAX_ARRAY = 4_000_000  # the most tasks: SLURM's MaxArraySize is at most 4000001
-# How sbatch runs: no standard input (with none it would read a batch script from ours), its answers as text
-# whatever their encoding.
+# sbatch gets no stdin (it would read a batch script from ours); its answers are text whatever the encoding.
 SBATCH_IO = {"stdin": subprocess.DEVNULL, "capture_output": True, "text": True, "errors": "replace"}
 
 
@@ -137,9 +133,8 @@ class Options(BaseModel):
 
 
 def problems(options: Options, url: str, out: Path) -> list[Problem]:
-    """Why sbatch cannot take the study's job, found before the study is created: an --out that sbatch's
-    log pattern cannot carry, a SQLite file that tasks on other nodes cannot share, and the scheduler's
-    own (scheduler_problems)."""
+    """Why sbatch cannot take the study's job, found before the study is created: an --out its log pattern
+    cannot carry, a SQLite file that tasks on other nodes cannot share, and scheduler_problems."""
     from ablate.harness.study.storage import sqlite_path
 
     found = []
@@ -156,9 +151,8 @@ def problems(options: Options, url: str, out: Path) -> list[Problem]:
 
 
 def scheduler_problems(options: Options) -> list[Problem]:
-    """sbatch missing, or what the controller says of the job's resources (partition, time, `sbatch`
-    items) when asked with `sbatch --test-only`, which submits nothing; or that it did not answer within
-    options.timeout."""
+    """sbatch missing, the controller's refusal of the job's resources (partition, time, `sbatch` items)
+    under `sbatch --test-only` (which submits nothing), or no answer within options.timeout."""
     if shutil.which("sbatch") is None:
         return [("--launcher", "slurm: sbatch is not on PATH (submit from a SLURM login node)")]
     try:

@@ -1,9 +1,7 @@
-"""The trials a worker holds, through the storage: a WAITING trial claimed exactly once, its heartbeat while it
-runs, released back to the queue, and how the heartbeat of another worker finished it while this one was
-paused. Workers (harness/workers.py) hold trials only through `Leases`.
-
-A worker that dies stops beating; the next worker to look fails its trial once the heartbeat is `grace`
-seconds old and queues a WAITING copy (storage.open_storage's retry callback), which `fail_stale` runs."""
+"""The trials a worker holds, only ever through `Leases`: a WAITING trial claimed exactly once, its
+heartbeat while it runs, its release back to the queue, and whether another worker's look at the heartbeat
+finished it while this one was paused. A dead worker stops beating; the next to look (`fail_stale`) fails
+its trial once the heartbeat is `grace` seconds old and queues a WAITING copy (open_storage's callback)."""
 
 from __future__ import annotations
 
@@ -62,8 +60,7 @@ class Leases:
     def finished_elsewhere(self, study: optuna.Study, trial: optuna.Trial) -> str | None:
         """How another worker's look at the heartbeat finished the trial this worker runs, if it did: failed
         and queued as a copy whose retry history names it, or failed for good without this worker's reason
-        (its retries used up). Finished by this worker itself before an error is not: that error stays the
-        worker's."""
+        (no retries left). Not when this worker finished it before an error: that error stays its own."""
         frozen = self.storage.get_trial(compat.trial_id(trial))
         if not frozen.state.is_finished():
             return None

@@ -1,12 +1,10 @@
 """Adaptive seeds: after each look, the next look's seeds for the variants whose claims are still open.
 
-A look happens when a worker finds nothing waiting or running. It judges the claims from the storage
-alone (each trial's metrics are user attributes) with the report's own code, analysis.claims, so the
-queue stops exactly where the report says a claim was decided. The next look's grid points are queued
-once however many workers reach the look together: the storage's unique study names are the lock, as
-in queue.create_or_wait. The one worker whose `<study>:look:<n>` study is created queues the points and
-marks it; the others wait for the mark. Should that worker die in between, a waiting one queues what is
-missing (points already there are skipped)."""
+A look happens when a worker finds nothing waiting or running. It judges the claims from the storage alone
+(trials' metrics are user attributes) with the report's own code, analysis.claims, so the queue stops
+exactly where the report says a claim was decided. The next look's points are queued once however many
+workers reach it: the `<study>:look:<n>` study is the lock, as in queue.create_or_wait (should its creator
+die before marking it, a waiting worker queues what is missing)."""
 
 from __future__ import annotations
 

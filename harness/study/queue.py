@@ -1,11 +1,8 @@
-"""A study in Optuna: one study per phase and variant, every trial queued once, tuning, progress.
-
-One Optuna study per phase and variant: `<name>:eval` holds the grid (variant x seed), `<name>:tune:<variant>`
-the tuning trials of one variant. Every trial that must run is enqueued up front as a WAITING trial, once, by
-the process that created the eval study; workers claim WAITING trials (the storage's WAITING -> RUNNING
-transition is atomic) and stop when none is left, so each grid point runs exactly once however many join.
-With adaptive seeds only the first look's seeds are queued up front; study.looks queues the later ones.
-"""
+"""A study in Optuna, one study per phase and variant: `<name>:eval` holds the grid (variant x seed),
+`<name>:tune:<variant>` one variant's tuning trials; and its tuning and progress. Every trial is enqueued up
+front as WAITING, once, by the process that created the eval study; workers claim WAITING trials (the
+storage's WAITING -> RUNNING is atomic) and stop when none is left, so each grid point runs exactly once
+however many join. With adaptive seeds only the first look's seeds are queued up front (then study.looks)."""
 
 from __future__ import annotations
 
@@ -34,10 +31,9 @@ def suggest(trial, key: str, space: dict[str, list[Value]]) -> Value:
 
 
 def tune_sampler(spec: StudySpec, variant: str, number: int = 0):
-    """TPE, seeded per variant and tune trial (`number`): each worker's sampler is its own copy, so one seed
-    per variant would draw the same random start point in every worker that claims a trial at once, which
-    the constant liar (acting only once TPE models the history) does not prevent; seeded by the trial's
-    number, a study run again draws the same points."""
+    """TPE seeded per variant and tune trial (`number`): each worker has its own sampler, so a per-variant
+    seed would draw the same random start point in workers claiming at once (the constant liar acts only once
+    TPE models the history); seeded by trial number, a study run again draws the same points."""
     assert spec.tune is not None
     startup = max(2, min(10, spec.tune.trials // 3))
     return optuna.samplers.TPESampler(
@@ -76,10 +72,9 @@ def prepare_study(spec: StudySpec, storage, wait_s: float = 30.0) -> StudySpec:
 
 
 def create_or_wait(storage, name: str, wait_s: float, **create: Any) -> tuple[optuna.Study, bool]:
-    """The study `name` and whether this process created it. Study names are unique in the storage, so the
-    name is a lock: the process whose create_study succeeds does the work it guards and then sets the user
-    attr 'queued'; any other waits up to `wait_s` for that mark. A study still unmarked then lost its creator
-    while it worked: the caller does what is missing (the work skips what is done)."""
+    """The study `name` and whether this process created it. Unique study names make the name a lock: its
+    creator does the guarded work, then sets the user attr 'queued'; others wait up to `wait_s` for that
+    mark, and if it never comes (the creator died) do what is missing (the work skips what is done)."""
     try:
         return optuna.create_study(study_name=name, storage=storage, **create), True
     except optuna.exceptions.DuplicatedStudyError:
@@ -132,8 +127,7 @@ def name_objective(study: optuna.Study, metric: str) -> None:
 
 
 def best_tuned_params(spec: StudySpec, storage, variant: str) -> tuple[dict[str, Value], int]:
-    """The tuned keys of a variant's best complete tune trial and that trial's number; ConfigError when none
-    of its tune trials completed."""
+    """The tuned keys and number of a variant's best complete tune trial; ConfigError when none completed."""
     study = load_phase_study(spec, storage, TUNE, variant)
     try:
         best = study.best_trial
@@ -144,8 +138,7 @@ def best_tuned_params(spec: StudySpec, storage, variant: str) -> tuple[dict[str,
 
 def load_spec_from_storage(storage, name: str) -> StudySpec:
     """The spec stored with study `name`, which its workers and reports run; ConfigError naming the storage
-    when there is none, when it does not validate (written by hand, or by another version of ablate) or
-    when it is another study's."""
+    when there is none, it does not validate (hand-written, another ablate version) or is another study's."""
     study = optuna.load_study(study_name=f"{name}:{EVAL}", storage=storage)
     where = f"storage {masked_url(storage.url)}: study {name!r}"
     if "spec" not in study.user_attrs:
@@ -224,7 +217,7 @@ def study_progress(spec: StudySpec, storage) -> list[VariantProgress]:
 
 
 def time_left_s(rows: list[VariantProgress], workers: int) -> float | None:
-    """Remaining trials x the mean duration of finished ones, shared by `workers`; None before any finished."""
+    """Remaining trials x the mean finished duration, shared by `workers`; None before any finished."""
     durations = [s for r in rows for s in r.finished_s]
     if not durations:
         return None

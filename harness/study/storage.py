@@ -50,14 +50,13 @@ MAX_RETRIES = 3  # a grid point whose worker keeps dying (killed, out of host me
 def open_storage(
     url: str, create_dir: bool = True, heartbeat: HeartbeatSpec = HeartbeatSpec(), read_only: bool = False
 ) -> Storage:
-    """An RDBStorage with a heartbeat: the RUNNING trial of a killed worker is failed once its heartbeat is
-    `heartbeat.grace` seconds old, and re-queued as a WAITING copy (RetryHeartbeatStaleTrialCallback).
-
-    `create_dir`: a new study may start here: the folder of a sqlite:/// file is made and an empty database
-    gets Optuna's tables; without, a missing or empty store is ConfigError. `read_only` (status, results)
-    creates nothing either: a SQLite file is opened read-only and a PostgreSQL session refuses writes.
-    Nothing is written to a database that is not an Optuna storage this Optuna reads (`check_store`); a
-    URL that names no storage is ConfigError before anything connects (`check_url`)."""
+    """An RDBStorage with a heartbeat: a killed worker's RUNNING trial is failed once its heartbeat is
+    `heartbeat.grace` seconds old and re-queued as a WAITING copy (RetryHeartbeatStaleTrialCallback).
+    `create_dir`: a new study may start here (a sqlite:/// file's folder is made, an empty database gets
+    Optuna's tables); without, a missing or empty store is ConfigError. `read_only` (status, results) creates
+    nothing either: SQLite opens read-only, a PostgreSQL session refuses writes. Nothing is written to a
+    database that is not an Optuna storage this Optuna reads (`check_store`); a URL naming no storage is
+    ConfigError before anything connects (`check_url`)."""
     create = create_dir and not read_only
     driver_url = with_driver(url)  # a missing extra, named as every feature names it
     check_url(url, exists=not create)
@@ -73,10 +72,9 @@ def open_storage(
 
 
 class Storage(optuna.storages.RDBStorage):
-    """Optuna's RDBStorage that gives its connections back when closed (`with open_storage(...) as store:`).
-    An engine left to the garbage collector keeps its pooled connection open until a full collection: a
-    process that opens the storage again and again (a notebook reading results, a poll) would use up a
-    PostgreSQL server's max_connections."""
+    """Optuna's RDBStorage that gives its connections back when closed (`with open_storage(...) as store:`):
+    an engine left to the garbage collector keeps its pooled connection until a full collection, so a process
+    opening the storage again and again (a notebook, a poll) would use up PostgreSQL's max_connections."""
 
     def close(self) -> None:
         self.remove_session()
@@ -90,9 +88,8 @@ class Storage(optuna.storages.RDBStorage):
 
 
 def rdb_storage(url: str, create: bool, read_only: bool, heartbeat: HeartbeatSpec) -> Storage:
-    """Optuna's RDBStorage, its tables made when `create`. Workers that open a new database at the same
-    moment all create Optuna's tables; the losers hit a table, type or version row another just made, and
-    opening again finds the schema there."""
+    """Optuna's RDBStorage, its tables made when `create`; workers opening a new database at once all create
+    them, and a loser, hitting a table, type or version row another made, finds the schema on retrying."""
     for attempt in range(1, SCHEMA_ATTEMPTS + 1):
         try:
             with quiet_experimental():
@@ -242,12 +239,11 @@ def check_store(url: str, shown_url: str, create: bool, read_only: bool) -> None
 
 
 def store_problem(engine, create: bool, read_only: bool) -> str | None:
-    """Why the database of `engine` is no storage to open, found by reading its tables without writing: not
-    an Optuna storage, one of another Optuna version (schema_problem), or empty where a study must be there
-    (without `create`). The locks the command will take are taken and let go, so that a lock another
-    process holds for good is found now rather than at the statement it blocks (lock_held is raised): a
-    writer's on a SQLite file, and on PostgreSQL each of Optuna's tables in the mode a reader or a writer
-    takes it (an EXCLUSIVE lock stops writers, an ACCESS EXCLUSIVE one readers too)."""
+    """Why `engine`'s database is no storage to open, read without writing: not an Optuna storage or of
+    another Optuna version (schema_problem), or empty where a study must be (without `create`). The command's
+    locks are taken and let go, so a lock another process holds for good shows now, not at the statement it
+    blocks (lock_held is raised): a writer's on a SQLite file; on PostgreSQL each of Optuna's tables in a
+    reader's or writer's mode (an EXCLUSIVE lock stops writers, an ACCESS EXCLUSIVE one readers too)."""
     with engine.connect() as connection:
         schema = read_schema(connection)
         if reason := schema_problem(schema):
@@ -275,10 +271,10 @@ def lock_held(e: BaseException) -> bool:
 
 
 def check_readable(storage, url: str, study: str | None = None) -> None:
-    """Reads every study's attributes, and every trial of `study` (of all studies without one), once through
-    Optuna: damaged data (attribute JSON that does not parse, or not of the shape its readers take,
-    attributes.py; text where Optuna keeps a number, a date or a state) is one ConfigError naming the
-    storage at `url` here, not a traceback in whatever reads it next."""
+    """Reads every study's attributes and every trial of `study` (of all studies without one) once through
+    Optuna, so damaged data (attribute JSON that does not parse or has the wrong shape, schema/trials.py
+    attribute_problem; text where Optuna keeps a number, a date or a state) is one ConfigError naming the
+    storage at `url` here, not a traceback wherever it is read next."""
     where, problem = "the studies' attributes", None
     try:
         for frozen in storage.get_all_studies():
@@ -335,7 +331,7 @@ MASK = "***"
 
 
 def masked_url(url: str) -> str:
-    """The URL as every message, banner, log and report shows it: each secret (secret_spans) replaced by ***."""
+    """The URL as every message, log and report shows it: each secret (secret_spans) replaced by ***."""
     shown, end = [], 0
     for start, stop in secret_spans(url):
         shown += [url[end:start], MASK]
@@ -352,10 +348,9 @@ def without_secrets(text: str, url: str) -> str:
 
 
 def secret_spans(url: str) -> list[tuple[int, int]]:
-    """Where the secrets of a storage URL lie, in order, read leniently so that a URL no parser takes is
-    masked too: the values of credential query keys, and the password of the user info (user_info). When
-    the user info is not plainly user:password, or when there is none and what follows // is no
-    host[:port], all of it up to the host is taken for secret."""
+    """Where a storage URL's secrets lie, in order, read leniently so a URL no parser takes is masked too:
+    credential query values and the user info's password (user_info); all the user info when it is not
+    plainly user:password, or, with none, all up to the host when what follows // is no host[:port]."""
     spans, info, begin = credential_values(url), user_info(url), authority_start(url)
     if info is not None:
         user, _, password = url[info[0] : info[1]].partition(":")
@@ -377,8 +372,7 @@ def secret_spans(url: str) -> list[tuple[int, int]]:
 
 
 def credential_values(url: str) -> list[tuple[int, int]]:
-    """Where the values of `url`'s credential query keys (password=, sslpassword=, token=, ..., their names
-    percent-decoded) lie."""
+    """Where the values of `url`'s credential query keys (password=, token=, ..., names decoded) lie."""
     return [match.span("value") for match in QUERY_PAIR.finditer(url)
             if match["value"] and any(word in unquote(match["key"]).lower() for word in CREDENTIAL_WORDS)]  # fmt: skip
 
@@ -444,9 +438,8 @@ def in_memory(parsed: URL) -> bool:
 
 
 def engine_kwargs(url: str, read_only: bool, busy_s: float) -> dict[str, Any]:
-    """SQLAlchemy's create_engine options. A statement waits up to `busy_s` for another process's lock;
-    read-only, sqlite3 opens a SQLite file itself (SQLAlchemy would decode the escapes of a read-only URI's
-    path)."""
+    """SQLAlchemy's create_engine options: a statement waits up to `busy_s` for another process's lock;
+    read-only, sqlite3 opens a SQLite file itself (SQLAlchemy would decode a read-only URI path's escapes)."""
     db = sqlite_path(url)
     if db is None:
         return {"connect_args": connect_args(url, read_only, busy_s)}
@@ -479,13 +472,11 @@ def retry_callback(max_retry: int | None):
 
 
 def serialize_sqlite_transactions(engine) -> None:
-    """Makes Optuna's read-then-write transactions atomic across processes on SQLite.
-
-    Claiming a WAITING trial reads its state and writes RUNNING in one transaction. PostgreSQL and MySQL lock
-    the row (SELECT ... FOR UPDATE); SQLite ignores FOR UPDATE and pysqlite only begins the transaction at
-    the first write, so two workers could both read WAITING and both claim the trial. BEGIN IMMEDIATE takes
-    the database's write lock when the transaction starts (others wait up to the busy timeout). WAL lets
-    readers that hold no transaction proceed meanwhile."""
+    """Makes Optuna's read-then-write transactions atomic across processes on SQLite. A claim reads WAITING
+    and writes RUNNING in one transaction; PostgreSQL and MySQL lock the row (SELECT ... FOR UPDATE), but
+    SQLite ignores FOR UPDATE and pysqlite begins the transaction only at the first write, so two workers
+    could both claim a trial. BEGIN IMMEDIATE takes the write lock as the transaction starts (others wait up
+    to the busy timeout); WAL lets readers that hold no transaction proceed meanwhile."""
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection, _record) -> None:

@@ -1,9 +1,8 @@
 """The tasks' data: `build_task(cfg.task, seed)` gives a TaskData with train / valid / test / test_long.
 
-Which tasks there are, what each is and which task.* keys each reads is the registry in schema/tasks.py
-(TASKS), which names each builder as 'module:function' of this folder: a builder's module (and its
-libraries: tokenizers, pysword, Hugging Face datasets) is imported here, when its task is built, never to
-read a config or a study."""
+schema/tasks.py's TASKS lists the tasks, the task.* keys each reads and its builder as 'module:function' of
+this folder, imported (with its libraries: tokenizers, pysword, datasets) only when its task is built,
+never to read a config or a study."""
 
 from __future__ import annotations
 

@@ -82,10 +82,9 @@ class TaskData:
         return self.tgt_tokenizer.detokenize(tokens) if self.tgt_tokenizer else " ".join(tokens)
 
     def save(self, directory: str | Path) -> None:
-        """Writes what is needed to encode new inputs and read outputs the way this run did:
-        src_vocab.json / tgt_vocab.json (id -> token lists), src_tokenizer.json / tgt_tokenizer.json
-        when text was tokenized (a Hugging Face tokenizers file for BPE, {"kind": ...} for char and word),
-        and task.json (name, split sizes, meta)."""
+        """What encodes new inputs and reads outputs as this run did: src_vocab.json / tgt_vocab.json (id ->
+        token lists), src_tokenizer.json / tgt_tokenizer.json for tokenized text (a Hugging Face tokenizers
+        file for BPE, {"kind": ...} for char and word), and task.json (name, split sizes, meta)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         self.src_vocab.save(out / "src_vocab.json")

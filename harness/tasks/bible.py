@@ -1,37 +1,33 @@
-"""bible: verse pairs of two public-domain Bibles, read from the SWORD modules Debian packages, so a real
-language pair installs offline: `apt-get install sword-text-web sword-text-sparv` (the World English Bible
-and the Spanish Reina-Valera 1909), read with pysword (the [bible] extra).
+"""bible: verse pairs of two public-domain Bibles from Debian's SWORD modules, so a real language pair
+installs offline: `apt-get install sword-text-web sword-text-sparv` (World English Bible, Spanish
+Reina-Valera 1909), read with pysword (the [bible] extra).
 
-task.src_lang / task.tgt_lang: `en` (WEB) and `es` (RV1909), English -> Spanish by default, or the name of
-any SWORD Bible module installed beside them; task.path: the SWORD library, the folder holding mods.d/
-(default: $SWORD_PATH, which SWORD's own programs read too, else Debian's /usr/share/sword).
+task.src_lang / task.tgt_lang: `en` (WEB), `es` (RV1909) (English -> Spanish by default) or any installed
+SWORD Bible module's name; task.path: the SWORD library holding mods.d/ (default: $SWORD_PATH, which SWORD's
+own programs read too, else Debian's /usr/share/sword).
 
-What a pair is, fixed here so every run reads the same corpus (`clean_verse`, `aligned_pairs`):
-- verses pair by reference (book, chapter, verse), references both modules have;
-- markup goes: what a module stores after a book's last verse (the WEB's glossary) is cut; notes,
-  alternative readings, catchwords, speaker labels and headings go with their text, except canonical
-  psalm titles, which both translations have as text; every other tag goes and its text stays (Strong's
-  numbers live in tag attributes); entities are unescaped, whitespace collapsed, and a word in capitals
-  (the RV1909's drop capitals, "EN el principio") is capitalised ("En");
-- a verse with text on one side only is where the two versifications part: the RV1909 numbers a few
-  chapters as the Hebrew does (its Numbers 13:1 is the WEB's 12:16, and the rest of chapter 13 follows one
-  verse late), so that chapter and the next are dropped whole; a verse empty on both sides is skipped;
-- a lopsided pair, whose longer side has more than MAX_RATIO times the words of the shorter (verses
-  merged or split differently), is dropped.
+A pair, fixed here so every run reads the same corpus (`clean_verse`, `aligned_pairs`):
+- verses pair by reference (book, chapter, verse) both modules have;
+- markup: text after a book's last verse (the WEB's glossary) is cut; notes, alternative readings,
+  catchwords, speaker labels and headings go with their text, except canonical psalm titles (text in both
+  translations); other tags go, their text stays (Strong's numbers live in attributes); entities are
+  unescaped, whitespace collapsed, a word in capitals (RV1909's drop capitals, "EN el principio") capitalised;
+- a verse with text on one side only is where the versifications part (the RV1909 numbers some chapters as
+  the Hebrew: its Numbers 13:1 is the WEB's 12:16, the rest of 13 one verse late): that chapter and the next
+  are dropped whole; a verse empty on both sides is skipped;
+- a lopsided pair, longer side over MAX_RATIO times the shorter's words (verses merged or split otherwise),
+  is dropped.
 
-Splits do not depend on the trial's seed, so every trial is tested on the same verses: chapter i of the
-versification both modules share (Genesis 1 is 0, in canonical order, whatever the filters drop) goes to
-valid when i is 0 modulo SPLIT_EVERY, to test when it is SPLIT_EVERY / 2 modulo SPLIT_EVERY, to train
-otherwise (a chapter's verses stay together, and every part of the Bible is in every split). valid and
-test then keep a sample of task.n_valid / n_test pairs drawn with the fixed SAMPLE_SEED; as for
-`parallel`, task.max_tokens (or task.long_after) moves longer test pairs to test_long, and
-task.max_examples caps train with the trial's seed.
-
-bible_lm.py reads one of these Bibles alone, with the same cleaning and the same chapters in each split.
+Splits ignore the trial's seed, so every trial is tested on the same verses: chapter i of the shared
+versification (Genesis 1 is 0, canonical order, before any filter) goes to valid when i % SPLIT_EVERY is 0,
+to test when it is SPLIT_EVERY / 2, to train otherwise (chapters stay whole; every part of the Bible is in
+every split). valid / test keep n_valid / n_test pairs drawn with SAMPLE_SEED; as for `parallel`,
+task.max_tokens (or long_after) moves longer test pairs to test_long, and task.max_examples caps train with
+the trial's seed. bible_lm.py reads one Bible alone, cleaned and split the same way.
 
 Debian 12's modules (WEB 426.0, RV1909 2.60) give 30,082 pairs of the KJV versification's 31,102 verses:
-27,172 train, 1,509 valid, 1,401 test; 25 verses have text on one side only, 941 go with their chapters,
-54 are lopsided. Reading and pairing them takes about two seconds, once per process."""
+27,172 train, 1,509 valid, 1,401 test; 25 verses one-sided, 941 dropped with their chapters, 54 lopsided.
+Reading and pairing them takes about two seconds, once per process."""
 
 from __future__ import annotations
 
@@ -96,8 +92,7 @@ def shared_chapters(src: dict[Reference, str], tgt: dict[Reference, str]) -> lis
 def aligned_pairs(
     src: dict[Reference, str], tgt: dict[Reference, str]
 ) -> tuple[list[tuple[Reference, str, str]], dict[str, int]]:
-    """(reference, source, target) for the references both sides have, in the source's order, cleaned text
-    in, with the pairs the rules of the module doc drop left out; and how many each rule dropped."""
+    """(reference, source, target) of the pairs the module doc's rules keep, in order; each rule's drops."""
     common = [ref for ref in src if ref in tgt]
     chapters = shared_chapters(src, tgt)
     broken = {ref[:2] for ref in common if bool(src[ref]) != bool(tgt[ref])}
@@ -187,8 +182,7 @@ def read_module(folder: Path, name: str) -> dict[Reference, str]:
 def split_by_chapter(
     items: Iterable[tuple[Reference, T]], chapters: list[tuple[str, int]]
 ) -> dict[str, list[T]]:
-    """train / valid / test of each (reference, item) by its chapter's index in `chapters` (see the module
-    doc), order kept."""
+    """train / valid / test of each (reference, item) by its chapter's index in `chapters`, order kept."""
     index = {chapter: i for i, chapter in enumerate(chapters)}
     splits: dict[str, list[T]] = {"train": [], "valid": [], "test": []}
     for ref, item in items:
@@ -200,8 +194,7 @@ def split_by_chapter(
 
 @functools.lru_cache(maxsize=2)
 def read_bible(folder: Path, src: str, tgt: str) -> tuple[Corpus, dict[str, int]]:
-    """Two modules' aligned_pairs split by chapter, and what each rule dropped; read once per process
-    (every trial of a worker reads the same)."""
+    """Two modules' aligned_pairs split by chapter, and each rule's drops; read once for a worker's trials."""
     source, target = read_module(folder, src), read_module(folder, tgt)
     pairs, dropped = aligned_pairs(source, target)
     corpus = split_by_chapter(((ref, (s, t)) for ref, s, t in pairs), shared_chapters(source, target))

@@ -3,22 +3,19 @@ extrapolation: train on windows of L = task.max_tokens tokens, test on windows o
 text, so that only the length changes.
 
 The verses are bible.py's: task.src_lang's module (`en`, the World English Bible, by default; `es`, or any
-SWORD module's name) in task.path's library, cleaned as `bible` cleans them and split by chapter as `bible`
-splits them, so no test chapter is trained on. Each split's non-empty verses, in canonical order and joined
-by a space, are one running text, and the tokenizer (task.tokenizer, learned on the train verses alone)
-makes it one token stream, cut into consecutive windows that do not overlap (a remainder shorter than a
-window is left out):
+SWORD module's name) in task.path's library, cleaned and split by chapter as `bible` does, so no test
+chapter is trained on. Each split's non-empty verses, in canonical order joined by spaces, become one token
+stream (task.tokenizer, learned on the train verses alone), cut into consecutive non-overlapping windows (a
+shorter remainder is left out):
 - train: every window of L tokens, capped by task.max_examples with the trial's seed;
 - valid: task.n_valid windows of L, drawn with bible's SAMPLE_SEED whatever the trial's seed;
 - test, test_x2, test_x4: task.n_test // 4 windows of 4L drawn with SAMPLE_SEED, each cut into four windows
-  of L (test), two of 2L (test_x2) and kept whole (test_x4). Every test split scores the same tokens; only
+  of L (test), two of 2L (test_x2) or kept whole (test_x4): every test split scores the same tokens, only
   the context before each token changes.
 
-An Example's target is a window and its source is empty: the model reads EOS alone, which a decoder-only
-model (model.cross_attention false) does not read at all. A window does not end in EOS (TaskData's
-target_ends): the text goes on past it, and a model taught to close every window at L would learn where L
-is and leave what it was trained on at L + 1 of any longer window. Not a text task: no BLEU; perplexity
-over the window's tokens is the measure."""
+An Example's target is a window, its source empty: the model reads EOS alone, which a decoder-only model
+(model.cross_attention false) does not read at all. A window does not end in EOS (TaskData.target_ends says
+why). Not a text task: no BLEU; perplexity over the window's tokens is the measure."""
 
 from __future__ import annotations
 

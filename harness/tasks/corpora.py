@@ -4,9 +4,8 @@ What task.path names decides the format:
 - a .jsonl / .json file: one JSON object a line, with fields src / tgt, source / target, the fields
   task.src_lang / task.tgt_lang, or a `translation` dict {language: text};
 - any other file: TSV, source<TAB>target, further columns ignored (Tatoeba / Anki exports);
-- a Moses prefix: `data/train` for data/train.en + data/train.fr. task.src_lang / task.tgt_lang pick
-  the languages (without them: the two suffixes in sorted order). For a `train` prefix, valid.* (or
-  dev.*) and test.* beside it are those splits;
+- a Moses prefix: `data/train` for data/train.en + data/train.fr, languages task.src_lang / tgt_lang (or
+  the two suffixes, sorted); for a `train` prefix, valid.* (or dev.*) and test.* beside it are those splits;
 - a folder written by datasets' `save_to_disk` (a Dataset, or a DatasetDict with its splits);
 - anything else: a Hugging Face hub dataset (task.hf_config its configuration), when online.
 
@@ -188,8 +187,7 @@ def read_hub(cfg: TaskConfig) -> Corpus:
 
 
 def hold_out(corpus: Corpus, cfg: TaskConfig, seed: int) -> Corpus:
-    """Carves the missing valid / test splits out of train with a seeded shuffle; corpus order is kept
-    inside each split."""
+    """Carves the missing valid / test splits out of train by a seeded shuffle, corpus order kept in each."""
     train = corpus["train"]
     missing = [split for split in ("test", "valid") if not corpus.get(split)]
     order = np.random.default_rng([seed, 11]).permutation(len(train))
@@ -203,8 +201,7 @@ def hold_out(corpus: Corpus, cfg: TaskConfig, seed: int) -> Corpus:
 
 
 def length_filter(splits: dict[str, list[Example]], cfg: TaskConfig) -> dict[str, list[Example]]:
-    """train / valid of pairs within [min_tokens, max_tokens] (tokens of either side); test of those up to
-    TaskConfig.long_cut, test_long of the longer ones."""
+    """train / valid within [min_tokens, max_tokens] tokens a side; test up to long_cut, test_long beyond."""
     lo = cfg.min_tokens
     hi = {"train": cfg.max_tokens, "valid": cfg.max_tokens, "test": cfg.long_cut}
 
@@ -226,8 +223,7 @@ TRAIN_CAP = 13  # with the trial's seed, the stream that draws task.max_examples
 
 
 def sample(items: list, size: int | None, entropy: int | list[int]) -> list:
-    """At most `size` of `items` (all of them for None), drawn by numpy's generator seeded with `entropy`,
-    in their order."""
+    """At most `size` of `items` (None: all), drawn by numpy seeded with `entropy`, in their order."""
     if size is None or len(items) <= size:
         return items
     picked = np.random.default_rng(entropy).choice(len(items), size=size, replace=False)
@@ -246,9 +242,8 @@ def parallel_task(cfg: TaskConfig, seed: int) -> TaskData:
 
 
 def corpus_task(name: str, corpus: Corpus, cfg: TaskConfig, seed: int, meta: dict) -> TaskData:
-    """A text task from raw pairs in train / valid / test: tokenizers learned on train, the length filter
-    (longer test pairs become test_long), then task.max_examples' seeded cap on train. Every corpus task
-    (parallel, bible) builds its data here."""
+    """A text task (parallel, bible) from raw train / valid / test pairs: tokenizers learned on train, the
+    length filter (longer test pairs become test_long), then task.max_examples' seeded cap on train."""
     src_tokenizer, tgt_tokenizer = (
         build_tokenizer(cfg.tokenizer, [pair[side] for pair in corpus["train"]], cfg.bpe_vocab_size)
         for side in (0, 1)

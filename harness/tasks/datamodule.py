@@ -1,9 +1,8 @@
 """Tensors and batches for a TaskData: src = tokens + EOS, tgt_in = BOS + tokens, tgt_out = tokens + EOS.
 
-Batches hold either a fixed number of examples (train.batch_size) or, with train.batch_tokens, as many
-as fit a token budget: examples of similar length are bucketed together so little of a batch is padding.
-Training order is a function of (seed, epoch) alone. Evaluation batches keep the split's order, so
-the i-th example of a test batch stream belongs to data.splits[split][i]."""
+Batches hold a fixed number of examples (train.batch_size) or, with train.batch_tokens, as many as fit a
+token budget, similar lengths bucketed so little is padding. Training order depends on (seed, epoch) alone;
+evaluation keeps the split's order, so a test stream's i-th example is data.splits[split][i]."""
 
 from __future__ import annotations
 
@@ -78,11 +77,9 @@ def pack(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[list
 
 
 class BatchSampler(Sampler[list[int]]):
-    """Index batches of one split, by count (batch_size) or by token budget (batch_tokens).
-
-    shuffle=True (training): a seeded order per epoch; with a budget, examples are sorted by length
-    (ties in that random order), packed, and the batches shuffled, so each batch is one length bucket.
-    shuffle=False (evaluation): the split's own order."""
+    """Index batches of one split, by count (batch_size) or token budget (batch_tokens). shuffle (training):
+    a seeded order per epoch; with a budget, examples sorted by length (ties in that random order), packed,
+    and the batches shuffled, so each batch is one length bucket. Else (evaluation): the split's order."""
 
     def __init__(
         self, lengths: np.ndarray, seed: int, shuffle: bool, batch_size: int | None = None,
@@ -98,7 +95,7 @@ class BatchSampler(Sampler[list[int]]):
         self.num_batches = len(self.batches(0))
 
     def set_epoch(self, epoch: int) -> None:
-        """Lightning calls this before each epoch; without it, each pass over the sampler is the next epoch."""
+        """Lightning calls this before each epoch; without it each pass over the sampler is the next epoch."""
         self.epoch = epoch
 
     def batches(self, epoch: int) -> list[list[int]]:
@@ -126,9 +123,8 @@ class BatchSampler(Sampler[list[int]]):
 
 
 class Seq2SeqDataModule(L.LightningDataModule):
-    """Loaders for a TaskData. With `batch_tokens`, training and evaluation batches are sized by a
-    token budget (batch_size and eval_batch_size are then unused). With `bounded_lengths` (a compiled
-    step), each batch's lengths are rounded up to a bounded set (`collate`'s caps)."""
+    """Loaders for a TaskData. `batch_tokens`: every batch sized by a token budget (batch_size and
+    eval_batch_size unused). `bounded_lengths` (a compiled step): lengths rounded up to `collate`'s caps."""
 
     def __init__(
         self, data: TaskData, batch_size: int, seed: int, eval_batch_size: int = 256, *,

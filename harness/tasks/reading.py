@@ -15,9 +15,8 @@ def require_file(path: Path) -> Path:
 
 
 def read_lines(path: Path, skip_blank: bool = True) -> Iterator[tuple[int, str]]:
-    """(line number from 1, text without the line break) for every line, blank ones too unless skipped.
-
-    Decodes line by line, so bytes that are not UTF-8 are reported with the line they are on."""
+    """(line number from 1, text without the line break) for every line, blank ones too unless skipped;
+    decoded line by line, so bytes that are not UTF-8 are reported with their line."""
     with require_file(path).open("rb") as f:
         for number, raw in enumerate(f, start=1):
             try:

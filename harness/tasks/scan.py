@@ -10,9 +10,8 @@ grammar, with the paper's splits; or read from the official files with `task.pat
 The generator gives the official tasks.txt exactly, as a set (20,910 commands). Splits:
 - simple: a seeded 80/20 split of all commands;
 - length: train on action sequences of at most 22 actions, test on the longer ones;
-- addprim_jump / addprim_turn_left: the primitive alone is the only training command that contains
-  it, repeated to be a tenth of the training set as in the official files; test is every other
-  command that contains it.
+- addprim_jump / addprim_turn_left: the primitive alone is the only training command containing it,
+  repeated to a tenth of the training set as in the official files; test is every other command with it.
 SCAN has no validation split: valid is a seeded sample held out of train (train + valid = the
 official training set), sized min(task.n_valid, a tenth of train)."""
 

@@ -50,8 +50,7 @@ def symbol_sampler(symbols: list[str], transform: Transform) -> Sampler:
 
 
 def random_number(rng: np.random.Generator, digits: int) -> str:
-    """A uniform number with exactly `digits` digits (0 counts as one), drawn digit by digit so any
-    length works."""
+    """A uniform number of exactly `digits` digits (0 counts as one), drawn digit by digit: any length."""
     first = int(rng.integers(0 if digits == 1 else 1, 10))
     return str(first) + "".join(str(d) for d in rng.integers(0, 10, size=digits - 1))
 

@@ -1,7 +1,7 @@
 """Text <-> tokens for real corpora: characters, words, or BPE learned on the training split only.
 
-TOKENIZER_CLASSES holds each by its name in schema/tasks.py's TOKENIZERS (with the keys it reads). Each saves to
-one JSON file, so a run keeps exactly the segmentation it was trained with."""
+TOKENIZER_CLASSES holds each by its name in schema/tasks.py's TOKENIZERS (with the keys it reads). Each
+saves to one JSON file, so a run keeps exactly the segmentation it was trained with."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from ablate.models.sequences import UNK
 
 
 class RuleTokenizer:
-    """A tokenizer with nothing learned: training takes nothing from the texts, and saving records only its
-    kind."""
+    """A tokenizer with nothing learned: training reads no text, and saving records only its kind."""
 
     kind: str
 
@@ -88,5 +87,5 @@ TOKENIZER_CLASSES: dict[str, type[Tokenizer]] = {
 
 
 def build_tokenizer(kind: str, training_texts: list[str], bpe_vocab_size: int) -> Tokenizer:
-    """The tokenizer TOKENIZER_CLASSES names `kind`, learned on the training texts (BPE: with bpe_vocab_size)."""
+    """TOKENIZER_CLASSES[kind] learned on the training texts (BPE: with bpe_vocab_size)."""
     return TOKENIZER_CLASSES[kind].train(training_texts, bpe_vocab_size)
