@@ -570,7 +570,6 @@ def evaluate_interaction(
     sides = [(label, cell, s.to_numpy()) for (label, cell, _), s in zip(cells, raw)]
     if _uninformative(result, sides):
         return result
-    judged_cells = raw
     if claim.chance is not None:
         _, trained = _cells(spec, claim, df, claim.chance)
         result.failed = [(label, len(r) - len(t), len(r)) for (label, _, _), r, t in zip(cells, raw, trained)]
@@ -578,7 +577,7 @@ def evaluate_interaction(
             if result.paired_by_seed:  # a seed that failed in one cell leaves all four: still paired
                 kept = set.intersection(*(set(t.index) for t in trained))
                 trained = [t[t.index.isin(kept)] for t in trained]
-            scaled, judged_cells = judged(trained), trained
+            scaled = judged(trained)
             _contrast(result, scaled)
             if _too_few(result, min(len(s) for s in trained), needed, df, variants, "a cell"):
                 return result
@@ -587,14 +586,13 @@ def evaluate_interaction(
         f"Δ = ({result.diff_first:.3g} on {metric}) - ({result.diff_versus:.3g} on {versus_metric}); "
         + result.reason
     )
-    if _censored(result, cells, judged_cells):
-        return result
     first, second = (judged_bounds(m) for m in (metric, versus_metric))
     means = [s.mean() for s in scaled]
     _at_bounds(result, [(means[0], means[1], first), (means[2], means[3], second)])
     # Each side's change between the arms lies in [low - high', high - low'].
     changes = MetricRange(first.low - second.high, first.high - second.low)
     _no_room(result, result.mean_to, changes, result.mean_to, changes)
+    _censored(result, cells, scaled)
     return result
 
 
@@ -665,31 +663,36 @@ def _at_bounds(result: ClaimResult, arms: list[tuple[float, float, MetricRange]]
 CELL_SIGNS = (1, -1, -1, 1)
 
 
-def _censored(result: ClaimResult, cells: list[tuple[str, list[str], str]], values: list[pd.Series]) -> bool:
-    """Marks a directional interaction decided with a cell at a bound of its metric in every seed: that
-    cell's value is censored there (a model at exact match 0 could be worse still), so its difference, and
-    the interaction, may be the bound's. Only a bound that could overturn the verdict counts: at the floor a
-    cell's true value lies at or below the one measured, which moves Δ against its sign in Δ."""
-    side = one_sided(result.claim.expect, threshold(result.claim, result.metric),
-                     metric_info(result.metric).direction)  # fmt: skip
+def _censored(result: ClaimResult, cells: list[tuple[str, list[str], str]], values: list[pd.Series]) -> None:
+    """A directional interaction with a cell at the floor of its metric (every seed within half the margin of
+    its worse bound, on the judged scale: `values` are the cells' judged values): a model there learned
+    nothing the metric measures and could be worse still, so its difference, and the interaction, are a
+    bound. Where that bound could overturn the verdict (the cell's true value, at or beyond the floor, moves Δ
+    against the cell's sign in Δ) the verdict is the floor's; otherwise the reason says Δ is a bound. A cell at
+    the better bound has done all the task asks, which the claim's metric measures."""
+    m = threshold(result.claim, result.metric)
+    side = one_sided(result.claim.expect, m, metric_info(result.metric).direction)
     if side is None or result.verdict not in (REPRODUCED, CONTRADICTED):
-        return False
+        return
     # The direction in which the true Δ would overturn the verdict: up for Δ found below its edge.
     overturn_up = (side[0] == "below") == (result.verdict == REPRODUCED)
     for (label, variants, metric), sign, found in zip(cells, CELL_SIGNS, values):
-        rng = metric_info(metric).range
-        floor, ceiling = len(found) and (found == rng.low).all(), len(found) and (found == rng.high).all()
-        if not (floor or ceiling):
+        rng, info = judged_bounds(metric), metric_info(metric)
+        worse_low = info.direction == "maximize"
+        at_floor = len(found) and ((found <= rng.low + m / 2) if worse_low else (found >= rng.high - m / 2)).all()
+        if not at_floor:
             continue
-        shift = -sign if floor else sign  # the sign of true - measured Δ
+        shift = -sign if worse_low else sign  # the sign of true - measured Δ
+        bound = f"lower bound {info.range.low:g}" if worse_low else f"upper bound {info.range.high:g}"
+        at = f"cell {label} ({', '.join(variants)}) lies within half the margin of the {bound} of {metric} in every seed"
         if (shift > 0) == overturn_up:
-            bound = f"lower bound {rng.low:g}" if floor else f"upper bound {rng.high:g}"
-            result.verdict = FLOOR if floor else CEILING
-            result.reason = (f"cell {label} ({', '.join(variants)}) lies at the {bound} of {metric} in every seed: "
-                             f"its value is censored there, and Δ could be {'higher' if shift > 0 else 'lower'} "
-                             f"than measured, across the margin; " + result.reason)  # fmt: skip
-            return True
-    return False
+            result.verdict = FLOOR
+            result.reason = (f"{at}: it learned nothing the metric measures, and Δ could be "
+                             f"{'higher' if shift > 0 else 'lower'} than measured, across the margin; "
+                             + result.reason)  # fmt: skip
+            return
+        result.reason += (f"; {at}: it could be worse still, which puts the true Δ only further "
+                          f"{'above' if shift > 0 else 'below'} the one measured, so the verdict stands")  # fmt: skip
 
 
 def _no_room(

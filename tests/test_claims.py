@@ -165,21 +165,28 @@ def test_interaction_without_shared_seeds_is_welchs_interval_of_four_groups():
 
 
 def test_a_directional_interaction_carried_by_a_cell_at_the_floor_is_uninformative():
-    # Unscaled at d_model 16 sits at exact 0 in every seed: its true value could be lower still, so the
-    # gap at 16, and with it how much the gap grows, is the floor's, not measured.
-    floor = {**GRID, ("d_model=16,scale=none", 0): 0.0, ("d_model=16,scale=none", 1): 0.0,
+    # Unscaled at d_model 16 sits within half the margin (0.05) of 0 in every seed: its true value could be
+    # lower still, so the gap at 16, and with it how much the gap grows, is the floor's, not measured.
+    floor = {**GRID, ("d_model=16,scale=none", 0): 0.0, ("d_model=16,scale=none", 1): 0.02,
              ("d_model=16,scale=sqrt", 0): 0.50, ("d_model=16,scale=sqrt", 1): 0.52}  # fmt: skip
     (result,) = claims.evaluate_all(grid_spec({}), trials({key: {GRID_METRIC: x} for key, x in floor.items()}))
     assert claims.verdict(result.ci_low, result.ci_high, "lower", 0.1) == REPRODUCED
     assert result.verdict == FLOOR
     assert result.reason.startswith(
-        "cell compare' (d_model=16,scale=none) lies at the lower bound 0 of test/tok_acc in every seed: its "
-        "value is censored there, and Δ could be higher than measured, across the margin; Δ = ("
+        "cell compare' (d_model=16,scale=none) lies within half the margin of the lower bound 0 of test/tok_acc "
+        "in every seed: it learned nothing the metric measures, and Δ could be higher than measured, across the "
+        "margin; Δ = ("
     )
     # At the floor on the side where it can only make Δ lower still, the bound cannot overturn the verdict.
     conservative = {**GRID, ("d_model=256,scale=none", 0): 0.0, ("d_model=256,scale=none", 1): 0.0}
     df = trials({key: {GRID_METRIC: x} for key, x in conservative.items()})
-    assert claims.evaluate_all(grid_spec({}), df)[0].verdict == REPRODUCED
+    (result,) = claims.evaluate_all(grid_spec({}), df)
+    assert result.verdict == REPRODUCED
+    assert result.reason.endswith(
+        "; cell compare (d_model=256,scale=none) lies within half the margin of the lower bound 0 of test/tok_acc "
+        "in every seed: it could be worse still, which puts the true Δ only further below the one measured, so "
+        "the verdict stands"
+    )
 
 
 def test_an_interaction_cell_without_variants_or_seeds_is_inconclusive():
