@@ -172,6 +172,9 @@ class TuneSpec(BaseModel):
     # Which variants tune: each its own parameters, or the baseline alone, whose best parameters every
     # variant then trains with (chosen blind to how the other arms do).
     arm: Literal["each", "baseline"] = "each"
+    # Why one arm's parameters serve every arm (arm: baseline, which a study must say): a rate chosen on the
+    # baseline favours it in every claim against it; the report prints this beside the runs.
+    why: str = ""
 
 
 class HeartbeatSpec(BaseModel):

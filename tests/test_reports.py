@@ -604,3 +604,13 @@ def test_study_spec_reads_without_optuna():
     check = "import sys, ablate.schema.spec; assert 'optuna' not in sys.modules, 'optuna imported'"
     proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_report_says_why_one_arm_was_tuned_for_all(tmp_path):
+    why = "the paper keeps the <i>baseline's</i> rate for every arm"
+    tune = {"params": {"train.lr": {"log_uniform": [1e-4, 1e-2]}}, "trials": 4, "arm": "baseline", "why": why}
+    keys = {"tune": tune, "baseline": {"model.pos_encoding": "sinusoidal", "model.norm": "post"}}
+    spec, storage, runs = synthetic_study(tmp_path, keys=keys)
+    out = build_report(spec, storage, runs)
+    said = "Tuning: on the baseline alone, its parameters used by every arm: the paper keeps the &lt;i&gt;"
+    assert said in (out / "report.md").read_text() and said in (out / "report.html").read_text()

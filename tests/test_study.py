@@ -284,6 +284,20 @@ def test_tuning_on_the_baseline_needs_one(tmp_path):
         load_study(write(tmp_path, tree))
 
 
+def test_tuning_on_the_baseline_alone_says_why_when_claims_compare_it(tmp_path):
+    """A rate chosen on one arm favours it in each claim against it: the study must say why it tunes so."""
+    tune = {"params": {"train.lr": {"log_uniform": [1e-4, 1e-1]}}, "arm": "baseline"}
+    factors = {"model.pos_encoding": ["sinusoidal", "none"]}
+    claim = {"text": "t", "compare": {"model.pos_encoding": "none"}, "to": {"model.pos_encoding": "sinusoidal"},
+             "expect": "lower", "margin": 0.1}  # fmt: skip
+    tree = study_tree(factors=factors, tune=tune, baseline={"model.pos_encoding": "sinusoidal"}, claims=[claim])
+    with pytest.raises(ConfigError, match=r"tune.why: tune.arm: baseline chooses every arm's parameters on one "):
+        load_study(write(tmp_path, tree))
+    said = {**tune, "why": "the paper keeps the standard recipe's rate for every arm"}
+    assert load_study(write(tmp_path, {**tree, "tune": said})).tune.why.startswith("the paper keeps")
+    load_study(write(tmp_path, {**tree, "claims": []}))  # no claim to favour: no reason needed
+
+
 def test_failed_trial_keeps_its_reason_and_the_sweep_goes_on(tmp_path, monkeypatch):
     spec, url = prepared(tmp_path, factors={}, variants={"ok": {}, "hot": {"train.lr": 1e6}}, seeds=[0])
     storage = open_storage(url)

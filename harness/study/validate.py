@@ -469,6 +469,9 @@ def tune_problems(spec: StudySpec, tune: TuneSpec) -> list[Problem]:
         problems.append(("tune.params", "name at least one config key to tune"))
     if tune.arm == "baseline" and spec.baseline_variant() not in spec.variant_overrides():
         problems.append(("tune.arm", "baseline: the study names no baseline variant to tune on"))
+    if tune.arm == "baseline" and spec.claims and not tune.why.strip():
+        problems.append(("tune.why", "tune.arm: baseline chooses every arm's parameters on one of them, which "
+                                     "favours it in each claim against it; say why the claims need it"))  # fmt: skip
     for key, space in tune.params.items():
         problem = tuned_key_problem(spec, first, varied, key, space)
         if problem:
