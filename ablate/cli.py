@@ -461,6 +461,17 @@ def list_all() -> None:
     for key, value in ExperimentConfig().flat().items():
         keys.add_row(key, repr(value), accepts[key])
     out.print(keys)
+    from ablate.models import plugins
+
+    if plugins.PACKAGES or plugins.FAULTS:
+        found = Table(title="plug-ins (entry points of installed packages)")
+        for column in ("key", "name", "package", "status"):
+            found.add_column(column)
+        for (key, name), package in sorted(plugins.PACKAGES.items()):
+            found.add_row(f"model.{key}", terminal(name), terminal(package), "loaded")
+        for (key, name), why in sorted(plugins.FAULTS.items()):
+            found.add_row(f"model.{key}", terminal(name), "", terminal(f"not loaded: {why}"))
+        out.print(found)
 
 
 @app.callback()

@@ -13,9 +13,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ablate.models.kinds import CELLS, FAMILIES, NORMS
+from ablate.models.plugins import fault as plugin_fault
+from ablate.models.plugins import load as load_plugins
 from ablate.models.positional import POSITIONAL, check_fits, positional_kind
 from ablate.models.scores import SCORES, WINDOWS
 from ablate.models.transformer_scores import TRANSFORMER_SCORES, check_scale
+
+load_plugins()  # installed plug-ins join the registries before ModelConfig reads their names
 
 # Every number a config takes has both ends. The upper ones hold a value to what one machine can train, far
 # above any study's, so that a slip of a few zeros is refused up front, not found when memory or time runs out.
@@ -86,6 +90,9 @@ class ModelConfig(BaseModel):
     @field_validator("pos_encoding")
     @classmethod
     def _positional_kind(cls, v: str) -> str:
+        broken = next(filter(None, (plugin_fault("pos_encoding", name) for name in v.split("+"))), None)
+        if broken:  # an installed plug-in of that name that failed: its own line, not "unknown kind"
+            raise ValueError(broken)
         positional_kind(v)
         return v
 

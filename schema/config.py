@@ -16,6 +16,7 @@ from pydantic.fields import FieldInfo
 
 from ablate.models.config import MAX_MANY, Count, Many, ModelConfig, preset_keys
 from ablate.models.optim import OptimConfig
+from ablate.models.plugins import fault as plugin_fault
 from ablate.schema.errors import ConfigError
 from ablate.schema.task_config import TaskConfig, ignored_task_keys
 from ablate.schema.tasks import TASKS
@@ -248,6 +249,8 @@ def validation_problems(e: ValidationError) -> list[tuple[str, str]]:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown config key"
+        elif err["type"] == "literal_error" and plugin_fault(loc.rsplit(".", 1)[-1], err["input"]):
+            msg = plugin_fault(loc.rsplit(".", 1)[-1], err["input"])  # an installed plug-in that failed
         elif err["type"].startswith(("literal_error", "greater_than", "less_than", "int_type")):
             msg = f"{msg} (got {err['input']!r})"
         # Model-level checks name the field themselves: 'heads: must divide ...' under 'model'.

@@ -1,0 +1,145 @@
+"""Plug-ins: registry entries from installed packages' entry points (models/plugins.py). A package is
+installed here as pip leaves one (a module and its .dist-info with entry_points.txt) on a folder put on
+PYTHONPATH, and the console script runs in a process of its own, so the registries load with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+
+PACKAGE = '''
+from ablate.models.kinds import Norm
+from ablate.models.positional import PositionalKind
+from ablate.models.transformer_scores import ScoreKind
+
+# q·k at a fixed quarter, whatever d_k: a score none of the built-ins has.
+QUARTER = ScoreKind(lambda a, cfg: a.ScaledDotProduct(0.25), scale_words=("sqrt",), scale_means="fixed at 1/4")
+# ALiBi's bias on the decoder only, under a name of its own.
+MIRROR = PositionalKind(score_bias=lambda layers, cfg, bidirectional: layers.ALiBi(cfg.heads))
+RMS_POST = Norm("post", rms=True)
+NUMBER = 3
+'''
+ENTRY_POINTS = """
+[ablate.score]
+quarter = my_attention:QUARTER
+dot = my_attention:QUARTER
+
+[ablate.pos_encoding]
+mirror-alibi = my_attention:MIRROR
+broken = my_attention.missing:KIND
+
+[ablate.norm]
+rms_post = my_attention:RMS_POST
+number = my_attention:NUMBER
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict[str, str]:
+    """The environment of a process with the package `my-attention` installed."""
+    site = tmp_path_factory.mktemp("site")
+    (site / "my_attention").mkdir()
+    (site / "my_attention" / "__init__.py").write_text(PACKAGE)
+    info = site / "my_attention-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-attention\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(ENTRY_POINTS)
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "COLUMNS": "250", "WANDB_MODE": "disabled"}
+
+
+def test_plugins_are_listed_with_their_package_and_faults_said_by_name(installed):
+    proc = ablate("list", env=installed)
+    assert proc.returncode == 0, proc.stderr
+    rows = [" ".join(line.replace("│", " ").split()) for line in proc.stdout.splitlines()]
+    assert "model.score quarter my-attention loaded" in rows
+    assert "model.norm rms_post my-attention loaded" in rows
+    assert "model.pos_encoding mirror-alibi my-attention loaded" in rows
+    said = "\n".join(rows)
+    assert "plug-in 'dot' of my-attention (ablate.score = my_attention:QUARTER): the name is taken (built in)" in said
+    assert ("plug-in 'broken' of my-attention (ablate.pos_encoding = my_attention.missing:KIND): failed to "
+            "import: ModuleNotFoundError") in said  # fmt: skip
+    assert "plug-in 'number' of my-attention (ablate.norm = my_attention:NUMBER): is a int, not a Norm" in said
+    # The keys accept the loaded names beside the built-in ones.
+    assert any(row.startswith("model.score 'dot' dot | cosine | quarter") for row in rows), rows
+
+
+def config(tmp_path: Path, **model) -> list[str]:
+    sets = {**{f"task.{k}": v for k, v in TINY_TASK.items()}, **{f"model.{k}": v for k, v in TINY_MODEL.items()},
+            **{f"train.{k}": v for k, v in TINY_TRAIN.items()}, **{f"model.{k}": v for k, v in model.items()}}  # fmt: skip
+    return ["train", *(f"{k}={v}" for k, v in sets.items()), "--out", str(tmp_path / "run"), "--json"]
+
+
+def test_a_plugged_score_positional_kind_and_norm_train_and_clash_with_nothing(installed, tmp_path):
+    proc = ablate(*config(tmp_path, score="quarter", pos_encoding="mirror-alibi", norm="rms_post"), env=installed)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert metrics["test/loss"] > 0
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (saved["model"]["score"], saved["model"]["pos_encoding"], saved["model"]["norm"]) == (
+        "quarter", "mirror-alibi", "rms_post"
+    )
+    # The name the plug-in could not take still builds the built-in entry.
+    assert ablate(*config(tmp_path / "dot", score="dot"), env=installed).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "model, said",
+    [
+        ({"pos_encoding": "broken"}, "error: model.pos_encoding: plug-in 'broken' of my-attention "
+                                     "(ablate.pos_encoding = my_attention.missing:KIND): failed to import: "
+                                     "ModuleNotFoundError: No module named 'my_attention.missing'"),
+        ({"norm": "number"}, "error: model.norm: plug-in 'number' of my-attention (ablate.norm = "
+                             "my_attention:NUMBER): is a int, not a Norm"),
+    ],
+)  # fmt: skip
+def test_a_config_naming_a_broken_plugin_is_one_line_naming_it(installed, tmp_path, model, said):
+    proc = ablate(*config(tmp_path, **model), env=installed)
+    assert proc.returncode == 2 and proc.stderr.strip() == said, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_without_the_package_a_plugged_name_is_an_unknown_value(tmp_path):
+    proc = ablate(*config(tmp_path, score="quarter"), env={"COLUMNS": "250"})
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: model.score: Input should be 'dot' or 'cosine' (got 'quarter')")
+
+
+def test_a_plugged_model_trains_fused_as_each_seed_alone(installed):
+    """Plug-in parts are built through the same Ensemble as built-in ones: K seeds fused train as each
+    alone (tests/test_fused.py's check, run where the package is installed)."""
+    tests = Path(__file__).parent
+    switches = {"score": "quarter", "pos_encoding": "mirror-alibi", "norm": "rms_post"}
+    script = (f"import sys; sys.path.insert(0, {str(tests)!r}); import test_fused; "
+              f"test_fused.test_fused_seeds_train_as_each_seed_alone({switches!r}); print('equal')")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, **installed}, capture_output=True,
+                          text=True, timeout=300, cwd=tests.parent)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip() == "equal", proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("model.score", "my_attention:QUARTER"), ("model.pos_encoding", "os:system"), ("task.name", "os:system"),
+     ("model.norm", "my_attention.missing:KIND")],
+)  # fmt: skip
+def test_a_study_file_cannot_name_code_to_import(tmp_path, key, value):
+    """Values name registry entries: a module path in a study file is an unknown value, and nothing is
+    imported, installed or not (my_attention is importable here, and stays unimported)."""
+    site = tmp_path / "site"
+    (site / "my_attention").mkdir(parents=True)
+    (site / "my_attention" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    study = tmp_path / "study.yaml"
+    study.write_text(json.dumps({"name": "s", "base": {"task": dict(TINY_TASK), "model": dict(TINY_MODEL),
+                                                       "train": dict(TINY_TRAIN)},
+                                 "variants": {"v": {key: value}}, "seeds": [0]}))  # fmt: skip
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    proc = ablate("sweep", str(study), "--out", str(tmp_path / "runs"), env=env)
+    assert proc.returncode == 2 and "imported" not in proc.stderr + proc.stdout, proc.stderr
+    assert proc.stderr.startswith(f"error: {study}: variants.v.{key}: "), proc.stderr
+    assert not (tmp_path / "runs").exists()
