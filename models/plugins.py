@@ -21,7 +21,9 @@ import re
 from importlib.metadata import entry_points
 from typing import Any
 
-GROUP = "ablate.{key}"  # the entry-point group of the registry `key` (a config key: pos_encoding, attention)
+# The entry-point group of the registry `key`, a config key: pos_encoding, attention, ..., task (task.name:
+# schema/config.py joins it, a schema/tasks.py Task whose builder is 'package.module:function').
+GROUP = "ablate.{key}"
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # no '+' (it joins positional kinds), no spaces
 
 # (key, name) -> the package a plug-in came from; (key, name) -> why it joined nothing, one line

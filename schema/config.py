@@ -17,9 +17,13 @@ from pydantic.fields import FieldInfo
 from ablate.models.config import MAX_MANY, Count, Many, ModelConfig, preset_keys
 from ablate.models.optim import OptimConfig
 from ablate.models.plugins import fault as plugin_fault
+from ablate.models.plugins import join as join_plugins
 from ablate.schema.errors import ConfigError
 from ablate.schema.task_config import TaskConfig, ignored_task_keys
-from ablate.schema.tasks import TASKS
+from ablate.schema.tasks import TASKS, Task
+
+# Tasks of installed packages join the registry (models/plugins.py), their builders named 'package.module:fn'.
+join_plugins("task", TASKS, Task)
 
 
 class TrainConfig(OptimConfig):
@@ -59,7 +63,9 @@ class ExperimentConfig(BaseModel):
     @classmethod
     def _known_task(cls, task: TaskConfig) -> TaskConfig:
         if task.name not in TASKS:
-            raise ValueError(f"name: unknown task {task.name!r}; known: {', '.join(TASKS)}")
+            raise ValueError(
+                f"name: {plugin_fault('task', task.name) or f'unknown task {task.name!r}'}; known: {', '.join(TASKS)}"
+            )
         return task
 
     def flat(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ PACKAGE = '''
 from ablate.models.kinds import Norm
 from ablate.models.positional import PositionalKind
 from ablate.models.transformer_scores import ScoreKind
+from ablate.schema.tasks import Task
 
 # q·k at a fixed quarter, whatever d_k: a score none of the built-ins has.
 QUARTER = ScoreKind(lambda a, cfg: a.ScaledDotProduct(0.25), scale_words=("sqrt",), scale_means="fixed at 1/4")
@@ -24,6 +25,16 @@ QUARTER = ScoreKind(lambda a, cfg: a.ScaledDotProduct(0.25), scale_words=("sqrt"
 MIRROR = PositionalKind(score_bias=lambda layers, cfg, bidirectional: layers.ALiBi(cfg.heads))
 RMS_POST = Norm("post", rms=True)
 NUMBER = 3
+# A task of its own: copying, built by the plug-in's builder (my_attention/tasks.py).
+ECHO = Task("my_attention.tasks:build", "output = input, from a plug-in",
+            ("min_len", "max_len", "test_max_len", "n_train", "n_valid", "n_test", "vocab_size"))
+'''
+TASKS = '''
+from ablate.harness.tasks.synthetic import copy_task
+
+
+def build(cfg, seed):
+    return copy_task(cfg, seed)
 '''
 ENTRY_POINTS = """
 [ablate.score]
@@ -37,6 +48,9 @@ broken = my_attention.missing:KIND
 [ablate.norm]
 rms_post = my_attention:RMS_POST
 number = my_attention:NUMBER
+
+[ablate.task]
+echo = my_attention:ECHO
 """
 
 
@@ -46,6 +60,7 @@ def installed(tmp_path_factory) -> dict[str, str]:
     site = tmp_path_factory.mktemp("site")
     (site / "my_attention").mkdir()
     (site / "my_attention" / "__init__.py").write_text(PACKAGE)
+    (site / "my_attention" / "tasks.py").write_text(TASKS)
     info = site / "my_attention-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-attention\nVersion: 0.1\n")
@@ -61,6 +76,7 @@ def test_plugins_are_listed_with_their_package_and_faults_said_by_name(installed
     assert "model.score quarter my-attention loaded" in rows
     assert "model.norm rms_post my-attention loaded" in rows
     assert "model.pos_encoding mirror-alibi my-attention loaded" in rows
+    assert "task.name echo my-attention loaded" in rows
     said = "\n".join(rows)
     assert "plug-in 'dot' of my-attention (ablate.score = my_attention:QUARTER): the name is taken (built in)" in said
     assert ("plug-in 'broken' of my-attention (ablate.pos_encoding = my_attention.missing:KIND): failed to "
@@ -76,8 +92,9 @@ def config(tmp_path: Path, **model) -> list[str]:
     return ["train", *(f"{k}={v}" for k, v in sets.items()), "--out", str(tmp_path / "run"), "--json"]
 
 
-def test_a_plugged_score_positional_kind_and_norm_train_and_clash_with_nothing(installed, tmp_path):
-    proc = ablate(*config(tmp_path, score="quarter", pos_encoding="mirror-alibi", norm="rms_post"), env=installed)
+def test_a_plugged_score_positional_kind_norm_and_task_train_and_clash_with_nothing(installed, tmp_path):
+    args = config(tmp_path, score="quarter", pos_encoding="mirror-alibi", norm="rms_post")
+    proc = ablate(*args, "task.name=echo", env=installed)
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
     assert metrics["test/loss"] > 0
@@ -85,6 +102,7 @@ def test_a_plugged_score_positional_kind_and_norm_train_and_clash_with_nothing(i
     assert (saved["model"]["score"], saved["model"]["pos_encoding"], saved["model"]["norm"]) == (
         "quarter", "mirror-alibi", "rms_post"
     )
+    assert saved["task"]["name"] == "echo"
     # The name the plug-in could not take still builds the built-in entry.
     assert ablate(*config(tmp_path / "dot", score="dot"), env=installed).returncode == 0
 
@@ -143,3 +161,19 @@ def test_a_study_file_cannot_name_code_to_import(tmp_path, key, value):
     assert proc.returncode == 2 and "imported" not in proc.stderr + proc.stdout, proc.stderr
     assert proc.stderr.startswith(f"error: {study}: variants.v.{key}: "), proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_study_of_plugged_entries_is_swept_reported_and_judged(installed, tmp_path):
+    study = tmp_path / "plugged.yaml"
+    study.write_text(json.dumps({
+        "name": "plugged", "base": {"task": {**TINY_TASK, "name": "echo"}, "model": dict(TINY_MODEL),
+                                    "train": dict(TINY_TRAIN)},
+        "factors": {"model.score": ["quarter", "dot"]}, "seeds": [0, 1], "baseline": {"model.score": "dot"},
+        "claims": [{"text": "A quarter scale trains as well as 1/sqrt(d_k).", "compare": {"model.score": "quarter"},
+                    "to": {"model.score": "dot"}, "metric": "test/tok_acc", "expect": "higher", "margin": 0.0}],
+    }))  # fmt: skip
+    proc = ablate("sweep", str(study), "--workers", "1", "--out", str(tmp_path / "runs"), env=installed, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = (tmp_path / "runs" / "plugged" / "report" / "report.md").read_text()
+    assert "| score=quarter |" in report and "A quarter scale trains as well as 1/sqrt(d_k)." in report
+    assert "1 test of a published finding: 1 " in report
