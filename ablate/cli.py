@@ -426,6 +426,30 @@ def bench(
         benchmarks.print_table(result)
 
 
+@app.command()
+def check(
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(help="key=value ...: the model to check, e.g. model.score=quarter (a plug-in's name).",
+                       show_default=False),
+    ] = None,
+    preset: Annotated[str | None, typer.Option(help="Named model preset, e.g. transformer.")] = None,
+) -> None:
+    """Conformance checks of the model a config builds, its plug-ins included: shapes, padding, the causal
+    mask, finite gradients, determinism and fused seeds equal to each alone (harness/conformance.py).
+    Exit 1 when one fails."""
+    from ablate.harness.conformance import check as conformance
+    from ablate.schema.config import load_config
+
+    cfg = load_config(None, preset, list(args or [])).model
+    failed = 0
+    for outcome in conformance(cfg):
+        failed += not outcome.passed
+        Console().print(terminal(f"{outcome.check}: {'pass' if outcome.passed else 'FAIL, ' + outcome.detail}"))
+    if failed:
+        raise typer.Exit(code=1)
+
+
 @app.command("list")
 def list_all() -> None:
     """Tasks, presets, bundled studies and config keys."""

@@ -25,6 +25,39 @@ QUARTER = ScoreKind(lambda a, cfg: a.ScaledDotProduct(0.25), scale_words=("sqrt"
 MIRROR = PositionalKind(score_bias=lambda layers, cfg, bidirectional: layers.ALiBi(cfg.heads))
 RMS_POST = Norm("post", rms=True)
 NUMBER = 3
+
+
+# Planted bugs, for `ablate check` to find: a score whose key j reads key j + 1 (a later or padded one), one
+# scaled by how many keys there are (padded ones too), and a positional embedding that adds the mean of the
+# whole sequence. (A key plus the sum of every later key would leak nothing: under the mask it shifts each
+# visible score of a query by the same amount, which softmax ignores.)
+def peek(a, cfg):
+    class Peek(a.ScaledDotProduct):
+        def key(self, k):
+            return k + k.roll(-1, dims=2)  # (B, H, S, d_k)
+
+    return Peek(cfg.scale_factor)
+
+
+def stretch(a, cfg):
+    class Stretch(a.ScaledDotProduct):
+        def key(self, k):
+            return k * 8 / k.size(2)
+
+    return Stretch(cfg.scale_factor)
+
+
+def leak(layers, cfg):
+    class Leak(layers.NoEncoding.__base__):
+        def forward(self, x, offset=0):
+            return x + x.mean(dim=1, keepdim=True)
+
+    return Leak()
+
+
+PEEK = ScoreKind(peek, scale_words=("sqrt", "none"), scale_means="as dot")
+STRETCH = ScoreKind(stretch, scale_words=("sqrt", "none"), scale_means="as dot")
+LEAK = PositionalKind(embedding=leak)
 # A task of its own: copying, built by the plug-in's builder (my_attention/tasks.py).
 ECHO = Task("my_attention.tasks:build", "output = input, from a plug-in",
             ("min_len", "max_len", "test_max_len", "n_train", "n_valid", "n_test", "vocab_size"))
@@ -40,10 +73,13 @@ ENTRY_POINTS = """
 [ablate.score]
 quarter = my_attention:QUARTER
 dot = my_attention:QUARTER
+peek = my_attention:PEEK
+stretch = my_attention:STRETCH
 
 [ablate.pos_encoding]
 mirror-alibi = my_attention:MIRROR
 broken = my_attention.missing:KIND
+leak = my_attention:LEAK
 
 [ablate.norm]
 rms_post = my_attention:RMS_POST
@@ -83,7 +119,7 @@ def test_plugins_are_listed_with_their_package_and_faults_said_by_name(installed
             "import: ModuleNotFoundError") in said  # fmt: skip
     assert "plug-in 'number' of my-attention (ablate.norm = my_attention:NUMBER): is a int, not a Norm" in said
     # The keys accept the loaded names beside the built-in ones.
-    assert any(row.startswith("model.score 'dot' dot | cosine | quarter") for row in rows), rows
+    assert any(row.startswith("model.score 'dot' dot | cosine | peek | quarter | stretch") for row in rows), rows
 
 
 def config(tmp_path: Path, **model) -> list[str]:
@@ -177,3 +213,18 @@ def test_a_study_of_plugged_entries_is_swept_reported_and_judged(installed, tmp_
     report = (tmp_path / "runs" / "plugged" / "report" / "report.md").read_text()
     assert "| score=quarter |" in report and "A quarter scale trains as well as 1/sqrt(d_k)." in report
     assert "1 test of a published finding: 1 " in report
+
+
+def test_ablate_check_passes_each_plugin_that_conforms_and_fails_each_planted_bug(installed):
+    proc = ablate("check", "model.score=quarter", "model.pos_encoding=mirror-alibi", "model.norm=rms_post",
+                  "model.d_model=16", "model.heads=2", env=installed)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.count(": pass") == 6, proc.stdout + proc.stderr
+    for planted, failing in (("model.score=peek", {"padding", "causal mask"}), ("model.score=stretch", {"padding"}),
+                             ("model.pos_encoding=leak", {"padding", "causal mask"})):
+        proc = ablate("check", planted, "model.d_model=16", "model.heads=2", env=installed)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        failed = {line.partition(":")[0] for line in proc.stdout.splitlines() if ": FAIL, " in line}
+        assert failed == failing, proc.stdout
+        said = {"padding": "padding: FAIL, row 0 alone differs from its padded self in the batch at (",
+                "causal mask": "causal mask: FAIL, an output before position 3 reads a later target token: at ("}
+        assert all(any(line.startswith(said[check]) for line in proc.stdout.splitlines()) for check in failing)
