@@ -32,6 +32,7 @@ from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
 from ablate.harness.study.leases import Leases
 from ablate.harness.study.looks import queue_next_look
 from ablate.harness.study.storage import chain, masked_url, storage_full
+from ablate.models import plugins
 from ablate.schema.spec import StudySpec, tune_metric, validation_metric
 from ablate.schema.trials import TUNE
 
@@ -166,7 +167,9 @@ class Worker:
 
     def fail(self, claim: Claim, e: BaseException) -> None:
         trial = claim.trial
-        trial.set_user_attr("fail_reason", f"{type(e).__name__}: {e}"[:2000])
+        # A trial that uses plug-ins names them: the fault may be theirs (models/plugins.py).
+        plugged = plugins.used(trial.user_attrs.get("config", {}))
+        trial.set_user_attr("fail_reason", f"{f'{plugged}: ' if plugged else ''}{type(e).__name__}: {e}"[:2000])
         trial.set_user_attr("traceback", "".join(traceback.format_exception(e))[-4000:])
         claim.study.tell(trial, state=TrialState.FAIL)
         free_device_memory()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import optuna
 import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
 
@@ -55,6 +56,15 @@ def leak(layers, cfg):
     return Leak()
 
 
+def explode(a, cfg):
+    class Explode(a.ScaledDotProduct):
+        def key(self, k):
+            return k[..., :1]  # (B, H, S, 1): the wrong width
+
+    return Explode(cfg.scale_factor)
+
+
+EXPLODE = ScoreKind(explode, scale_words=("sqrt", "none"), scale_means="as dot")
 PEEK = ScoreKind(peek, scale_words=("sqrt", "none"), scale_means="as dot")
 STRETCH = ScoreKind(stretch, scale_words=("sqrt", "none"), scale_means="as dot")
 LEAK = PositionalKind(embedding=leak)
@@ -74,6 +84,7 @@ ENTRY_POINTS = """
 quarter = my_attention:QUARTER
 dot = my_attention:QUARTER
 peek = my_attention:PEEK
+explode = my_attention:EXPLODE
 stretch = my_attention:STRETCH
 
 [ablate.pos_encoding]
@@ -119,7 +130,7 @@ def test_plugins_are_listed_with_their_package_and_faults_said_by_name(installed
             "import: ModuleNotFoundError") in said  # fmt: skip
     assert "plug-in 'number' of my-attention (ablate.norm = my_attention:NUMBER): is a int, not a Norm" in said
     # The keys accept the loaded names beside the built-in ones.
-    assert any(row.startswith("model.score 'dot' dot | cosine | peek | quarter | stretch") for row in rows), rows
+    assert any(row.startswith("model.score 'dot' dot | cosine | explode | peek | quarter | stretch") for row in rows), rows
 
 
 def config(tmp_path: Path, **model) -> list[str]:
@@ -204,7 +215,8 @@ def test_a_study_of_plugged_entries_is_swept_reported_and_judged(installed, tmp_
     study.write_text(json.dumps({
         "name": "plugged", "base": {"task": {**TINY_TASK, "name": "echo"}, "model": dict(TINY_MODEL),
                                     "train": dict(TINY_TRAIN)},
-        "factors": {"model.score": ["quarter", "dot"]}, "seeds": [0, 1], "baseline": {"model.score": "dot"},
+        "factors": {"model.score": ["quarter", "dot", "explode"]}, "seeds": [0, 1],
+        "baseline": {"model.score": "dot"},
         "claims": [{"text": "A quarter scale trains as well as 1/sqrt(d_k).", "compare": {"model.score": "quarter"},
                     "to": {"model.score": "dot"}, "metric": "test/tok_acc", "expect": "higher", "margin": 0.0}],
     }))  # fmt: skip
@@ -213,6 +225,12 @@ def test_a_study_of_plugged_entries_is_swept_reported_and_judged(installed, tmp_
     report = (tmp_path / "runs" / "plugged" / "report" / "report.md").read_text()
     assert "| score=quarter |" in report and "A quarter scale trains as well as 1/sqrt(d_k)." in report
     assert "1 test of a published finding: 1 " in report
+    # A plug-in that fails while training fails its trials, named with its package; the others ran.
+    url = f"sqlite:///{tmp_path / 'runs' / 'plugged' / 'study.db'}"  # read as Optuna stores it: no plug-in here
+    failed = [t for t in optuna.load_study(study_name="plugged:eval", storage=url).trials if t.state.name == "FAIL"]
+    assert {t.user_attrs["grid_point"].split("/")[0] for t in failed} == {"score=explode"}
+    named = "plug-ins model.score=explode of my-attention, task.name=echo of my-attention: RuntimeError: "
+    assert all(t.user_attrs["fail_reason"].startswith(named) for t in failed), failed[0].user_attrs["fail_reason"]
 
 
 def test_ablate_check_passes_each_plugin_that_conforms_and_fails_each_planted_bug(installed):
