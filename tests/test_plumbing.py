@@ -340,6 +340,22 @@ def check_cross_attention(base, changed):
         assert (not torch.allclose(a, b)) == sees
 
 
+def check_decoder_self_attention(base, changed):
+    # Only with decoder self-attention does a target position's output depend on an earlier target token.
+    earlier = TGT_IN.clone()
+    earlier[:, 1] = 8
+    for built, depends in ((base, True), (changed, False)):
+        model = built.module.model.eval()
+        with torch.no_grad():
+            third, third_earlier = model(SRC, TGT_IN)[:, 2], model(SRC, earlier)[:, 2]
+        assert (not torch.allclose(third, third_earlier)) == depends
+
+
+def t5_bias_has(test):
+    """The changed model's decoder T5 bias passes `test`, and the model computes something else."""
+    return model_has(lambda m: test(m.positions.score_bias["tgt"]))
+
+
 LSTM = {"model.arch": "lstm", "model.attention": "additive", "model.attention_query": "previous"}
 
 
@@ -411,6 +427,12 @@ def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
         "model.norm": Case("pre", outputs_differ),
         "model.causal_mask": Case(False, check_causal_mask),
         "model.cross_attention": Case(False, check_cross_attention),
+        "model.decoder_self_attention": Case(False, check_decoder_self_attention),
+        "model.t5_buckets": Case(8, t5_bias_has(lambda bias: bias.weight.shape[0] == 8), {"model.pos_encoding": "t5"}),
+        # Four buckets, two exact: the distances of the test batch reach the logarithmic ones.
+        "model.t5_max_distance": Case(
+            3, t5_bias_has(lambda bias: bias.max_distance == 3), {"model.pos_encoding": "t5", "model.t5_buckets": 4}
+        ),
         "model.embed_scale": Case(False, outputs_differ),
         "model.qkv_projections": Case(False, outputs_differ),
     }
