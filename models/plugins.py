@@ -17,6 +17,7 @@ No torch here: config checks read the registries."""
 
 from __future__ import annotations
 
+import functools
 import re
 from importlib.metadata import entry_points
 from typing import Any
@@ -45,16 +46,11 @@ def registries() -> dict[str, tuple[dict, type]]:
     }
 
 
+@functools.cache
 def load() -> None:
     """Joins every installed plug-in to its registry, once per process."""
-    if LOADED:
-        return
-    LOADED.append(True)
     for key, (registry, entry) in registries().items():
         join(key, registry, entry)
-
-
-LOADED: list[bool] = []
 
 
 def join(key: str, registry: dict[str, Any], entry: type) -> None:
