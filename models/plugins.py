@@ -11,7 +11,7 @@ my-relative` then builds it. Only installed packages are read, once, when models
 models.scores, models.transformer_scores, models.kinds), which are whole by then, not models.config.
 
 A plug-in that fails to import, takes a name already taken (built in, or by another plug-in) or is not an
-entry of its registry joins nothing; its fault is kept (`faults`) and said, with its package, by the config
+entry of its registry joins nothing; its fault is kept (FAULTS, `fault`) and said, with its package, by the config
 check that meets its name and by `ablate list`, so a broken plug-in stops no study that does not use it.
 No torch here: config checks read the registries."""
 
