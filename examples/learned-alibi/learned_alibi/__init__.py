@@ -4,7 +4,6 @@ power kernel at p = 1 (Chi et al. 2022), which learns the slope too."""
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
