@@ -491,11 +491,10 @@ def list_all() -> None:
         found = Table(title="plug-ins (entry points of installed packages)")
         for column in ("key", "name", "package", "status"):
             found.add_column(column)
-        shown = lambda key: "task.name" if key == "task" else f"model.{key}"  # noqa: E731
         for (key, name), package in sorted(plugins.PACKAGES.items()):
-            found.add_row(shown(key), terminal(name), terminal(package), "loaded")
+            found.add_row(plugins.config_key(key), terminal(name), terminal(package), "loaded")
         for (key, name), why in sorted(plugins.FAULTS.items()):
-            found.add_row(shown(key), terminal(name), "", terminal(f"not loaded: {why}"))
+            found.add_row(plugins.config_key(key), terminal(name), "", terminal(f"not loaded: {why}"))
         out.print(found)
 
 

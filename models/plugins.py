@@ -78,21 +78,20 @@ def join(key: str, registry: dict[str, Any], entry: type) -> None:
         PACKAGES[(key, point.name)] = package
 
 
+def config_key(key: str) -> str:
+    """The config key that takes the names of registry `key`: model.<key>, or task.name for tasks."""
+    return "task.name" if key == "task" else f"model.{key}"
+
+
 def used(config: dict[str, object]) -> str:
     """The plug-ins a flat config ({'model.score': 'quarter', ...}) names, with their packages
-    ('plug-in model.score=quarter of my-attention'), or ''."""
-    named = [f"{'task.name' if key == 'task' else f'model.{key}'}={name} of {package}"
-             for (key, name), package in PACKAGES.items()
-             if config.get("task.name" if key == "task" else f"model.{key}") == name
-             or (key == "pos_encoding" and name in str(config.get("model.pos_encoding", "")).split("+"))]  # fmt: skip
+    ('plug-in model.score=quarter of my-attention'), or ''. A value may join names with '+' (positional
+    kinds), which no name holds."""
+    named = [f"{config_key(key)}={name} of {package}" for (key, name), package in PACKAGES.items()
+             if name in str(config.get(config_key(key), "")).split("+")]  # fmt: skip
     return f"plug-in{'s' if len(named) > 1 else ''} {', '.join(named)}" if named else ""
 
 
 def fault(key: str, name: object) -> str | None:
     """Why a plug-in named `name` is not in the registry of `key`, if one is installed under that name."""
     return FAULTS.get((key, name)) if isinstance(name, str) else None
-
-
-def package(key: str, name: str) -> str:
-    """Where the entry `name` of registry `key` comes from: 'built in' or its package."""
-    return PACKAGES.get((key, name), "built in")

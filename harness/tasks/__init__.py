@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable
 
 from ablate.harness.tasks.base import SPLITS, Example, TaskData, Vocab
-from ablate.models.plugins import package
+from ablate.models.plugins import PACKAGES
 from ablate.schema.errors import ConfigError
 from ablate.schema.task_config import TaskConfig
 from ablate.schema.tasks import TASKS
@@ -19,7 +19,7 @@ from ablate.schema.tasks import TASKS
 def builder(name: str) -> Callable[[TaskConfig, int], TaskData]:
     """The builder of task `name`, its module imported: a module of this folder, or a plug-in's own."""
     module, _, function = TASKS[name].build.partition(":")
-    plugged = package("task", name) != "built in"
+    plugged = ("task", name) in PACKAGES
     return getattr(importlib.import_module(module if plugged else f"{__name__}.{module}"), function)
 
 
