@@ -5,8 +5,21 @@ model.max_positions; the T5 bias reads buckets of distance that training must ha
 from __future__ import annotations
 
 from ablate.harness.tasks.base import TaskData
+from ablate.models.config import ModelConfig
 from ablate.models.decoding import generation_budget
+from ablate.models.positional import positional_kind
 from ablate.schema.config import ExperimentConfig
+
+
+def bucketed(model: ModelConfig) -> bool:
+    """Whether the model reads T5's buckets of distance."""
+    return model.arch == "transformer" and positional_kind(model.pos_encoding).bucketed
+
+
+def reads_lengths(model: ModelConfig) -> bool:
+    """Whether a task's lengths can refuse the model: it places a bounded number of positions, or reads
+    buckets that training must reach."""
+    return model.position_limits != (None, None) or bucketed(model)
 
 
 def position_problem(cfg: ExperimentConfig, data: TaskData) -> tuple[str, str] | None:
@@ -34,12 +47,10 @@ def max_positions_problem(cfg: ExperimentConfig, data: TaskData) -> tuple[str, s
 def t5_problem(cfg: ExperimentConfig, data: TaskData) -> tuple[str, str] | None:
     """Test distances in T5 buckets that no training distance reaches: their bias never trained, which is
     not T5's setting nor Press et al.'s (there every distance past the last bucket's start trains it)."""
-    from ablate.models.positional import positional_kind
-
     model = cfg.model
-    if cfg.model.arch != "transformer" or not positional_kind(model.pos_encoding).bucketed:
+    if not bucketed(model):
         return None
-    from ablate.models.positional_layers import t5_untrained
+    from ablate.models.positional_layers import t5_untrained  # torch
 
     def longest(side: str, splits) -> int:  # + EOS or BOS
         return 1 + max((len(getattr(ex, side)) for split in splits for ex in data.splits[split]), default=0)

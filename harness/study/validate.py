@@ -407,18 +407,15 @@ def data_problems(spec: StudySpec, configs: dict[str, ExperimentConfig], set_key
     every split; and, where a variant's model bounds the lengths it can place or has trained on (learned
     positions, the T5 bias), its task's lengths against it (harness/lengths.py), generated tasks included.
     Corpora named on the Hugging Face hub are fetched, and checked, by the trial itself."""
-    from ablate.harness.lengths import position_problem  # the task registry: seconds of imports, when needed
+    # The task registry: seconds of imports, when needed.
+    from ablate.harness.lengths import position_problem, reads_lengths
     from ablate.harness.tasks.corpora import looks_local
-    from ablate.models.positional import positional_kind
 
     problems, read = [], {}
     for name, cfg in configs.items():
-        task, model = cfg.task, cfg.model
+        task, bounded = cfg.task, reads_lengths(cfg.model)
         reads = TASKS[task.name].reads_machine
         local = reads == "always" or (reads == "path" and task.path is not None and looks_local(task.path))
-        bounded = model.position_limits != (None, None) or (
-            model.arch == "transformer" and positional_kind(model.pos_encoding).bucketed
-        )
         if not (local or (bounded and reads == "nothing")):
             continue
         if task not in read:
