@@ -74,3 +74,15 @@ def test_compare_markdown_to_something_not_a_file_is_one_line_exit_2(run):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.splitlines() == [f"error: {fifo}: exists and is not a regular file; give the path of a file to write"]
     assert proc.stdout == ""
+
+
+def test_a_storage_outside_out_is_never_given_folders(run, tmp_path):
+    # --storage names a file anywhere, the user's choice; its folders are the user's to make.
+    _, study, _ = run
+    db = tmp_path / "not" / "made" / "study.db"
+    for command in (["sweep", str(study), "--workers", "1"], ["worker", str(study)]):
+        proc = ablate(*command, "--wandb", "disabled", "--out", str(tmp_path / "runs"), "--storage", f"sqlite:///{db}")
+        assert proc.returncode == 2, (command, proc.stderr[-2000:])
+        [line] = proc.stderr.splitlines()
+        assert line == f"error: --storage: sqlite:///{db}: no folder {db.parent}; make it first", command
+        assert not (tmp_path / "not").exists() and not (tmp_path / "runs").exists(), command

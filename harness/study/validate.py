@@ -527,13 +527,16 @@ def tuned_key_problem(spec: StudySpec, first: dict, varied: set, key: str, space
 
 def run_problems(out: Path | None = None, storage: str | None = None, wandb: str | None = None) -> list[Problem]:
     """--out, --storage and the W&B mode (the flag, else WANDB_MODE), before anything opens."""
-    from ablate.harness.study.storage import masked_url, url_problem
+    from ablate.harness.study.storage import masked_url, sqlite_path, url_problem
 
     problems = []
     if out is not None:
         problems += folder_problems("--out", out)
     if storage is not None and (reason := url_problem(storage)):
         problems.append(("--storage", f"{masked_url(storage)}: {reason}"))
+    elif storage is not None and (db := sqlite_path(storage)) and not db.parent.is_dir():
+        # Folders are made under --out only: one named elsewhere is the user's to make.
+        problems.append(("--storage", f"{masked_url(storage)}: no folder {db.parent}; make it first"))
     expected = f"expected {', '.join(MODES[:-1])} or {MODES[-1]}"
     if wandb is not None and wandb not in MODES:
         problems.append(("--wandb", f"{expected} (got {wandb!r})"))
