@@ -434,18 +434,22 @@ def check(
                        show_default=False),
     ] = None,
     preset: Annotated[str | None, typer.Option(help="Named model preset, e.g. transformer.")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="cpu | cuda (default: cuda if present).")] = None,
 ) -> None:
     """Conformance checks of the model a config builds, its plug-ins included: shapes, padding, the causal
-    mask, finite gradients, determinism and fused seeds equal to each alone (harness/conformance.py).
-    Exit 1 when one fails."""
+    mask, finite gradients, determinism, fused seeds equal to each alone, and each entry against the formula
+    it gives, in float64 (harness/conformance.py). Exit 1 when one fails."""
+    from ablate.bench.run import resolve_device
     from ablate.harness.conformance import check as conformance
     from ablate.schema.config import load_config
 
     cfg = load_config(None, preset, list(args or [])).model
+    resolved = resolve_device(device)
+    Console().print(f"on {resolved}")
     failed = 0
-    for outcome in conformance(cfg):
+    for outcome in conformance(cfg, resolved):
         failed += not outcome.passed
-        Console().print(terminal(f"{outcome.check}: {'pass' if outcome.passed else 'FAIL, ' + outcome.detail}"))
+        Console().print(terminal(str(outcome)))
     if failed:
         raise typer.Exit(code=1)
 

@@ -14,12 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ablate.models.kinds import CELLS, FAMILIES, NORMS
 from ablate.models.plugins import fault as plugin_fault
+from ablate.models.plugins import in_use, settings_model
 from ablate.models.plugins import load as load_plugins
 from ablate.models.positional import POSITIONAL, check_fits, positional_kind
 from ablate.models.scores import SCORES, WINDOWS
 from ablate.models.transformer_scores import TRANSFORMER_SCORES, check_scale
 
 load_plugins()  # installed plug-ins join the registries before ModelConfig reads their names
+PluginSettings = settings_model("model")  # model.plugin.<name>.<key>: the settings plug-ins declare
 
 # Every number a config takes has both ends. The upper ones hold a value to what one machine can train, far
 # above any study's, so that a slip of a few zeros is refused up front, not found when memory or time runs out.
@@ -79,6 +81,7 @@ class ModelConfig(BaseModel):
     decoder_self_attention: bool = True  # false: a target position sees no earlier one
     embed_scale: bool = True
     qkv_projections: bool = True
+    plugin: PluginSettings = PluginSettings()  # type: ignore[valid-type]
 
     @field_validator("scale")
     @classmethod
@@ -149,6 +152,11 @@ class ModelConfig(BaseModel):
             if not kind.bucketed:
                 for key in ("t5_buckets", "t5_max_distance"):
                     ignored[key] = f"acts only on the T5 bias, not {self.pos_encoding}"
+        used = {name for _, name in in_use({f"model.{k}": v for k, v in self.model_dump().items()})}
+        for name, block in self.plugin:
+            if name not in used:
+                ignored |= {f"plugin.{name}.{key}": f"a setting of plug-in {name}, which this model does not use"
+                            for key in type(block).model_fields}  # fmt: skip
         score_reads = self.arch == "transformer" and TRANSFORMER_SCORES[self.score].reads_max_positions
         if self.position_limits == (None, None) and not score_reads:
             ignored["max_positions"] = (
@@ -158,7 +166,10 @@ class ModelConfig(BaseModel):
 
     def effective(self) -> ModelConfig:
         """This config with every ignored key at its default: equal for two configs that build one model."""
-        defaults = {key: ModelConfig.model_fields[key].default for key in self.ignored_keys()}
+        ignored = self.ignored_keys()
+        defaults = {key: ModelConfig.model_fields[key].default for key in ignored if "." not in key}
+        unused = {key.split(".")[1] for key in ignored if key.startswith("plugin.")}
+        defaults["plugin"] = self.plugin.model_copy(update={name: getattr(PluginSettings(), name) for name in unused})
         return self.model_copy(update=defaults)
 
     @property

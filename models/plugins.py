@@ -13,6 +13,12 @@ models.scores, models.transformer_scores, models.kinds), which are whole by then
 A plug-in that fails to import, takes a name already taken (built in, or by another plug-in) or is not an
 entry of its registry joins nothing; its fault is kept (FAULTS, `fault`) and said, with its package, by the config
 check that meets its name and by `ablate list`, so a broken plug-in stops no study that does not use it.
+A plug-in that needs settings of its own declares a `Settings` subclass under the group `ablate.settings`, by
+its own name; the config then takes them at model.plugin.<name>.<key> (task.plugin.<name>.<key> for a task),
+checked with the rest of the config, and the plug-in reads them with `settings(cfg, name)`. A settings entry
+that does not load, is no Settings, or names no plug-in of its package is a fault of that plug-in, which then
+joins nothing.
+
 No torch here: config checks read the registries."""
 
 from __future__ import annotations
@@ -20,16 +26,28 @@ from __future__ import annotations
 import functools
 import re
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 # The entry-point group of the registry `key`, a config key: pos_encoding, attention, ..., task (task.name:
 # schema/config.py joins it, a schema/tasks.py Task whose builder is 'package.module:function').
 GROUP = "ablate.{key}"
-NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # no '+' (it joins positional kinds), no spaces
+SETTINGS_GROUP = "ablate.settings"
+# No '+' (it joins positional kinds), no '.' (a settings key model.plugin.<name>.<key> splits on it), no spaces.
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 
 # (key, name) -> the package a plug-in came from; (key, name) -> why it joined nothing, one line
 PACKAGES: dict[tuple[str, str], str] = {}
 FAULTS: dict[tuple[str, str], str] = {}
+SETTINGS: dict[str, type[Settings]] = {}  # plug-in name -> its settings
+
+
+class Settings(BaseModel):
+    """A plug-in's own settings: a subclass declares each with its default (and each number with both ends,
+    as every key of the config has), read from model.plugin.<name> or task.plugin.<name>."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def registries() -> dict[str, tuple[dict, type]]:
@@ -48,9 +66,10 @@ def registries() -> dict[str, tuple[dict, type]]:
 
 @functools.cache
 def load() -> None:
-    """Joins every installed plug-in to its registry, once per process."""
+    """Joins every installed plug-in of the model's registries, with its settings, once per process."""
     for key, (registry, entry) in registries().items():
         join(key, registry, entry)
+    join_settings({key: registry for key, (registry, _) in registries().items()})
 
 
 def join(key: str, registry: dict[str, Any], entry: type) -> None:
@@ -60,7 +79,7 @@ def join(key: str, registry: dict[str, Any], entry: type) -> None:
         package = point.dist.name if point.dist is not None else "an unnamed distribution"
         where = f"plug-in {point.name!r} of {package} ({GROUP.format(key=key)} = {point.value})"
         if not NAME.fullmatch(point.name):
-            FAULTS[(key, point.name)] = f"{where}: a name is letters, digits, '_', '.' and '-'"
+            FAULTS[(key, point.name)] = f"{where}: a name is letters, digits, '_' and '-'"
             continue
         if point.name in registry:
             owner = PACKAGES.get((key, point.name), "built in")
@@ -78,17 +97,73 @@ def join(key: str, registry: dict[str, Any], entry: type) -> None:
         PACKAGES[(key, point.name)] = package
 
 
+def join_settings(section: dict[str, dict[str, Any]]) -> None:
+    """Adds to SETTINGS the settings entry of each plug-in that joined a registry of `section` (key ->
+    registry: the model's, or the task's, which is joined last); one that fails takes its plug-in out of its
+    registry, and one that names no plug-in of its package is a fault of its own."""
+    for point in sorted(entry_points(group=SETTINGS_GROUP), key=lambda p: p.name):
+        package = point.dist.name if point.dist is not None else "an unnamed distribution"
+        key = next((k for k in section if PACKAGES.get((k, point.name)) == package), None)
+        if key is None:
+            named = {n for _, n in (*PACKAGES, *FAULTS)}  # a plug-in of that name, loaded or faulty
+            if "task" in section and point.name not in named:
+                FAULTS[("settings", point.name)] = (f"settings {point.name!r} of {package} ({SETTINGS_GROUP} = "
+                                                    f"{point.value}): names no plug-in of {package}")  # fmt: skip
+            continue
+        try:
+            found = point.load()
+        except Exception as e:  # the plug-in's own fault, whatever it raised while importing
+            problem = f"failed to import its settings: {type(e).__name__}: {e}"
+        else:
+            problem = settings_problem(found)
+        if problem is None:
+            SETTINGS[point.name] = found
+        else:
+            del section[key][point.name], PACKAGES[(key, point.name)]
+            where = f"plug-in {point.name!r} of {package} ({SETTINGS_GROUP} = {point.value})"
+            FAULTS[(key, point.name)] = f"{where}: {problem}"
+
+
+def settings_problem(found: object) -> str | None:
+    """Why `found` cannot be a plug-in's settings, or None."""
+    if not (isinstance(found, type) and issubclass(found, Settings)):
+        return f"its settings are a {type(found).__name__}, not a Settings"
+    try:
+        found()
+    except ValidationError as e:
+        return f"settings without a default: {', '.join(str(err['loc'][0]) for err in e.errors())}"
+    return None
+
+
+def settings_model(section: Literal["model", "task"]) -> type[BaseModel]:
+    """The `plugin` block of the model's or the task's config: one field a plug-in of `section` with
+    settings, named as the plug-in, at its settings' defaults."""
+    names = [name for key, name in PACKAGES if (key == "task") == (section == "task") and name in SETTINGS]
+    fields: dict[str, Any] = {name: (SETTINGS[name], SETTINGS[name]()) for name in names}
+    return create_model(f"{section.title()}PluginSettings", __base__=Settings, **fields)
+
+
+def settings(cfg: BaseModel, name: str) -> Settings:
+    """The settings of plug-in `name` in a ModelConfig or TaskConfig `cfg`: what its builder reads."""
+    return getattr(cfg.plugin, name)  # type: ignore[attr-defined]
+
+
+def in_use(config: dict[str, object]) -> set[tuple[str, str]]:
+    """The (key, name) of each plug-in a flat config ({'model.score': 'quarter', ...}) names. A value may
+    join names with '+' (positional kinds), which no name holds."""
+    return {(key, name) for key, name in PACKAGES if name in str(config.get(config_key(key), "")).split("+")}
+
+
 def config_key(key: str) -> str:
-    """The config key that takes the names of registry `key`: model.<key>, or task.name for tasks."""
-    return "task.name" if key == "task" else f"model.{key}"
+    """The config key that takes the names of registry `key`: model.<key>, or task.name for tasks (for
+    settings that name no plug-in: the blocks they would join)."""
+    return {"task": "task.name", "settings": "model.plugin | task.plugin"}.get(key, f"model.{key}")
 
 
 def used(config: dict[str, object]) -> str:
-    """The plug-ins a flat config ({'model.score': 'quarter', ...}) names, with their packages
-    ('plug-in model.score=quarter of my-attention'), or ''. A value may join names with '+' (positional
-    kinds), which no name holds."""
-    named = [f"{config_key(key)}={name} of {package}" for (key, name), package in PACKAGES.items()
-             if name in str(config.get(config_key(key), "")).split("+")]  # fmt: skip
+    """The plug-ins a flat config names, with their packages ('plug-in model.score=quarter of my-attention'),
+    or ''."""
+    named = [f"{config_key(key)}={name} of {PACKAGES[(key, name)]}" for key, name in sorted(in_use(config))]
     return f"plug-in{'s' if len(named) > 1 else ''} {', '.join(named)}" if named else ""
 
 

@@ -15,13 +15,14 @@ checks read it); `build_positions` loads the layers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torch import nn
+    from torch import Tensor, nn
 
     from ablate.models.config import ModelConfig
 
@@ -42,6 +43,9 @@ class PositionalKind:
     based: bool = False  # reads model.pos_base (the wavelengths' base)
     learned: bool = False  # a trained table added to the embeddings: reads model.pos_init
     bucketed: bool = False  # a bias per bucket of distance: reads model.t5_buckets and t5_max_distance
+    # For a kind of one part: (its module, config, then the part's own inputs) -> its output by the paper's
+    # formula, which `ablate check` compares with the module in float64 (harness/conformance.py).
+    reference: Callable[..., Tensor] | None = None
 
     def max_length(self, max_positions: int) -> int | None:
         """The most positions one sequence may have; None when any length works."""
@@ -58,6 +62,7 @@ POSITIONAL: dict[str, PositionalKind] = {
     "sinusoidal": PositionalKind(
         embedding=lambda layers, cfg: layers.SinusoidalEncoding(cfg.d_model, cfg.max_positions, cfg.pos_base),
         based=True,
+        reference=lambda part, cfg, x, offset=0: x + x.new_tensor(sinusoids(cfg, range(offset, offset + x.size(1)))),
     ),
     # One trained vector per position: nothing past model.max_positions.
     "learned": PositionalKind(
@@ -79,6 +84,13 @@ POSITIONAL: dict[str, PositionalKind] = {
         bucketed=True,
     ),
 }
+
+
+def sinusoids(cfg: ModelConfig, positions: range) -> list[list[float]]:
+    """Vaswani et al.'s Sec. 3.5: PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d))."""
+    d = cfg.d_model
+    return [[(math.sin if c % 2 == 0 else math.cos)(p / cfg.pos_base ** ((c - c % 2) / d)) for c in range(d)]
+            for p in positions]  # fmt: skip
 
 
 def positional_kind(name: str) -> PositionalKind:

@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torch import nn
+    from torch import Tensor, nn
 
     from ablate.models.config import ModelConfig
 
@@ -27,6 +27,9 @@ class ScoreKind:
     scale_words: tuple[str, ...]
     scale_means: str
     reads_max_positions: bool = False  # model.max_positions sets something of it (so it is not ignored)
+    # (score module, q (B, H, T, d_k), k (B, H, S, d_k), config) -> the (B, H, T, S) scores by the paper's
+    # formula, which `ablate check` compares with the module in float64 (harness/conformance.py).
+    reference: Callable[[nn.Module, Tensor, Tensor, ModelConfig], Tensor] | None = None
 
 
 def qknorm_start(cfg: ModelConfig) -> float:
@@ -45,6 +48,7 @@ TRANSFORMER_SCORES: dict[str, ScoreKind] = {
         lambda a, cfg: a.ScaledDotProduct(cfg.scale_factor),
         scale_words=("sqrt", "none"),
         scale_means="the factor on q·k: sqrt 1/sqrt(d_k), none 1, or a number",
+        reference=lambda score, q, k, cfg: cfg.scale_factor * q @ k.transpose(-2, -1),
     ),
     # Henry et al. 2020 (QKNorm): g · cos(q, k), g learned.
     "cosine": ScoreKind(
@@ -53,8 +57,13 @@ TRANSFORMER_SCORES: dict[str, ScoreKind] = {
         scale_means="the learned factor g's starting value: a number, or sqrt (the default) for "
         "Henry et al.'s log2(L² − L) with L = model.max_positions",
         reads_max_positions=True,
+        reference=lambda score, q, k, cfg: score.g * unit(q) @ unit(k).transpose(-2, -1),
     ),
 }
+
+
+def unit(x: Tensor) -> Tensor:
+    return x / x.norm(dim=-1, keepdim=True)
 
 
 def check_scale(cfg: ModelConfig) -> None:

@@ -17,13 +17,9 @@ from pydantic.fields import FieldInfo
 from ablate.models.config import MAX_MANY, Count, Many, ModelConfig, preset_keys
 from ablate.models.optim import OptimConfig
 from ablate.models.plugins import fault as plugin_fault
-from ablate.models.plugins import join as join_plugins
 from ablate.schema.errors import ConfigError
 from ablate.schema.task_config import TaskConfig, ignored_task_keys
-from ablate.schema.tasks import TASKS, Task
-
-# Tasks of installed packages join the registry (models/plugins.py), their builders named 'package.module:fn'.
-join_plugins("task", TASKS, Task)
+from ablate.schema.tasks import TASKS
 
 
 class TrainConfig(OptimConfig):

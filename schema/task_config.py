@@ -8,7 +8,15 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ablate.models.config import Count, Many
-from ablate.schema.tasks import SCAN_SPLITS, TASKS, TOKENIZER_KEYS, TOKENIZERS, tasks_reading
+from ablate.models.plugins import join as join_plugins
+from ablate.models.plugins import join_settings, settings_model
+from ablate.schema.tasks import SCAN_SPLITS, TASKS, TOKENIZER_KEYS, TOKENIZERS, Task, tasks_reading
+
+# Tasks of installed packages join the registry (models/plugins.py), their builders named 'package.module:fn',
+# before TaskConfig takes their settings (task.plugin.<name>.<key>).
+join_plugins("task", TASKS, Task)
+join_settings({"task": TASKS})
+PluginSettings = settings_model("task")
 
 # Each key that names one entry of a registry -> that registry: the names it accepts are the registry's keys.
 REGISTRIES: dict[str, Mapping[str, object]] = {"split": SCAN_SPLITS, "tokenizer": TOKENIZERS}
@@ -40,6 +48,7 @@ class TaskConfig(BaseModel):
     # max_tokens are tested on the same pairs
     long_after: Count | None = None
     max_examples: Many | None = None  # cap on training pairs (a seeded sample)
+    plugin: PluginSettings = PluginSettings()  # type: ignore[valid-type]
 
     @field_validator(*REGISTRIES)
     @classmethod
@@ -99,8 +108,12 @@ def ignored_task_keys(cfg: TaskConfig) -> dict[str, str]:
     """Key -> why the task cfg configures ignores it: a key only other tasks read, or one only another
     tokenizer reads. Changing such a key changes none of the task's data."""
     task = TASKS[cfg.name]
-    ignored = {}
-    for key in TaskConfig.model_fields:
+    ignored: dict[str, str] = {}
+    for name, block in cfg.plugin:
+        if name != cfg.name:
+            ignored |= {f"plugin.{name}.{key}": f"a setting of task {name}; task.name is {cfg.name}"
+                        for key in type(block).model_fields}  # fmt: skip
+    for key in (key for key in TaskConfig.model_fields if key != "plugin"):
         if key not in ("name", *task.keys()):
             readers = tasks_reading(key)
             tasks = f"task {readers[0]}" if len(readers) == 1 else f"tasks {', '.join(readers)}"

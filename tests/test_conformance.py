@@ -4,6 +4,7 @@ planted bugs that fail them are in tests/test_plugins.py, as plug-ins."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ablate.harness.conformance import CHECKS, check
 from ablate.models.config import ModelConfig
@@ -26,9 +27,38 @@ ENTRIES = (
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda entry: ",".join(f"{k}={v}" for k, v in entry.items()))
 def test_every_built_in_entry_passes_every_check(entry):
-    outcomes = list(check(ModelConfig(**SMALL, **entry)))
+    outcomes = list(check(ModelConfig(**SMALL, **entry), torch.device("cpu")))
     assert [o.check for o in outcomes] == list(CHECKS)
     assert [(o.check, o.detail) for o in outcomes if not o.passed] == []
+    # The formulas given: the dot and cosine scores, sinusoidal positions.
+    compared = {"score": {"dot", "cosine"}, "pos_encoding": {"sinusoidal"}}
+    given = entry.get("score", "dot") in compared["score"] or entry.get("pos_encoding", "sinusoidal") in compared["pos_encoding"]
+    assert outcomes[-1].ran == (entry.get("arch") != "lstm" and given), outcomes[-1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_every_built_in_entry_passes_every_check_on_cuda():
+    failed = [(entry, o.check, o.detail) for entry in ENTRIES
+              for o in check(ModelConfig(**SMALL, **entry), torch.device("cuda")) if not o.passed]  # fmt: skip
+    assert failed == []
+
+
+@pytest.mark.parametrize(
+    "entry, planted, said",
+    [({"score": "dot"}, lambda score, q, k, cfg: q @ k.transpose(-2, -1), "score dot differs from its reference at ("),
+     ({"score": "cosine"}, lambda score, q, k, cfg: q @ k.transpose(-2, -1), "score cosine differs from its reference at ("),
+     ({"pos_encoding": "sinusoidal"}, lambda part, cfg, x, offset=0: x, "pos_encoding sinusoidal differs from its reference at (")],
+)  # fmt: skip
+def test_a_formula_the_module_does_not_follow_fails_the_reference_check(entry, planted, said, monkeypatch):
+    """The contract checks cannot see a wrong formula (an unscaled q·k honours every mask); the reference can."""
+    import dataclasses
+
+    registry = TRANSFORMER_SCORES if "score" in entry else POSITIONAL
+    name = next(iter(entry.values()))
+    monkeypatch.setitem(registry, name, dataclasses.replace(registry[name], reference=planted))
+    outcomes = {o.check: o for o in check(ModelConfig(**SMALL, **entry), torch.device("cpu"))}
+    assert [c for c, o in outcomes.items() if not o.passed] == ["reference"]
+    assert outcomes["reference"].detail.startswith(said), outcomes["reference"]
 
 
 def test_ablate_check_refuses_a_bad_key_in_one_line():

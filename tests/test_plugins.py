@@ -15,13 +15,34 @@ import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
 
 PACKAGE = '''
+from pydantic import Field
+
 from ablate.models.kinds import Norm
+from ablate.models.plugins import Settings, settings
 from ablate.models.positional import PositionalKind
 from ablate.models.transformer_scores import ScoreKind
 from ablate.schema.tasks import Task
 
-# q·k at a fixed quarter, whatever d_k: a score none of the built-ins has.
-QUARTER = ScoreKind(lambda a, cfg: a.ScaledDotProduct(0.25), scale_words=("sqrt",), scale_means="fixed at 1/4")
+
+class QuarterSettings(Settings):
+    factor: float = Field(0.25, gt=0.0, le=4.0)
+
+
+# q·k at a fixed factor (a quarter unless its setting says), whatever d_k: a score none of the built-ins has.
+QUARTER = ScoreKind(lambda a, cfg: a.ScaledDotProduct(settings(cfg, "quarter").factor), scale_words=("sqrt",),
+                    scale_means="fixed at model.plugin.quarter.factor",
+                    reference=lambda score, q, k, cfg: settings(cfg, "quarter").factor * q @ k.transpose(-2, -1))
+# A score whose module does not follow the formula it gives: every contract check passes, the reference fails.
+SLIP = ScoreKind(lambda a, cfg: a.ScaledDotProduct(0.3), scale_words=("sqrt",), scale_means="fixed at 1/4",
+                 reference=lambda score, q, k, cfg: 0.25 * q @ k.transpose(-2, -1))
+
+
+class EchoSettings(Settings):
+    reverse: bool = False  # output = input reversed
+
+
+class Unset(Settings):
+    factor: float  # no default
 # ALiBi's bias on the decoder only, under a name of its own.
 MIRROR = PositionalKind(score_bias=lambda layers, cfg, bidirectional: layers.ALiBi(cfg.heads))
 RMS_POST = Norm("post", rms=True)
@@ -73,11 +94,12 @@ ECHO = Task("my_attention.tasks:build", "output = input, from a plug-in",
             ("min_len", "max_len", "test_max_len", "n_train", "n_valid", "n_test", "vocab_size"))
 '''
 TASKS = '''
-from ablate.harness.tasks.synthetic import copy_task
+from ablate.harness.tasks.synthetic import copy_task, reverse_task
+from ablate.models.plugins import settings
 
 
 def build(cfg, seed):
-    return copy_task(cfg, seed)
+    return (reverse_task if settings(cfg, "echo").reverse else copy_task)(cfg, seed)
 '''
 ENTRY_POINTS = """
 [ablate.score]
@@ -86,6 +108,9 @@ dot = my_attention:QUARTER
 peek = my_attention:PEEK
 explode = my_attention:EXPLODE
 stretch = my_attention:STRETCH
+badset = my_attention:QUARTER
+noset = my_attention:QUARTER
+slip = my_attention:SLIP
 
 [ablate.pos_encoding]
 mirror-alibi = my_attention:MIRROR
@@ -98,6 +123,13 @@ number = my_attention:NUMBER
 
 [ablate.task]
 echo = my_attention:ECHO
+
+[ablate.settings]
+quarter = my_attention:QuarterSettings
+echo = my_attention:EchoSettings
+badset = my_attention:NUMBER
+noset = my_attention:Unset
+orphan = my_attention:EchoSettings
 """
 
 
@@ -130,7 +162,7 @@ def test_plugins_are_listed_with_their_package_and_faults_said_by_name(installed
             "import: ModuleNotFoundError") in said  # fmt: skip
     assert "plug-in 'number' of my-attention (ablate.norm = my_attention:NUMBER): is a int, not a Norm" in said
     # The keys accept the loaded names beside the built-in ones.
-    assert any(row.startswith("model.score 'dot' dot | cosine | explode | peek | quarter | stretch") for row in rows), rows
+    assert any(row.startswith("model.score 'dot' dot | cosine | explode | peek | quarter | slip | stretch") for row in rows), rows
 
 
 def config(tmp_path: Path, **model) -> list[str]:
@@ -168,6 +200,49 @@ def test_a_config_naming_a_broken_plugin_is_one_line_naming_it(installed, tmp_pa
     proc = ablate(*config(tmp_path, **model), env=installed)
     assert proc.returncode == 2 and proc.stderr.strip() == said, proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_plugins_settings_are_listed_checked_up_front_and_read_by_the_plugin(installed, tmp_path):
+    rows = [" ".join(line.replace("│", " ").split()) for line in ablate("list", env=installed).stdout.splitlines()]
+    assert "model.plugin.quarter.factor 0.25 number > 0, <= 4" in rows and "task.plugin.echo.reverse False true | false" in rows
+    faults = {"noset": "plug-in 'noset' of my-attention (ablate.settings = my_attention:Unset): settings without a default: factor",
+              "badset": "plug-in 'badset' of my-attention (ablate.settings = my_attention:NUMBER): its settings are a int, not a Settings",
+              "orphan": "settings 'orphan' of my-attention (ablate.settings = my_attention:EchoSettings): names no plug-in of my-attention"}  # fmt: skip
+    assert all(any(why in row for row in rows) for why in faults.values()), rows
+    # The plug-in reads what the config holds: its score's factor, its task's direction.
+    script = """
+from ablate.schema.config import load_config
+from ablate.models import build_model
+from ablate.harness.tasks import build_task
+cfg = load_config(None, None, ["model.score=quarter", "model.plugin.quarter.factor=0.5", "model.d_model=16",
+                               "model.heads=2", "task.name=echo", "task.plugin.echo.reverse=true"])
+print(sorted({m.scale for m in build_model(cfg.model, 12, 12).modules() if type(m).__name__ == "ScaledDotProduct"}))
+print(all(ex.tgt == ex.src[::-1] for ex in build_task(cfg.task, 0).splits["train"]))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, **installed}, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.stdout.split() == ["[0.5]", "True"], proc.stderr[-3000:]
+    proc = ablate(*config(tmp_path / "set", score="quarter"), "model.plugin.quarter.factor=0.5", env=installed)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "set" / "run" / "config.json").read_text())["model"]["plugin"] == {"quarter": {"factor": 0.5}}
+    for sets, said in [
+        (["model.score=quarter", "model.plugin.quarter.nope=1"], "model.plugin.quarter.nope: unknown config key"),
+        (["model.score=quarter", "model.plugin.quarter.factor=-1"], "model.plugin.quarter.factor: Input should be greater than 0 (got -1)"),
+        (["model.plugin.quarter.factor=0.5"], "model.plugin.quarter.factor: has no effect (a setting of plug-in quarter, which this model does not use)"),
+        (["task.plugin.echo.reverse=true"], "task.plugin.echo.reverse: has no effect (a setting of task echo; task.name is reverse)"),
+        (["model.score=noset"], f"model.score: {faults['noset']}"),
+    ]:  # fmt: skip
+        proc = ablate(*config(tmp_path / "bad"), *sets, env=installed)
+        assert proc.returncode == 2 and proc.stderr.strip() == f"error: {said}", (sets, proc.stderr)
+        assert not (tmp_path / "bad").exists()
+    # A study's variants set them as any key, checked before anything is made.
+    study = tmp_path / "settings.yaml"
+    study.write_text(json.dumps({
+        "name": "settings", "base": {"task": dict(TINY_TASK), "model": {**TINY_MODEL, "score": "quarter"}, "train": dict(TINY_TRAIN)},
+        "factors": {"model.plugin.quarter.factor": [0.25, 1.0], "model.plugin.quarter.width": [1]}, "seeds": [0]}))  # fmt: skip
+    proc = ablate("sweep", str(study), "--out", str(tmp_path / "runs"), env=installed)
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: {study}: factors.model.plugin.quarter.width: unknown config key"
+    assert not (tmp_path / "runs").exists()
 
 
 def test_without_the_package_a_plugged_name_is_an_unknown_value(tmp_path):
@@ -236,13 +311,14 @@ def test_a_study_of_plugged_entries_is_swept_reported_and_judged(installed, tmp_
 def test_ablate_check_passes_each_plugin_that_conforms_and_fails_each_planted_bug(installed):
     proc = ablate("check", "model.score=quarter", "model.pos_encoding=mirror-alibi", "model.norm=rms_post",
                   "model.d_model=16", "model.heads=2", env=installed)  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout.count(": pass") == 6, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and proc.stdout.count(": pass") == 7, proc.stdout + proc.stderr
     for planted, failing in (("model.score=peek", {"padding", "causal mask"}), ("model.score=stretch", {"padding"}),
-                             ("model.pos_encoding=leak", {"padding", "causal mask"})):
+                             ("model.pos_encoding=leak", {"padding", "causal mask"}), ("model.score=slip", {"reference"})):
         proc = ablate("check", planted, "model.d_model=16", "model.heads=2", env=installed)
         assert proc.returncode == 1, proc.stdout + proc.stderr
         failed = {line.partition(":")[0] for line in proc.stdout.splitlines() if ": FAIL, " in line}
         assert failed == failing, proc.stdout
         said = {"padding": "padding: FAIL, row 0 alone differs from its padded self in the batch at (",
-                "causal mask": "causal mask: FAIL, an output before position 3 reads a later target token: at ("}
+                "causal mask": "causal mask: FAIL, an output before position 3 reads a later target token: at (",
+                "reference": "reference: FAIL, score slip differs from its reference at ("}
         assert all(any(line.startswith(said[check]) for line in proc.stdout.splitlines()) for check in failing)
