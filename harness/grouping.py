@@ -3,6 +3,7 @@ checks hold `tune.seeds` to. Torch-free, so that checking a study loads no torch
 
 from __future__ import annotations
 
+from ablate.models.kinds import FAMILIES
 from ablate.schema.config import ExperimentConfig
 
 FUSE_AT_MOST = 16  # seeds in one fused model: the GPU figure's group
@@ -16,6 +17,8 @@ def why_not_fused(cfgs: list[ExperimentConfig]) -> str | None:
     train = first.train
     if any(cfg.model_copy(update={"seed": first.seed}) != first for cfg in cfgs[1:]):
         return "the trials are not one variant"
+    if not FAMILIES[first.model.arch].fuses:
+        return f"model.arch={first.model.arch} does not fuse seeds (its Family says so)"
     if train.batch_tokens is not None:
         return "train.batch_tokens gives each seed batches of its own sizes"
     if train.precision not in ("auto", "32-true", "bf16-mixed"):

@@ -16,6 +16,7 @@ import numpy as np
 import sacrebleu
 
 from ablate.harness.tasks.base import TaskData
+from ablate.models.kinds import FAMILIES
 from ablate.models.sequences import SequenceScore, summarise
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.metric_registry import METRICS
@@ -175,7 +176,7 @@ def produced_metrics(cfg: ExperimentConfig) -> set[str]:
     (TaskConfig.test_splits), and on `val` too where the module logs it at every validation."""
     task, model = cfg.task, cfg.model
     transformer = model.arch == "transformer"
-    cross_attends = model.cross_attention if transformer else model.attention != "none"
+    cross_attends = FAMILIES[model.arch].cross_attends(model)
     reports = {  # each of the registry's `reported_for`
         "every trial": True,
         "text tasks": task.name in TEXT_TASKS,

@@ -15,9 +15,9 @@ if TYPE_CHECKING:  # torch loads in seconds; config checks (and the CLI's errors
 def build_model(
     cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0, ensemble: int = 1
 ) -> nn.Module:
-    """The nn.Module for `cfg.arch`; every family shares forward / record_states / init_state / step.
+    """The nn.Module for `cfg.arch`; every family shares forward / record_states / init_state / step (kinds.Family).
     ensemble: K seeds fused into one model (models/ensemble.py); 1, a plain model."""
-    module, name = FAMILIES[cfg.arch]
+    module, name = FAMILIES[cfg.arch].model.split(":")
     family = getattr(importlib.import_module(module), name)
     return family(cfg, src_vocab, tgt_vocab, pad_id, ensemble)
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ablate.models.kinds import CELLS, FAMILIES, NORMS
+from ablate.models.kinds import CELLS, FAMILIES, LSTM_KEYS, NORMS, TRANSFORMER_KEYS
 from ablate.models.plugins import fault as plugin_fault
 from ablate.models.plugins import in_use, settings_model
 from ablate.models.plugins import load as load_plugins
@@ -116,7 +116,7 @@ class ModelConfig(BaseModel):
                     f"t5_max_distance: must exceed the {self.t5_buckets // 2} exact buckets of t5_buckets="
                     f"{self.t5_buckets} (got {self.t5_max_distance})"
                 )
-        else:
+        elif self.arch == "lstm":
             if self.bidirectional and self.d_model % 2:
                 raise ValueError(
                     f"d_model: must be even for a bidirectional encoder (got d_model={self.d_model})"
@@ -130,16 +130,18 @@ class ModelConfig(BaseModel):
     def ignored_keys(self) -> dict[str, str]:
         """Key -> why the model this config builds ignores it: a switch of the other family, or one that acts
         only through a part this model lacks. Changing such a key changes nothing the model computes."""
+        reads = FAMILIES[self.arch].reads
+        owner = {**dict.fromkeys(LSTM_KEYS, "an LSTM"), **dict.fromkeys(TRANSFORMER_KEYS, "a Transformer")}
+        ignored = {key: f"{family} setting; model.arch is {self.arch}" for key, family in owner.items()
+                   if key not in reads}  # fmt: skip
         if self.arch == "lstm":
-            ignored = dict.fromkeys(TRANSFORMER_KEYS, "a Transformer setting; model.arch is lstm")
             if self.attention == "none":
                 ignored |= dict.fromkeys(ATTENTION_KEYS, "acts only with attention; model.attention is none")
             elif not WINDOWS[self.attention_window].reads_width:
                 ignored["attention_width"] = (
                     f"acts only with a local window; model.attention_window is {self.attention_window}"
                 )
-        else:
-            ignored = dict.fromkeys(LSTM_KEYS, "an LSTM setting; model.arch is transformer")
+        elif self.arch == "transformer":
             if not self.ffn:
                 ignored["d_ff"] = "acts only with feed-forward sublayers; model.ffn is false"
             if not self.decoder_self_attention:
@@ -195,16 +197,9 @@ class ModelConfig(BaseModel):
         return (score.max_length(self.max_positions) if score else None), None
 
 
-# The switches of one family, which the other ignores; the rest (d_model, layers, ...) both read.
-LSTM_KEYS = ("cell", "bidirectional", "attention", "attention_query", "input_feeding", "attention_heads",
-             "attention_window", "attention_width")  # fmt: skip
 # An LSTM's switches that act only with attention.
 ATTENTION_KEYS = ("attention_query", "input_feeding", "attention_heads", "attention_window",
                   "attention_width")  # fmt: skip
-TRANSFORMER_KEYS = ("heads", "key_dim", "d_ff", "scale", "score", "pos_encoding", "pos_base", "pos_init",
-                    "t5_buckets", "t5_max_distance", "residual", "ffn",
-                    "norm", "causal_mask", "cross_attention", "decoder_self_attention", "embed_scale",
-                    "qkv_projections")  # fmt: skip
 
 
 def preset_keys(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

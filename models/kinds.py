@@ -8,13 +8,51 @@ This module imports no torch (config checks read it); the model code reads each 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-# model.arch -> module and class of its family's nn.Module, imported only to build one (torch loads slowly).
+if TYPE_CHECKING:
+    from ablate.models.config import ModelConfig
+
+# The switches of one family, which the other ignores; the rest (d_model, layers, ...) every family reads.
+LSTM_KEYS = ("cell", "bidirectional", "attention", "attention_query", "input_feeding", "attention_heads",
+             "attention_window", "attention_width")  # fmt: skip
+TRANSFORMER_KEYS = ("heads", "key_dim", "d_ff", "scale", "score", "pos_encoding", "pos_base", "pos_init",
+                    "t5_buckets", "t5_max_distance", "residual", "ffn",
+                    "norm", "causal_mask", "cross_attention", "decoder_self_attention", "embed_scale",
+                    "qkv_projections")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family. `model` is its nn.Module class as 'package.module:Class', imported only to build one
+    (torch loads slowly): Class(cfg, src_vocab, tgt_vocab, pad_id, ensemble) keeping `cfg`, `vocab` (src,
+    tgt), `pad_id` and `ensemble` (a models.ensemble.Ensemble of K seeds, rows seed-major, whose factories
+    build its layers so that K seeds train as one model where `fuses`); forward(src, tgt_in,
+    need_weights=False) -> logits (B, T, V), or (logits, weights: kind -> per-layer (B, H, T, S) tensors);
+    record_states(), a context manager yielding what the test pass records (may be {}); init_state(src) -> a
+    dict of batch-first tensors and step(state, prev) -> (logits (B, V), state), for decoding."""
+
+    model: str
+    reads: tuple[str, ...] = ()  # which of the families' own switches (LSTM_KEYS, TRANSFORMER_KEYS) it reads
+    # Whether its decoder attends over the source, giving weights['cross'] for the alignment metrics.
+    cross_attends: Callable[[ModelConfig], bool] = lambda cfg: False
+    fuses: bool = True  # K seeds train as one model (ensemble=K); else each seed trains alone
+    # Why its training step cannot compile whole (models/steps.py), or None.
+    eager: str | None = "a plug-in family's step is compiled only where its Family says so (eager=None)"
+
+
 FAMILIES = {
-    "lstm": ("ablate.models.rnn", "RNNSeq2Seq"),
-    "transformer": ("ablate.models.transformer", "Transformer"),
+    "lstm": Family(
+        "ablate.models.rnn:RNNSeq2Seq", LSTM_KEYS, cross_attends=lambda cfg: cfg.attention != "none",
+        eager="the encoder packs each batch (pack_padded_sequence) by lengths read on the host, which dynamo "
+        "does not trace",
+    ),  # fmt: skip
+    "transformer": Family(
+        "ablate.models.transformer:Transformer", TRANSFORMER_KEYS, cross_attends=lambda cfg: cfg.cross_attention,
+        eager=None,
+    ),  # fmt: skip
 }
 
 

@@ -55,6 +55,7 @@ def registries() -> dict[str, tuple[dict, type]]:
     from ablate.models import kinds, positional, scores, transformer_scores
 
     return {
+        "arch": (kinds.FAMILIES, kinds.Family),
         "pos_encoding": (positional.POSITIONAL, positional.PositionalKind),
         "attention": (scores.SCORES, scores.ScoreKind),
         "attention_window": (scores.WINDOWS, scores.WindowKind),

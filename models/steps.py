@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablate.models.config import ModelConfig
+from ablate.models.kinds import FAMILIES
 from ablate.models.sequences import PAD_ID
 
 LENGTH_MULTIPLE = 8  # a batch's lengths are padded up to a multiple of this when compiled
@@ -26,8 +27,8 @@ LENGTH_MULTIPLE = 8  # a batch's lengths are padded up to a multiple of this whe
 # What cannot compile whole, with the reason: the first two keep a model's steps eager; the last two run
 # eager inside a compiled run.
 EAGER_PARTS = {
-    "model.arch: lstm": "the encoder packs each batch (pack_padded_sequence) by lengths read on the host, "
-    "which dynamo does not trace",
+    # the LSTM's: its encoder packs each batch by lengths read on the host (models/kinds.py Family.eager)
+    **{f"model.arch: {name}": family.eager for name, family in FAMILIES.items() if family.eager},
     "model.dropout > 0": "each seed draws its masks from its own generator over its own lengths, read on the "
     "host, so that a seed's masks are the same fused or alone",
     "decoding (greedy and beam search)": "each step grows the key/value cache by one position and the loop "
@@ -44,8 +45,8 @@ AUTO_COMPILES_ON = ("cuda",)
 
 def why_eager(cfg: ModelConfig) -> str | None:
     """Why this model's training step cannot compile whole, or None."""
-    if cfg.arch == "lstm":
-        return EAGER_PARTS["model.arch: lstm"]
+    if FAMILIES[cfg.arch].eager:
+        return EAGER_PARTS[f"model.arch: {cfg.arch}"]
     if cfg.dropout > 0:
         return EAGER_PARTS["model.dropout > 0"]
     return None

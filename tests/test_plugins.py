@@ -17,7 +17,7 @@ from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
 PACKAGE = '''
 from pydantic import Field
 
-from ablate.models.kinds import Norm
+from ablate.models.kinds import Family, Norm
 from ablate.models.plugins import Settings, settings
 from ablate.models.positional import PositionalKind
 from ablate.models.transformer_scores import ScoreKind
@@ -46,6 +46,7 @@ class Unset(Settings):
 # ALiBi's bias on the decoder only, under a name of its own.
 MIRROR = PositionalKind(score_bias=lambda layers, cfg, bidirectional: layers.ALiBi(cfg.heads))
 RMS_POST = Norm("post", rms=True)
+BAG = Family("my_attention.family:BagOfWords", eager=None)
 NUMBER = 3
 
 
@@ -93,6 +94,44 @@ LEAK = PositionalKind(embedding=leak)
 ECHO = Task("my_attention.tasks:build", "output = input, from a plug-in",
             ("min_len", "max_len", "test_max_len", "n_train", "n_valid", "n_test", "vocab_size"))
 '''
+FAMILY = '''
+import contextlib
+
+import torch
+from torch import nn
+
+from ablate.models.ensemble import Ensemble
+
+
+class BagOfWords(nn.Module):
+    """A family none of the built-ins is: each target embedding plus the mean of the source's."""
+
+    def __init__(self, cfg, src_vocab, tgt_vocab, pad_id=0, ensemble=1):
+        super().__init__()
+        self.cfg, self.vocab, self.pad_id = cfg, (src_vocab, tgt_vocab), pad_id
+        self.ensemble = ens = Ensemble(ensemble)
+        self.src_embed = ens.embedding(src_vocab, cfg.d_model, padding_idx=pad_id)
+        self.tgt_embed = ens.embedding(tgt_vocab, cfg.d_model, padding_idx=pad_id)
+        self.out = ens.linear(cfg.d_model, tgt_vocab)
+
+    def context(self, src):
+        real = (src != self.pad_id).unsqueeze(-1)
+        return (self.src_embed(src) * real).sum(1) / real.sum(1).clamp(min=1)  # (B, d)
+
+    def forward(self, src, tgt_in, need_weights=False):
+        logits = self.out(torch.tanh(self.tgt_embed(tgt_in) + self.context(src)[:, None]))
+        return (logits, {}) if need_weights else logits
+
+    @contextlib.contextmanager
+    def record_states(self):
+        yield {}
+
+    def init_state(self, src):
+        return {"context": self.context(src)}
+
+    def step(self, state, prev):
+        return self.out(torch.tanh(self.tgt_embed(prev) + state["context"])), state
+'''
 TASKS = '''
 from ablate.harness.tasks.synthetic import copy_task, reverse_task
 from ablate.models.plugins import settings
@@ -117,6 +156,9 @@ mirror-alibi = my_attention:MIRROR
 broken = my_attention.missing:KIND
 leak = my_attention:LEAK
 
+[ablate.arch]
+bag = my_attention:BAG
+
 [ablate.norm]
 rms_post = my_attention:RMS_POST
 number = my_attention:NUMBER
@@ -140,6 +182,7 @@ def installed(tmp_path_factory) -> dict[str, str]:
     (site / "my_attention").mkdir()
     (site / "my_attention" / "__init__.py").write_text(PACKAGE)
     (site / "my_attention" / "tasks.py").write_text(TASKS)
+    (site / "my_attention" / "family.py").write_text(FAMILY)
     info = site / "my_attention-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-attention\nVersion: 0.1\n")
@@ -156,6 +199,7 @@ def test_plugins_are_listed_with_their_package_and_faults_said_by_name(installed
     assert "model.norm rms_post my-attention loaded" in rows
     assert "model.pos_encoding mirror-alibi my-attention loaded" in rows
     assert "task.name echo my-attention loaded" in rows
+    assert "model.arch bag my-attention loaded" in rows
     said = "\n".join(rows)
     assert "plug-in 'dot' of my-attention (ablate.score = my_attention:QUARTER): the name is taken (built in)" in said
     assert ("plug-in 'broken' of my-attention (ablate.pos_encoding = my_attention.missing:KIND): failed to "
@@ -184,6 +228,24 @@ def test_a_plugged_score_positional_kind_norm_and_task_train_and_clash_with_noth
     assert saved["task"]["name"] == "echo"
     # The name the plug-in could not take still builds the built-in entry.
     assert ablate(*config(tmp_path / "dot", score="dot"), env=installed).returncode == 0
+
+
+def test_a_plugged_family_trains_learns_is_checked_and_ignores_the_other_families_switches(installed, tmp_path):
+    shared = [f"task.{k}={v}" for k, v in TINY_TASK.items()] + [f"train.{k}={v}" for k, v in TINY_TRAIN.items()]
+    args = ["train", "model.arch=bag", "model.d_model=16", "model.dropout=0.0", *shared, "train.val_every=100",
+            "task.name=echo", "--json"]  # fmt: skip
+    losses = []
+    for steps in (1, 200):
+        proc = ablate(*args, f"train.max_steps={steps}", "--out", str(tmp_path / f"bag{steps}"), env=installed)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        losses.append(json.loads(proc.stdout.strip().splitlines()[-1])["test/loss"])
+    # A bag of words cannot copy in order, but learns which tokens the output holds.
+    assert losses[1] < losses[0] - 0.3, losses
+    proc = ablate(*args, "model.heads=2", "--out", str(tmp_path / "heads"), env=installed)
+    assert (proc.returncode, proc.stderr.strip()) == (2, "error: model.heads: has no effect (a Transformer setting; model.arch is bag)")
+    proc = ablate("check", "model.arch=bag", "model.d_model=16", env=installed)
+    assert proc.returncode == 0 and proc.stdout.count(": pass") == 6, proc.stdout + proc.stderr
+    assert "reference: nothing to compare" in proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -224,7 +286,7 @@ print(all(ex.tgt == ex.src[::-1] for ex in build_task(cfg.task, 0).splits["train
     assert proc.stdout.split() == ["[0.5]", "True"], proc.stderr[-3000:]
     proc = ablate(*config(tmp_path / "set", score="quarter"), "model.plugin.quarter.factor=0.5", env=installed)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((tmp_path / "set" / "run" / "config.json").read_text())["model"]["plugin"] == {"quarter": {"factor": 0.5}}
+    assert json.loads((tmp_path / "set" / "run" / "config.json").read_text())["model"]["plugin"]["quarter"] == {"factor": 0.5}
     for sets, said in [
         (["model.score=quarter", "model.plugin.quarter.nope=1"], "model.plugin.quarter.nope: unknown config key"),
         (["model.score=quarter", "model.plugin.quarter.factor=-1"], "model.plugin.quarter.factor: Input should be greater than 0 (got -1)"),
@@ -255,12 +317,12 @@ def test_a_plugged_model_trains_fused_as_each_seed_alone(installed):
     """Plug-in parts are built through the same Ensemble as built-in ones: K seeds fused train as each
     alone (tests/test_fused.py's check, run where the package is installed)."""
     tests = Path(__file__).parent
-    switches = {"score": "quarter", "pos_encoding": "mirror-alibi", "norm": "rms_post"}
-    script = (f"import sys; sys.path.insert(0, {str(tests)!r}); import test_fused; "
-              f"test_fused.test_fused_seeds_train_as_each_seed_alone({switches!r}); print('equal')")  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, **installed}, capture_output=True,
-                          text=True, timeout=300, cwd=tests.parent)  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout.strip() == "equal", proc.stderr[-3000:]
+    for switches in ({"score": "quarter", "pos_encoding": "mirror-alibi", "norm": "rms_post"}, {"arch": "bag"}):
+        script = (f"import sys; sys.path.insert(0, {str(tests)!r}); import test_fused; "
+                  f"test_fused.test_fused_seeds_train_as_each_seed_alone({switches!r}); print('equal')")  # fmt: skip
+        proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, **installed}, capture_output=True,
+                              text=True, timeout=300, cwd=tests.parent)  # fmt: skip
+        assert proc.returncode == 0 and proc.stdout.strip() == "equal", (switches, proc.stderr[-3000:])
 
 
 @pytest.mark.parametrize(
