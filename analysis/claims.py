@@ -408,17 +408,17 @@ def _difference(
     return (pooled_c.mean() if len(pooled_c) else np.nan, pooled_t.mean() if len(pooled_t) else np.nan)
 
 
-def _too_few(result: ClaimResult, fewest: int, needed: int, df, variants: list[str], what: str) -> bool:
-    """Marks the claim pending (trials of it still to run) or inconclusive when `what` (a variant, a cell)
-    has fewer than `needed` seeds of the claim's metric: completed ones, or those that trained."""
+def _too_few(result: ClaimResult, fewest: int, df, variants: list[str]) -> bool:
+    """Marks the claim pending (trials of `variants` still queued or running) or inconclusive when a variant
+    (an interaction's cell) has fewer seeds than its metrics need: completed ones, or those that trained."""
+    needed = max(min_seeds(m) for m in (result.metric, result.versus_metric) if m)
     if fewest >= needed:
         return False
-    done, of = (
-        "trained" if result.failures else "completed",
-        f" of {result.metric}" if what == "a variant" else "",
-    )
+    done = "trained" if result.failures else "completed"
+    what, of = ("a cell", "") if result.versus_metric else ("a variant", f" of {result.metric}")
     result.reason = f"{what} has {fewest} {done} seed(s){of}; a verdict needs {needed}"
-    result.verdict = PENDING if unfinished(df, variants) else INCONCLUSIVE
+    unfinished = df["variant"].isin(variants) & ~df["state"].isin(FINISHED)
+    result.verdict = PENDING if unfinished.any() else INCONCLUSIVE
     return True
 
 
@@ -474,8 +474,7 @@ def evaluate_difference(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, lev
     judged = _difference(result, groups, values, df)
     # Seeds of each variant, not values of a side: two variants pooled have no more seeds of either.
     count = lambda by_variant: min(len(by_variant.get(v, ())) for v in compare + to)  # noqa: E731
-    needed = min_seeds(metric)
-    if _too_few(result, count(values), needed, df, compare + to, "a variant"):
+    if _too_few(result, count(values), df, compare + to):
         return result
     sides = [(label, side, np.concatenate([values[v].to_numpy() for v in side if v in values]))
              for label, side in (("compare", compare), ("to", to))]  # fmt: skip
@@ -489,7 +488,7 @@ def evaluate_difference(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, lev
         if result.failures:
             values = trained
             judged = _difference(result, groups, values, df)
-            if _too_few(result, count(values), needed, df, compare + to, "a variant"):
+            if _too_few(result, count(values), df, compare + to):
                 return result
     _decide(result)
     rng = judged_bounds(metric)
@@ -564,8 +563,7 @@ def evaluate_interaction(
     scaled = judged(raw)
     _contrast(result, scaled)
     variants = [v for _, cell, _ in cells for v in cell]
-    needed = max(min_seeds(metric), min_seeds(versus_metric))
-    if _too_few(result, min(len(s) for s in raw), needed, df, variants, "a cell"):
+    if _too_few(result, min(len(s) for s in raw), df, variants):
         return result
     sides = [(label, cell, s.to_numpy()) for (label, cell, _), s in zip(cells, raw)]
     if _uninformative(result, sides):
@@ -579,7 +577,7 @@ def evaluate_interaction(
                 trained = [t[t.index.isin(kept)] for t in trained]
             scaled = judged(trained)
             _contrast(result, scaled)
-            if _too_few(result, min(len(s) for s in trained), needed, df, variants, "a cell"):
+            if _too_few(result, min(len(s) for s in trained), df, variants):
                 return result
     _decide(result)
     result.reason = (
@@ -594,11 +592,6 @@ def evaluate_interaction(
     _no_room(result, result.mean_to, changes, result.mean_to, changes)
     _censored(result, cells, scaled)
     return result
-
-
-def unfinished(df: pd.DataFrame, variants: list[str]) -> bool:
-    """Whether trials of `variants` are still queued or running."""
-    return bool((df["variant"].isin(variants) & ~df["state"].isin(FINISHED)).any())
 
 
 def cannot_learn(values: np.ndarray, metric: str, chance: float) -> bool:
