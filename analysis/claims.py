@@ -498,10 +498,12 @@ def evaluate_difference(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, lev
 
 
 def _decide(result: ClaimResult) -> None:
-    m = threshold(result.claim, result.metric)
-    direction = metric_info(result.metric).direction
-    result.verdict = verdict(result.ci_low, result.ci_high, result.claim.expect, m, direction)
-    result.reason = _reason(result)
+    """The verdict of the claim's CI against its margin, and the reason that says so."""
+    r, m = result, threshold(result.claim, result.metric)
+    r.verdict = verdict(r.ci_low, r.ci_high, r.claim.expect, m, metric_info(r.metric).direction)
+    ci, bound = f"CI of {effect_name(r.metric)} [{r.ci_low:.3g}, {r.ci_high:.3g}]", r.expected
+    reasons = {REPRODUCED: f"{ci} lies {bound}", CONTRADICTED: f"{ci} rules out an effect {bound}"}
+    r.reason = reasons.get(r.verdict, f"{ci} straddles the margin (expected {bound})")
 
 
 def _cells(
@@ -744,16 +746,6 @@ def _sensitivity(spec: StudySpec, result: ClaimResult, df: pd.DataFrame) -> None
     else:  # undecided, or still running: more seeds may decide the control
         result.verdict = PENDING if judged.verdict == PENDING else INCONCLUSIVE
         result.reason = f"the sides agree, but {name} is undecided: {judged.reason}"
-
-
-def _reason(r: ClaimResult) -> str:
-    ci = f"CI of {effect_name(r.metric)} [{r.ci_low:.3g}, {r.ci_high:.3g}]"
-    bound = r.expected
-    if r.verdict == REPRODUCED:
-        return f"{ci} lies {bound}"
-    if r.verdict == CONTRADICTED:
-        return f"{ci} rules out an effect {bound}"
-    return f"{ci} straddles the margin (expected {bound})"
 
 
 def compared_variants(spec: StudySpec, claim: ClaimSpec) -> list[str]:
