@@ -618,10 +618,6 @@ def _uninformative(result: ClaimResult, sides: list[tuple[str, list[str], np.nda
     return bool(unlearnt)
 
 
-def _bound_word(value: float, rng: MetricRange) -> str:
-    return "upper" if value == rng.high else "lower"
-
-
 def _at_bounds(result: ClaimResult, arms: list[tuple[float, float, MetricRange]]) -> None:
     """Marks a `similar` claim whose bounds alone hold Δ within the margin: in each of its differences (one,
     or an interaction's two) both means, on the judged scale, lie within the margin (shared out between
@@ -629,15 +625,14 @@ def _at_bounds(result: ClaimResult, arms: list[tuple[float, float, MetricRange]]
     if result.claim.expect != "similar":
         return
     share = threshold(result.claim, result.metric) / len(arms)
-    bounds = []
+    words = []
     for compare, to, rng in arms:
         if min(compare, to) >= rng.high - share:
-            bounds.append(rng.high)
+            words.append("upper")
         elif max(compare, to) <= rng.low + share:
-            bounds.append(rng.low)
+            words.append("lower")
         else:
             return
-    words = [_bound_word(b, rng) for b, (_, _, rng) in zip(bounds, arms)]
     result.verdict = CEILING if words[0] == "upper" else FLOOR
     metrics = [result.metric, result.versus_metric]
     # A bound as its metric writes it: a perplexity's log 0 is its 1.
