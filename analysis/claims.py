@@ -694,25 +694,21 @@ def _no_room(
     no compare side could be worse by more than it (floor, or ceiling where lower is better). `to_shown` and
     `rng_shown`: the same on the metric's own scale, for the reason."""
     expect, m = result.claim.expect, threshold(result.claim, result.metric)
-    direction = metric_info(result.metric).direction
-    noun = "change" if result.versus_metric else "mean"
+    if expect == "similar" or (m == 0 and expect != "not_worse"):
+        return
+    # The bound in question: the one the claimed effect runs toward; for not_worse, the metric's worse one.
+    low = metric_info(result.metric).direction == "maximize" if expect == "not_worse" else expect == "lower"
+    room = to - rng.low if low else rng.high - to
+    bound = f"lower bound {rng_shown.low:g}" if low else f"upper bound {rng_shown.high:g}"
+    near = (f"the to side's {'change' if result.versus_metric else 'mean'} {to_shown:.3g} lies within the margin "
+            f"{result.margin_text} of the {bound}")  # fmt: skip
     if expect == "not_worse":
-        worse_low = direction == "maximize"
-        if (to - rng.low if worse_low else rng.high - to) <= m:
-            bound = f"lower bound {rng_shown.low:g}" if worse_low else f"upper bound {rng_shown.high:g}"
-            result.verdict = FLOOR if worse_low else CEILING
-            result.reason = (f"the to side's {noun} {to_shown:.3g} lies within the margin {result.margin_text} of "
-                             f"the {bound}: no compare side can be worse by more than the margin")  # fmt: skip
-        return
-    if expect == "similar" or m == 0:
-        return
-    room = to - rng.low if expect == "lower" else rng.high - to
+        if room <= m:
+            result.verdict = FLOOR if low else CEILING
+            result.reason = f"{near}: no compare side can be worse by more than the margin"
     # Data that rule out even a zero effect in the claimed direction contradict it, whatever the margin.
-    if room < m and verdict(result.ci_low, result.ci_high, expect, 0.0) != CONTRADICTED:
-        bound = f"lower bound {rng_shown.low:g}" if expect == "lower" else f"upper bound {rng_shown.high:g}"
-        result.verdict = UNATTAINABLE
-        result.reason = (f"the to side's {noun} {to_shown:.3g} lies within the margin {result.margin_text} of "
-                         f"the {bound}")  # fmt: skip
+    elif room < m and verdict(result.ci_low, result.ci_high, expect, 0.0) != CONTRADICTED:
+        result.verdict, result.reason = UNATTAINABLE, near
 
 
 def _selector(selector: dict[str, Value]) -> str:
