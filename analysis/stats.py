@@ -236,10 +236,8 @@ def holm(pvalues: list[float]) -> list[float]:
     out = np.full_like(p, np.nan)
     idx = np.flatnonzero(np.isfinite(p))
     order = idx[np.argsort(p[idx], kind="stable")]
-    m, running = len(order), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
+    # The k-th smallest of m p-values times m - k (k from 0), capped at 1, and never below the one before it.
+    out[order] = np.maximum.accumulate(np.minimum(1.0, (len(order) - np.arange(len(order))) * p[order]))
     return out.tolist()
 
 
