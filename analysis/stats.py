@@ -181,17 +181,14 @@ def diff_ci(
 
 
 def ci_p(
-    pairs: list[tuple[np.ndarray, np.ndarray]],
-    rng: MetricRange = UNBOUNDED,
-    n_examples: int | None = None,
-    interval: tuple[float, float, float] | None = None,
+    pairs: list[tuple[np.ndarray, np.ndarray]], rng: MetricRange = UNBOUNDED, n_examples: int | None = None
 ) -> float:
     """The two-sided p-value inverting diff_ci: the smallest alpha whose 1 - alpha CI of the difference
     excludes 0, by a root search over the level (the intervals are nested in it), so p < 0.05 exactly when
     the 95% CI excludes 0 (Welch's t-test where that CI is Welch's, for unbounded metrics). 1 for a
     difference of 0; 0 when no level's interval reaches 0 (seeds without spread, no example count); NaN
-    where diff_ci gives none. `interval`: diff_ci's 95% interval of `pairs`, if the caller has it."""
-    estimate, lo, _ = diff_ci(pairs, rng, n_examples) if interval is None else interval
+    where diff_ci gives none."""
+    estimate, lo, _ = diff_ci(pairs, rng, n_examples)
     if not np.isfinite(lo):
         return np.nan
     if estimate == 0:
@@ -261,10 +258,8 @@ def hedges_g(a: np.ndarray, b: np.ndarray) -> float:
 
 def difference(a: np.ndarray, b: np.ndarray, rng: MetricRange, n_examples: int | None) -> dict[str, float]:
     """mean(a) - mean(b) with its 95% CI (diff_ci) and the p-value of that same interval (ci_p)."""
-    pairs = [(a, b)]
-    interval = diff_ci(pairs, rng, n_examples)
-    diff, lo, hi = interval
-    return {"diff": diff, "diff_ci_low": lo, "diff_ci_high": hi, "p": ci_p(pairs, rng, n_examples, interval)}
+    diff, lo, hi = diff_ci([(a, b)], rng, n_examples)
+    return {"diff": diff, "diff_ci_low": lo, "diff_ci_high": hi, "p": ci_p([(a, b)], rng, n_examples)}
 
 
 def summarize(
