@@ -548,9 +548,7 @@ def _contrast(result: ClaimResult, cells: list[pd.Series]) -> None:
     result.ci_low, result.ci_high = max(lo, first.low - second.high), min(hi, first.high - second.low)
 
 
-def evaluate_interaction(
-    spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float = LEVEL
-) -> ClaimResult:
+def evaluate_interaction(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float) -> ClaimResult:
     """Δ = (compare - to) - (compare' - to'), see the module docstring."""
     cells, raw = _cells(spec, claim, df)
     metric, versus_metric = cells[0][2], cells[2][2]
