@@ -597,9 +597,7 @@ def evaluate_interaction(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, le
 def cannot_learn(values: np.ndarray, metric: str, chance: float) -> bool:
     """Whether the 95% CI of the mean lies wholly on the chance side of `chance` (see the module doc)."""
     lo, hi = mean_ci(values)
-    if metric_info(metric).direction == "minimize":
-        return bool(lo > chance)
-    return bool(hi < chance)
+    return bool(lo > chance if metric_info(metric).direction == "minimize" else hi < chance)
 
 
 def _uninformative(result: ClaimResult, sides: list[tuple[str, list[str], np.ndarray]]) -> bool:
