@@ -408,17 +408,17 @@ def _difference(
     return (pooled_c.mean() if len(pooled_c) else np.nan, pooled_t.mean() if len(pooled_t) else np.nan)
 
 
-def _too_few(result: ClaimResult, fewest: int, needed: int, df, variants: list[str], what: str) -> bool:
-    """Marks the claim pending (trials of it still to run) or inconclusive when `what` (a variant, a cell)
-    has fewer than `needed` seeds of the claim's metric: completed ones, or those that trained."""
+def _too_few(result: ClaimResult, fewest: int, df, variants: list[str]) -> bool:
+    """Marks the claim pending (trials of `variants` still queued or running) or inconclusive when a variant
+    (an interaction's cell) has fewer seeds than its metrics need: completed ones, or those that trained."""
+    needed = max(min_seeds(m) for m in (result.metric, result.versus_metric) if m)
     if fewest >= needed:
         return False
-    done, of = (
-        "trained" if result.failures else "completed",
-        f" of {result.metric}" if what == "a variant" else "",
-    )
+    done = "trained" if result.failures else "completed"
+    what, of = ("a cell", "") if result.versus_metric else ("a variant", f" of {result.metric}")
     result.reason = f"{what} has {fewest} {done} seed(s){of}; a verdict needs {needed}"
-    result.verdict = PENDING if unfinished(df, variants) else INCONCLUSIVE
+    unfinished = df["variant"].isin(variants) & ~df["state"].isin(FINISHED)
+    result.verdict = PENDING if unfinished.any() else INCONCLUSIVE
     return True
 
 
@@ -474,8 +474,7 @@ def evaluate_difference(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, lev
     judged = _difference(result, groups, values, df)
     # Seeds of each variant, not values of a side: two variants pooled have no more seeds of either.
     count = lambda by_variant: min(len(by_variant.get(v, ())) for v in compare + to)  # noqa: E731
-    needed = min_seeds(metric)
-    if _too_few(result, count(values), needed, df, compare + to, "a variant"):
+    if _too_few(result, count(values), df, compare + to):
         return result
     sides = [(label, side, np.concatenate([values[v].to_numpy() for v in side if v in values]))
              for label, side in (("compare", compare), ("to", to))]  # fmt: skip
@@ -489,7 +488,7 @@ def evaluate_difference(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, lev
         if result.failures:
             values = trained
             judged = _difference(result, groups, values, df)
-            if _too_few(result, count(values), needed, df, compare + to, "a variant"):
+            if _too_few(result, count(values), df, compare + to):
                 return result
     _decide(result)
     rng = judged_bounds(metric)
@@ -499,10 +498,12 @@ def evaluate_difference(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, lev
 
 
 def _decide(result: ClaimResult) -> None:
-    m = threshold(result.claim, result.metric)
-    direction = metric_info(result.metric).direction
-    result.verdict = verdict(result.ci_low, result.ci_high, result.claim.expect, m, direction)
-    result.reason = _reason(result)
+    """The verdict of the claim's CI against its margin, and the reason that says so."""
+    r, m = result, threshold(result.claim, result.metric)
+    r.verdict = verdict(r.ci_low, r.ci_high, r.claim.expect, m, metric_info(r.metric).direction)
+    ci, bound = f"CI of {effect_name(r.metric)} [{r.ci_low:.3g}, {r.ci_high:.3g}]", r.expected
+    reasons = {REPRODUCED: f"{ci} lies {bound}", CONTRADICTED: f"{ci} rules out an effect {bound}"}
+    r.reason = reasons.get(r.verdict, f"{ci} straddles the margin (expected {bound})")
 
 
 def _cells(
@@ -547,9 +548,7 @@ def _contrast(result: ClaimResult, cells: list[pd.Series]) -> None:
     result.ci_low, result.ci_high = max(lo, first.low - second.high), min(hi, first.high - second.low)
 
 
-def evaluate_interaction(
-    spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float = LEVEL
-) -> ClaimResult:
+def evaluate_interaction(spec: StudySpec, claim: ClaimSpec, df: pd.DataFrame, level: float) -> ClaimResult:
     """Δ = (compare - to) - (compare' - to'), see the module docstring."""
     cells, raw = _cells(spec, claim, df)
     metric, versus_metric = cells[0][2], cells[2][2]
@@ -564,8 +563,7 @@ def evaluate_interaction(
     scaled = judged(raw)
     _contrast(result, scaled)
     variants = [v for _, cell, _ in cells for v in cell]
-    needed = max(min_seeds(metric), min_seeds(versus_metric))
-    if _too_few(result, min(len(s) for s in raw), needed, df, variants, "a cell"):
+    if _too_few(result, min(len(s) for s in raw), df, variants):
         return result
     sides = [(label, cell, s.to_numpy()) for (label, cell, _), s in zip(cells, raw)]
     if _uninformative(result, sides):
@@ -579,7 +577,7 @@ def evaluate_interaction(
                 trained = [t[t.index.isin(kept)] for t in trained]
             scaled = judged(trained)
             _contrast(result, scaled)
-            if _too_few(result, min(len(s) for s in trained), needed, df, variants, "a cell"):
+            if _too_few(result, min(len(s) for s in trained), df, variants):
                 return result
     _decide(result)
     result.reason = (
@@ -596,17 +594,10 @@ def evaluate_interaction(
     return result
 
 
-def unfinished(df: pd.DataFrame, variants: list[str]) -> bool:
-    """Whether trials of `variants` are still queued or running."""
-    return bool((df["variant"].isin(variants) & ~df["state"].isin(FINISHED)).any())
-
-
 def cannot_learn(values: np.ndarray, metric: str, chance: float) -> bool:
     """Whether the 95% CI of the mean lies wholly on the chance side of `chance` (see the module doc)."""
     lo, hi = mean_ci(values)
-    if metric_info(metric).direction == "minimize":
-        return bool(lo > chance)
-    return bool(hi < chance)
+    return bool(lo > chance if metric_info(metric).direction == "minimize" else hi < chance)
 
 
 def _uninformative(result: ClaimResult, sides: list[tuple[str, list[str], np.ndarray]]) -> bool:
@@ -623,10 +614,6 @@ def _uninformative(result: ClaimResult, sides: list[tuple[str, list[str], np.nda
     return bool(unlearnt)
 
 
-def _bound_word(value: float, rng: MetricRange) -> str:
-    return "upper" if value == rng.high else "lower"
-
-
 def _at_bounds(result: ClaimResult, arms: list[tuple[float, float, MetricRange]]) -> None:
     """Marks a `similar` claim whose bounds alone hold Δ within the margin: in each of its differences (one,
     or an interaction's two) both means, on the judged scale, lie within the margin (shared out between
@@ -634,15 +621,14 @@ def _at_bounds(result: ClaimResult, arms: list[tuple[float, float, MetricRange]]
     if result.claim.expect != "similar":
         return
     share = threshold(result.claim, result.metric) / len(arms)
-    bounds = []
+    words = []
     for compare, to, rng in arms:
         if min(compare, to) >= rng.high - share:
-            bounds.append(rng.high)
+            words.append("upper")
         elif max(compare, to) <= rng.low + share:
-            bounds.append(rng.low)
+            words.append("lower")
         else:
             return
-    words = [_bound_word(b, rng) for b, (_, _, rng) in zip(bounds, arms)]
     result.verdict = CEILING if words[0] == "upper" else FLOOR
     metrics = [result.metric, result.versus_metric]
     # A bound as its metric writes it: a perplexity's log 0 is its 1.
@@ -704,25 +690,21 @@ def _no_room(
     no compare side could be worse by more than it (floor, or ceiling where lower is better). `to_shown` and
     `rng_shown`: the same on the metric's own scale, for the reason."""
     expect, m = result.claim.expect, threshold(result.claim, result.metric)
-    direction = metric_info(result.metric).direction
-    noun = "change" if result.versus_metric else "mean"
+    if expect == "similar" or (m == 0 and expect != "not_worse"):
+        return
+    # The bound in question: the one the claimed effect runs toward; for not_worse, the metric's worse one.
+    low = metric_info(result.metric).direction == "maximize" if expect == "not_worse" else expect == "lower"
+    room = to - rng.low if low else rng.high - to
+    bound = f"lower bound {rng_shown.low:g}" if low else f"upper bound {rng_shown.high:g}"
+    near = (f"the to side's {'change' if result.versus_metric else 'mean'} {to_shown:.3g} lies within the margin "
+            f"{result.margin_text} of the {bound}")  # fmt: skip
     if expect == "not_worse":
-        worse_low = direction == "maximize"
-        if (to - rng.low if worse_low else rng.high - to) <= m:
-            bound = f"lower bound {rng_shown.low:g}" if worse_low else f"upper bound {rng_shown.high:g}"
-            result.verdict = FLOOR if worse_low else CEILING
-            result.reason = (f"the to side's {noun} {to_shown:.3g} lies within the margin {result.margin_text} of "
-                             f"the {bound}: no compare side can be worse by more than the margin")  # fmt: skip
-        return
-    if expect == "similar" or m == 0:
-        return
-    room = to - rng.low if expect == "lower" else rng.high - to
+        if room <= m:
+            result.verdict = FLOOR if low else CEILING
+            result.reason = f"{near}: no compare side can be worse by more than the margin"
     # Data that rule out even a zero effect in the claimed direction contradict it, whatever the margin.
-    if room < m and verdict(result.ci_low, result.ci_high, expect, 0.0) != CONTRADICTED:
-        bound = f"lower bound {rng_shown.low:g}" if expect == "lower" else f"upper bound {rng_shown.high:g}"
-        result.verdict = UNATTAINABLE
-        result.reason = (f"the to side's {noun} {to_shown:.3g} lies within the margin {result.margin_text} of "
-                         f"the {bound}")  # fmt: skip
+    elif room < m and verdict(result.ci_low, result.ci_high, expect, 0.0) != CONTRADICTED:
+        result.verdict, result.reason = UNATTAINABLE, near
 
 
 def _selector(selector: dict[str, Value]) -> str:
@@ -751,16 +733,6 @@ def _sensitivity(spec: StudySpec, result: ClaimResult, df: pd.DataFrame) -> None
     else:  # undecided, or still running: more seeds may decide the control
         result.verdict = PENDING if judged.verdict == PENDING else INCONCLUSIVE
         result.reason = f"the sides agree, but {name} is undecided: {judged.reason}"
-
-
-def _reason(r: ClaimResult) -> str:
-    ci = f"CI of {effect_name(r.metric)} [{r.ci_low:.3g}, {r.ci_high:.3g}]"
-    bound = r.expected
-    if r.verdict == REPRODUCED:
-        return f"{ci} lies {bound}"
-    if r.verdict == CONTRADICTED:
-        return f"{ci} rules out an effect {bound}"
-    return f"{ci} straddles the margin (expected {bound})"
 
 
 def compared_variants(spec: StudySpec, claim: ClaimSpec) -> list[str]:

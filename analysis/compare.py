@@ -77,10 +77,7 @@ class Comparison:
 
 def compare(first: Run, second: Run) -> Comparison:
     metric = first.spec.metric.name
-    verdicts = [
-        _numbered(claims.evaluate_all(run.spec, run.trials), lambda r: r.claim.text)
-        for run in (first, second)
-    ]
+    verdicts = [_numbered(claims.evaluate_all(run.spec, run.trials)) for run in (first, second)]
     means = [variant_means(run, metric) for run in (first, second)]
     return Comparison(
         (first, second), metric,
@@ -98,14 +95,13 @@ def variant_means(run: Run, metric: str) -> dict[str, VariantMean]:
     }
 
 
-def _numbered(items: list[Item], key) -> dict[tuple[str, int], Item]:
-    """Items by (key, how many before had that key): two claims of one text stay two."""
+def _numbered(results: list[claims.ClaimResult]) -> dict[tuple[str, int], claims.ClaimResult]:
+    """Claims by (text, how many before had that text): two claims of one text stay two."""
     seen: Counter[str] = Counter()
     out = {}
-    for item in items:
-        k = key(item)
-        out[(k, seen[k])] = item
-        seen[k] += 1
+    for r in results:
+        out[(r.claim.text, seen[r.claim.text])] = r
+        seen[r.claim.text] += 1
     return out
 
 

@@ -181,17 +181,14 @@ def diff_ci(
 
 
 def ci_p(
-    pairs: list[tuple[np.ndarray, np.ndarray]],
-    rng: MetricRange = UNBOUNDED,
-    n_examples: int | None = None,
-    interval: tuple[float, float, float] | None = None,
+    pairs: list[tuple[np.ndarray, np.ndarray]], rng: MetricRange = UNBOUNDED, n_examples: int | None = None
 ) -> float:
     """The two-sided p-value inverting diff_ci: the smallest alpha whose 1 - alpha CI of the difference
     excludes 0, by a root search over the level (the intervals are nested in it), so p < 0.05 exactly when
     the 95% CI excludes 0 (Welch's t-test where that CI is Welch's, for unbounded metrics). 1 for a
     difference of 0; 0 when no level's interval reaches 0 (seeds without spread, no example count); NaN
-    where diff_ci gives none. `interval`: diff_ci's 95% interval of `pairs`, if the caller has it."""
-    estimate, lo, _ = diff_ci(pairs, rng, n_examples) if interval is None else interval
+    where diff_ci gives none."""
+    estimate, lo, _ = diff_ci(pairs, rng, n_examples)
     if not np.isfinite(lo):
         return np.nan
     if estimate == 0:
@@ -210,17 +207,15 @@ def ci_p(
 PERMUTATION_RESAMPLES = 9999
 
 
-def permutation_p(
-    a: np.ndarray, b: np.ndarray, n_resamples: int = PERMUTATION_RESAMPLES, seed: int = 0
-) -> float:
+def permutation_p(a: np.ndarray, b: np.ndarray) -> float:
     """Two-sided permutation test of the difference of means: exact when the relabellings number at
-    most n_resamples, Monte Carlo otherwise. NaN with fewer than two values a side."""
+    most PERMUTATION_RESAMPLES, Monte Carlo (seed 0) otherwise. NaN with fewer than two values a side."""
     if len(a) < 2 or len(b) < 2:
         return np.nan
     result = sps.permutation_test(
         (a, b), lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis), vectorized=True,
-        permutation_type="independent", alternative="two-sided", n_resamples=n_resamples,
-        rng=np.random.default_rng(seed),
+        permutation_type="independent", alternative="two-sided", n_resamples=PERMUTATION_RESAMPLES,
+        rng=np.random.default_rng(0),
     )  # fmt: skip
     return float(result.pvalue)
 
@@ -238,10 +233,8 @@ def holm(pvalues: list[float]) -> list[float]:
     out = np.full_like(p, np.nan)
     idx = np.flatnonzero(np.isfinite(p))
     order = idx[np.argsort(p[idx], kind="stable")]
-    m, running = len(order), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
+    # The k-th smallest of m p-values times m - k (k from 0), capped at 1, and never below the one before it.
+    out[order] = np.maximum.accumulate(np.minimum(1.0, (len(order) - np.arange(len(order))) * p[order]))
     return out.tolist()
 
 
@@ -265,10 +258,8 @@ def hedges_g(a: np.ndarray, b: np.ndarray) -> float:
 
 def difference(a: np.ndarray, b: np.ndarray, rng: MetricRange, n_examples: int | None) -> dict[str, float]:
     """mean(a) - mean(b) with its 95% CI (diff_ci) and the p-value of that same interval (ci_p)."""
-    pairs = [(a, b)]
-    interval = diff_ci(pairs, rng, n_examples)
-    diff, lo, hi = interval
-    return {"diff": diff, "diff_ci_low": lo, "diff_ci_high": hi, "p": ci_p(pairs, rng, n_examples, interval)}
+    diff, lo, hi = diff_ci([(a, b)], rng, n_examples)
+    return {"diff": diff, "diff_ci_low": lo, "diff_ci_high": hi, "p": ci_p([(a, b)], rng, n_examples)}
 
 
 def summarize(

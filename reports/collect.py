@@ -84,7 +84,10 @@ def _wanted(name: str) -> bool:
 def _parse_artifacts(files: dict[str, Path]) -> TrialArtifacts:
     out = TrialArtifacts()
     if artifacts.METRICS in files:
-        result = _read_json(files[artifacts.METRICS])
+        try:
+            result = json.loads(files[artifacts.METRICS].read_text())
+        except (OSError, ValueError):
+            result = {}  # unreadable: the trial draws no curve
         out.history = result.get("history") or []
         out.per_length = result.get("per_length") or []
         out.cost = {k: result[k] for k in COST_COLUMNS if isinstance(result.get(k), (int, float))}
@@ -99,13 +102,6 @@ def _parse_artifacts(files: dict[str, Path]) -> TrialArtifacts:
         except (OSError, KeyError, ValueError):
             continue
     return out
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def open_artifact_store(spec: StudySpec, runs_root: str | Path, location: str | None):
@@ -165,10 +161,8 @@ def tune_trials(spec: StudySpec, storage) -> dict[str, list[optuna.trial.FrozenT
 def recorded_provenance(trials: list[optuna.trial.FrozenTrial]) -> dict[str, list[str]]:
     """The distinct values of what trials recorded about where and how they ran: user attributes
     'hardware', 'versions', 'git_commit' and 'signatures' (sacreBLEU's; strings or dicts)."""
-    out: dict[str, set[str]] = {key: set() for key in PROVENANCE_ATTRS}
-    for t in trials:
-        for key in PROVENANCE_ATTRS:
-            value = t.user_attrs.get(key)
-            if value:
-                out[key].add(json.dumps(value, sort_keys=True) if isinstance(value, dict) else str(value))
-    return {key: sorted(values) for key, values in out.items()}
+    def distinct(key: str) -> list[str]:
+        values = [t.user_attrs.get(key) for t in trials]
+        return sorted({json.dumps(v, sort_keys=True) if isinstance(v, dict) else str(v) for v in values if v})
+
+    return {key: distinct(key) for key in PROVENANCE_ATTRS}

@@ -12,7 +12,7 @@ import pandas as pd
 from ablate.analysis.stats import mean_table
 from ablate.harness import compat
 from ablate.reports.collect import StudyData
-from ablate.reports.plots import RANGE_PAD, length_accuracy
+from ablate.reports.plots import RANGE_PAD, completed, length_accuracy
 from ablate.schema.metric_registry import metric_range
 from ablate.schema.trials import optuna_study_name
 
@@ -58,14 +58,13 @@ def metric_by_variant(df: pd.DataFrame, summary: pd.DataFrame, metric: str, orde
     """The report's per-variant mean with its 95% CI (from `summary`) and every seed's value as a point."""
     import plotly.graph_objects as go
 
-    done = df[df["state"] == "COMPLETE"]
-    if metric not in done or pd.to_numeric(done[metric], errors="coerce").isna().all():
+    seeds = completed(df, metric)
+    if seeds.empty:
         return None
     rows = summary.set_index("variant").reindex(order)
     fig = go.Figure()
-    seeds = done.assign(value=pd.to_numeric(done[metric], errors="coerce")).dropna(subset=["value"])
     fig.add_trace(go.Scatter(
-        x=seeds["variant"], y=seeds["value"], mode="markers", name="seed", marker={"color": "#6baed6", "size": 8},
+        x=seeds["variant"], y=seeds[metric], mode="markers", name="seed", marker={"color": "#6baed6", "size": 8},
         text=[f"trial {t}, seed {s}" for t, s in zip(seeds["trial"], seeds["seed"])],
     ))  # fmt: skip
     fig.add_trace(go.Scatter(

@@ -32,7 +32,8 @@ UNBOUNDED_HEADROOM = 1.5
 FIT_HEADROOM, FIT_FLOOR = 1.15, 0.01
 
 
-def _done(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+def completed(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The completed trials with a value of `metric`, as numbers: every seed a figure draws."""
     if metric not in df:
         return df.iloc[0:0]
     done = df[df["state"] == "COMPLETE"].copy()
@@ -68,7 +69,7 @@ def _fit_range(ax, rng: MetricRange, drawn: np.ndarray) -> None:
 
 def metric_by_variant(df: pd.DataFrame, metric: str, order: list[str]) -> plt.Figure | None:
     """Mean with 95% CI per variant, every seed drawn as a point."""
-    done = _done(df, metric)
+    done = completed(df, metric)
     if done.empty:
         return None
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(order)), 3.8))
@@ -85,7 +86,7 @@ def metric_by_variant(df: pd.DataFrame, metric: str, order: list[str]) -> plt.Fi
 def metric_by_factor(df: pd.DataFrame, metric: str, factor: str, others: list[str]) -> plt.Figure | None:
     """Point plot of the metric over one factor's levels, faceted by a second factor and coloured by a
     third when the grid has them; every seed drawn as a small point."""
-    done = _done(df, metric)
+    done = completed(df, metric)
     if done.empty or factor not in done:
         return None
     done = done.astype({k: str for k in [factor, *others] if k in done})
@@ -265,7 +266,7 @@ def quality_vs_cost(
         p = points.dropna(subset=[cost]).sort_values(cost)
         err = np.abs(np.vstack([p["mean"] - p["ci_low"], p["ci_high"] - p["mean"]]))
         ax.errorbar(p[cost], p["mean"], yerr=np.nan_to_num(err), fmt="o", color="#08306b", capsize=3)
-        seeds = _done(df, metric)
+        seeds = completed(df, metric)
         ax.scatter(
             pd.to_numeric(seeds[cost], errors="coerce"), seeds[metric], s=8, color="#6baed6", alpha=0.6
         )
