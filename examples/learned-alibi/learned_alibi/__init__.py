@@ -1,13 +1,14 @@
 """ALiBi (Press et al. 2022) with its slopes learned: a bias -softplus(w_h)·|i - j| per head, the w_h
 started at ALiBi's geometric slopes (so the model starts as ALiBi and may move away), or all at one slope.
-Close to KERPLE's power kernel at p = 1 (Chi et al. 2022), which learns the slope too."""
+Close to KERPLE's power kernel at p = 1 (Chi et al. 2022), which learns the slope too.
+
+The entry and its settings import no torch, as the built-in registries do: the layer (layer.py) is imported
+when a model is built."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Literal
-
-import torch
-from torch import nn
 
 from ablate.models.plugins import Settings, settings
 from ablate.models.positional import PositionalKind
@@ -19,32 +20,14 @@ class LearnedALiBiSettings(Settings):
     start: Literal["alibi", "equal"] = "alibi"  # ALiBi's 2^(-8h/H), or every head at 2^-4
 
 
-class LearnedALiBi(nn.Module):
-    def __init__(self, heads: int, start: str):
-        super().__init__()
-        if start == "alibi":
-            slopes = torch.tensor([2 ** (-8 * (h + 1) / heads) for h in range(heads)])
-        else:
-            slopes = torch.full((heads,), 2**-4)
-        self.raw = nn.Parameter(torch.log(torch.expm1(slopes)))  # softplus(raw) = the starting slopes
-
-    def forward(self, q_len: int, k_len: int) -> torch.Tensor:
-        """(H, q_len, k_len), or (K, H, q_len, k_len) with fused seeds (raw is then (K, H)); the queries are
-        the last q_len of the k_len positions."""
-        i = torch.arange(k_len - q_len, k_len, device=self.raw.device).unsqueeze(1)
-        j = torch.arange(k_len, device=self.raw.device).unsqueeze(0)
-        distance = (i - j).abs().to(self.raw.dtype)  # (q_len, k_len)
-        return -nn.functional.softplus(self.raw)[..., :, None, None] * distance
+def load_layer():
+    return importlib.import_module("learned_alibi.layer")
 
 
-def reference(part: LearnedALiBi, cfg, q_len: int, k_len: int) -> torch.Tensor:
-    """-m_h·|i - j| with m_h = softplus(w_h), entry by entry: what `ablate check` compares in float64."""
-    m = nn.functional.softplus(part.raw)  # (H,)
-    rows = [torch.stack([-m * abs(i - j) for j in range(k_len)], -1) for i in range(k_len - q_len, k_len)]
-    return torch.stack(rows, -2)  # (H, q_len, k_len)
+def build(layers, cfg, bidirectional: bool):
+    return load_layer().LearnedALiBi(cfg.heads, settings(cfg, "learned-alibi").start)
 
 
 LEARNED_ALIBI = PositionalKind(
-    score_bias=lambda layers, cfg, bidirectional: LearnedALiBi(cfg.heads, settings(cfg, "learned-alibi").start),
-    reference=reference,
+    score_bias=build, reference=lambda part, cfg, q_len, k_len: load_layer().reference(part, cfg, q_len, k_len)
 )
