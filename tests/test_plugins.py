@@ -352,20 +352,25 @@ def test_a_study_of_plugged_entries_is_swept_reported_and_judged(installed, tmp_
     study.write_text(json.dumps({
         "name": "plugged", "base": {"task": {**TINY_TASK, "name": "echo"}, "model": dict(TINY_MODEL),
                                     "train": dict(TINY_TRAIN)},
-        "factors": {"model.score": ["quarter", "dot", "explode"]}, "seeds": [0, 1],
-        "baseline": {"model.score": "dot"},
+        "variants": {"quarter": {"model.score": "quarter"}, "dot": {"model.score": "dot"},
+                     "explode": {"model.score": "explode"}, "bag": {"model.arch": "bag"}},
+        "seeds": [0, 1], "baseline": "dot",
         "claims": [{"text": "A quarter scale trains as well as 1/sqrt(d_k).", "compare": {"model.score": "quarter"},
-                    "to": {"model.score": "dot"}, "metric": "test/tok_acc", "expect": "higher", "margin": 0.0}],
+                    "to": {"model.score": "dot"}, "metric": "test/tok_acc", "expect": "higher", "margin": 0.0},
+                   {"text": "Attention copies better than a bag of words.", "compare": {"model.score": "dot"},
+                    "to": {"model.arch": "bag"}, "metric": "test/tok_acc",
+                    "expect": "higher", "margin": 0.0}],
     }))  # fmt: skip
     proc = ablate("sweep", str(study), "--workers", "1", "--out", str(tmp_path / "runs"), env=installed, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = (tmp_path / "runs" / "plugged" / "report" / "report.md").read_text()
-    assert "| score=quarter |" in report and "A quarter scale trains as well as 1/sqrt(d_k)." in report
-    assert "1 test of a published finding: 1 " in report
+    assert "| quarter |" in report and "| bag |" in report and "A quarter scale trains as well as 1/sqrt(d_k)." in report
+    assert "Attention copies better than a bag of words." in report
+    assert "2 tests of published findings: 2 " in report, report[:1500]
     # A plug-in that fails while training fails its trials, named with its package; the others ran.
     url = f"sqlite:///{tmp_path / 'runs' / 'plugged' / 'study.db'}"  # read as Optuna stores it: no plug-in here
     failed = [t for t in optuna.load_study(study_name="plugged:eval", storage=url).trials if t.state.name == "FAIL"]
-    assert {t.user_attrs["grid_point"].split("/")[0] for t in failed} == {"score=explode"}
+    assert {t.user_attrs["grid_point"].split("/")[0] for t in failed} == {"explode"}
     named = "plug-ins model.score=explode of my-attention, task.name=echo of my-attention: RuntimeError: "
     assert all(t.user_attrs["fail_reason"].startswith(named) for t in failed), failed[0].user_attrs["fail_reason"]
 
