@@ -15,6 +15,7 @@ import torch
 from ablate.models import attention, build_model, positional_layers
 from ablate.models.config import ModelConfig
 from ablate.models.ensemble import fuse_models
+from ablate.models.kinds import FAMILIES
 from ablate.models.positional import POSITIONAL
 from ablate.models.transformer_scores import TRANSFORMER_SCORES
 
@@ -22,16 +23,20 @@ VOCAB, PAD, B, S, T = 12, 0, 3, 7, 6  # a small batch: rows, source and target l
 TOL = 1e-5
 
 
+class Skipped(str):
+    """What a check returns where it does not apply to this model: why."""
+
+
 @dataclass
 class Outcome:
     check: str
     passed: bool
     detail: str = ""
-    ran: bool = True  # False: nothing to check (no entry of the config gives a reference)
+    ran: bool = True  # False: the check does not apply (detail says why)
 
     def __str__(self) -> str:
         said = "pass" if self.passed else f"FAIL, {self.detail}"
-        return f"{self.check}: {said if self.ran else 'nothing to compare (no entry gives its formula)'}"
+        return f"{self.check}: {said if self.ran else 'not run, ' + self.detail}"
 
 
 def batch(device: torch.device, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,6 +113,8 @@ def deterministic(cfg: ModelConfig, device: torch.device) -> str:
 
 def fused(cfg: ModelConfig, device: torch.device) -> str:
     """Two seeds fused into one model give each seed's own outputs (rows seed-major)."""
+    if not FAMILIES[cfg.arch].fuses:
+        return Skipped(f"model.arch={cfg.arch} does not fuse seeds (its Family says so)")
     alone = [model(cfg, device, seed) for seed in (0, 1)]
     together = fuse_models(alone).eval()
     src, tgt = batch(device)
@@ -119,11 +126,11 @@ def fused(cfg: ModelConfig, device: torch.device) -> str:
     return ""
 
 
-def reference(cfg: ModelConfig, device: torch.device) -> str | None:
-    """The score's and each positional part's module, in float64, against the formula its entry gives;
-    None when no entry of this config gives one."""
+def reference(cfg: ModelConfig, device: torch.device) -> str:
+    """The score's and each positional part's module, in float64, against the formula its entry gives."""
+    nothing = Skipped("no entry of this model gives its formula")
     if cfg.arch != "transformer":
-        return None
+        return nothing
     g = torch.Generator().manual_seed(2)
     draw = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).to(device)  # noqa: E731
     compared = []
@@ -147,10 +154,10 @@ def reference(cfg: ModelConfig, device: torch.device) -> str | None:
     for what, actual, expected in compared:
         if found := first_difference(actual, expected):
             return f"{what} differs from its reference {found}"
-    return "" if compared else None
+    return "" if compared else nothing
 
 
-CHECKS: dict[str, Callable[[ModelConfig, torch.device], str | None]] = {
+CHECKS: dict[str, Callable[[ModelConfig, torch.device], str]] = {
     "shapes": shapes, "padding": padding, "causal mask": causal, "gradients": gradients,
     "deterministic": deterministic, "fused": fused, "reference": reference,
 }  # fmt: skip
@@ -164,4 +171,5 @@ def check(cfg: ModelConfig, device: torch.device) -> Iterator[Outcome]:
             found = run(cfg, device)
         except Exception as e:  # the entry's own fault: named, and the next check runs
             found = f"raised {type(e).__name__}: {e}"
-        yield Outcome(name, not found, found or "", ran=found is not None)
+        skipped = isinstance(found, Skipped)
+        yield Outcome(name, skipped or not found, found, ran=not skipped)

@@ -47,6 +47,7 @@ class Unset(Settings):
 MIRROR = PositionalKind(score_bias=lambda layers, cfg, bidirectional: layers.ALiBi(cfg.heads))
 RMS_POST = Norm("post", rms=True)
 BAG = Family("my_attention.family:BagOfWords", eager=None)
+BAG_ALONE = Family("my_attention.family:BagOfWords", fuses=False)  # each seed trains alone, eager
 NUMBER = 3
 
 
@@ -158,6 +159,7 @@ leak = my_attention:LEAK
 
 [ablate.arch]
 bag = my_attention:BAG
+bag-alone = my_attention:BAG_ALONE
 
 [ablate.norm]
 rms_post = my_attention:RMS_POST
@@ -245,7 +247,17 @@ def test_a_plugged_family_trains_learns_is_checked_and_ignores_the_other_familie
     assert (proc.returncode, proc.stderr.strip()) == (2, "error: model.heads: has no effect (a Transformer setting; model.arch is bag)")
     proc = ablate("check", "model.arch=bag", "model.d_model=16", env=installed)
     assert proc.returncode == 0 and proc.stdout.count(": pass") == 6, proc.stdout + proc.stderr
-    assert "reference: nothing to compare" in proc.stdout
+    assert "reference: not run, no entry of this model gives its formula" in proc.stdout
+    # A family that says it does not fuse: not checked fused, refused where a study asks for fusion.
+    proc = ablate("check", "model.arch=bag-alone", "model.d_model=16", env=installed)
+    assert proc.returncode == 0 and "fused: not run, model.arch=bag-alone does not fuse seeds (its Family says so)" in proc.stdout
+    study = tmp_path / "alone.yaml"
+    study.write_text(json.dumps({"name": "alone", "base": {"task": dict(TINY_TASK), "model": {"arch": "bag-alone"},
+                                                           "train": {**TINY_TRAIN, "fuse_seeds": True}},
+                                 "variants": {"bag": {}}, "seeds": [0, 1]}))  # fmt: skip
+    proc = ablate("sweep", str(study), "--out", str(tmp_path / "runs"), env=installed)
+    said = "train.fuse_seeds: true, but model.arch=bag-alone does not fuse seeds (its Family says so)"
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize(
