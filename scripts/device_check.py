@@ -35,7 +35,7 @@ VERSIONS = ("torch", "lightning", "optuna", "optuna-integration", "wandb", "pyda
 GPU_FIGURES = "k_trial_vs_captured,h_fused_seeds,j_compile,g_mfu,i_fused_trials,f_sweep_scaling"
 CPU_FIGURES = "h_fused_seeds,j_compile,k_trial_vs_captured"
 # The tests that need CUDA (marked `cuda`), and the compiled steps' whole trials, which run on the GPU there.
-TESTS = ["tests/test_compile.py", "tests/test_module.py", "-m", "cuda or not slow",
+TESTS = ["tests/test_compile.py", "tests/test_module.py", "tests/test_conformance.py", "-m", "cuda or not slow",
          "-k", "cuda or compiled_trial or fused_group_compiles or many_lengths"]
 # The CPU mode's study: the quickstart, a few steps a trial.
 CPU_STUDY = ["quickstart", "--set", "train.max_steps=20", "--set", "train.val_every=10",

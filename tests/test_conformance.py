@@ -36,6 +36,7 @@ def test_every_built_in_entry_passes_every_check(entry):
     assert outcomes[-1].ran == (entry.get("arch") != "lstm" and given), outcomes[-1]
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_every_built_in_entry_passes_every_check_on_cuda():
     failed = [(entry, o.check, o.detail) for entry in ENTRIES
