@@ -10,9 +10,7 @@ import lightning as L
 import optuna
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
-from optuna_integration import PyTorchLightningPruningCallback
 
-from ablate.harness.compat import pruning_trial
 from ablate.harness.probes import Probe, capture, log_images
 from ablate.harness.rules import MONITOR, Cost, Divergence, History, Patience
 from ablate.models.module import Seq2SeqModule
@@ -60,23 +58,10 @@ class EarlyStop(L.Callback):
 
 def report_step(trial: optuna.Trial, score: float, step: int, prune: bool = False) -> None:
     """A validation's score reported to its trial at its training step; with `prune`, optuna.TrialPruned
-    when the pruner says so. Every trial reports here, alone (StepPruning, ReportValidation) or fused."""
+    when the pruner says so. Every trial reports here, alone (ReportValidation) or fused."""
     trial.report(float(score), step=step)
     if prune and trial.should_prune():
         raise optuna.TrialPruned(f"pruned at step {step}")
-
-
-class StepPruning(PyTorchLightningPruningCallback):
-    """Reports the monitored metric at the global step, not the epoch: training is budgeted in steps and
-    validates several times per epoch, and Hyperband's resource is then the number of training steps."""
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.is_ddp_backend:
-            return super().on_validation_end(trainer, pl_module)
-        score = trainer.callback_metrics.get(self.monitor)
-        if trainer.sanity_checking or score is None:
-            return
-        report_step(pruning_trial(self), score, trainer.global_step, prune=True)
 
 
 class HistoryCallback(L.Callback):
@@ -144,16 +129,18 @@ class AttentionImages(L.Callback):
 
 
 class ReportValidation(L.Callback):
-    """Reports the monitored metric to the trial at each validation (at the global step), so the dashboard
-    draws an eval trial's learning curve while it runs; nothing is pruned (see StepPruning for tuning)."""
+    """Reports the monitored metric to the trial at each validation, at the global step, not the epoch as
+    optuna-integration's pruning callback does: training is budgeted in steps and validates several times per
+    epoch, so Hyperband's resource is the number of training steps. With `prune` (tuning), optuna.TrialPruned
+    when the pruner says so; without (an eval trial), the dashboard draws its learning curve while it runs."""
 
-    def __init__(self, trial: optuna.Trial, monitor: str):
-        self.trial, self.monitor = trial, monitor
+    def __init__(self, trial: optuna.Trial, monitor: str, prune: bool = False):
+        self.trial, self.monitor, self.prune = trial, monitor, prune
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         score = trainer.callback_metrics.get(self.monitor)
         if not trainer.sanity_checking and score is not None:
-            report_step(self.trial, score, trainer.global_step)
+            report_step(self.trial, score, trainer.global_step, prune=self.prune)
 
 
 class StepBudgetProgressBar(RichProgressBar):

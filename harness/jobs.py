@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from ablate.harness import compat, provenance, tracking
 from ablate.harness.artifacts import CHECKPOINTS, RESUME_CHECKPOINT, trial_dir, upload_trial_files
-from ablate.harness.callbacks import ReportValidation, StepPruning, report_step
+from ablate.harness.callbacks import ReportValidation, report_step
 from ablate.harness.checkpoints import (
     FUSED_STATE,
     RESUME_ATTR,
@@ -148,7 +148,7 @@ class Job:
             metric, seed = tune_metric(spec).name, spec.tune_seeds[0]
             claim.study.sampler = tune_sampler(spec, variant, trial.number)
             extra = {key: suggest(trial, key, space) for key, space in spec.tune.params.items()}
-            callbacks: list[L.Callback] = [StepPruning(trial, monitor=metric)]
+            callbacks: list[L.Callback] = [ReportValidation(trial, metric, prune=True)]
             name = f"{variant}-seed{seed}-tune{trial.number}"
         else:
             # The stored fixed param makes this return the queued variant, recorded as a trial param.

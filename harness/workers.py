@@ -1,9 +1,9 @@
 """Workers: claim a queued trial, run it, store its result and artifacts, until none is left.
 
-Tune trials run first (each tuned variant's own TPE study, pruned through optuna-integration's Lightning
-callback; every variant, or the baseline alone with `tune.arm: baseline`); an eval trial is claimed only
-once the tuning that chooses its parameters is finished, and runs with its best parameters. Any number of
-workers, here or on other machines (harness/launchers), may join one storage. Which trials a worker takes
+Tune trials run first (each tuned variant's own TPE study, pruned at its validations: callbacks.py
+ReportValidation; every variant, or the baseline alone with `tune.arm: baseline`); an eval trial is claimed
+only once the tuning that chooses its parameters is finished, and runs with its best parameters. Any number
+of workers, here or on other machines (harness/launchers), may join one storage. Which trials a worker takes
 and how each is set up and recorded: harness/jobs.py; how it holds them: harness/study/leases.py."""
 
 from __future__ import annotations
