@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 
 from ablate.harness.probes import Probe, capture, log_images
-from ablate.harness.rules import MONITOR, Cost, Divergence, History, Patience
+from ablate.harness.rules import MONITOR, Cost, Divergence, Patience
 from ablate.models.module import Seq2SeqModule
 
 
@@ -65,21 +65,22 @@ def report_step(trial: optuna.Trial, score: float, step: int, prune: bool = Fals
 
 
 class HistoryCallback(L.Callback):
-    """rules.History of a trial alone: every logged scalar at each validation."""
+    """Every logged scalar of a trial alone's validations by step, so learning curves survive without any
+    external logger (a fused seed keeps the same rows)."""
 
     def __init__(self):
-        self.history = History()
+        self.rows: list[dict[str, float]] = []
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
-            self.history.record(trainer.global_step, {k: float(v) for k, v in trainer.callback_metrics.items()
-                                                      if v.numel() == 1})  # fmt: skip
+            scalars = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+            self.rows.append({"step": trainer.global_step, **scalars})
 
     def state_dict(self) -> dict:
-        return {"rows": self.history.rows}  # a resumed trial's history starts where the checkpoint's ended
+        return {"rows": self.rows}  # a resumed trial's history starts where the checkpoint's ended
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.history = History(list(state_dict["rows"]))
+        self.rows = list(state_dict["rows"])
 
 
 class CostMonitor(L.Callback):

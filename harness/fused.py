@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ablate.harness import artifacts, signals
 from ablate.harness.checkpoints import FUSED_STATE, Preempted
 from ablate.harness.grouping import why_not_fused
-from ablate.harness.rules import MONITOR, Best, Cost, Divergence, History, Patience, Schedule, TrialFailed
+from ablate.harness.rules import MONITOR, Best, Cost, Divergence, Patience, Schedule, TrialFailed
 from ablate.harness.trial import Prepared, TrialResult, build_trainer, resolve_precision
 from ablate.models.ensemble import (
     ActiveSeeds,
@@ -69,7 +69,7 @@ class Seed:
     prepared: Prepared
     epoch: int = 0
     batches_done: int = 0  # of the current epoch
-    history: History = field(default_factory=History)
+    history: list[dict[str, float]] = field(default_factory=list)  # its validations' rows, as alone
     best: Best = field(default_factory=Best)
     best_state: dict[str, torch.Tensor] | None = None  # the weights of best.step
     patience: Patience | None = None  # train.patience's early stopping
@@ -129,7 +129,7 @@ class Seed:
             "model": seed_state_dict(fused, k), "moments": moments, "adam_step": adam_step,
             "param_groups": optimizer.state_dict()["param_groups"], "scheduler": scheduler.state_dict(),
             "data": (self.epoch, self.batches_done), "dropout": generator.get_state(),
-            "history": self.history.rows, "best": dataclasses.asdict(self.best), "best_state": self.best_state,
+            "history": self.history, "best": dataclasses.asdict(self.best), "best_state": self.best_state,
             "patience": dataclasses.asdict(self.patience) if self.patience else None,
             "stopped": self.stopped, "steps": self.steps,
             "failure": str(self.failure) if self.failure is not None else None,  # a TrialFailed's message
@@ -137,7 +137,7 @@ class Seed:
 
     def restore(self, state: dict) -> None:
         self.epoch, self.batches_done = state["data"]
-        self.history = History(list(state["history"]))
+        self.history = list(state["history"])
         self.best, self.best_state = Best(**state["best"]), state["best_state"]
         self.patience = Patience(**state["patience"]) if state["patience"] else None
         self.stopped, self.steps = state["stopped"], state["steps"]
@@ -328,7 +328,8 @@ class FusedGroup:
             with self.autocast:
                 metrics = module.validate({name: t.to(self.device) for name, t in batch.items()} for batch in loader)
             trained = {"train/loss": float(seed.last_loss), "train/lr": seed.lr}
-            row = seed.history.record(self.step, {**trained, **metrics})
+            row = {"step": self.step, **trained, **metrics}
+            seed.history.append(row)
             rows.append(row)
             if seed.best.improves(metrics[MONITOR], self.step):
                 seed.best_state = state
@@ -393,12 +394,12 @@ class FusedGroup:
                 best = Path(out_dir) / artifacts.CHECKPOINTS / f"{artifacts.BEST_CHECKPOINT}.ckpt"
                 trainer.save_checkpoint(best, weights_only=True)
         result = prepared.result(
-            seed.steps or self.step, test_metrics, evaluation, seed.history.rows, seed.cost, self.start,
+            seed.steps or self.step, test_metrics, evaluation, seed.history, seed.cost, self.start,
             self.resumed_from_step,
         )  # fmt: skip
         with seed.member.logger() if seed.member.logger else nullcontext() as logger:
             loggers = [logger] if logger is not None else []
-            for row in seed.history.rows:
+            for row in seed.history:
                 for lg in loggers:
                     lg.log_metrics({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
             prepared.leave(result, out_dir, loggers, self.step)

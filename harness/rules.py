@@ -1,9 +1,9 @@
 """The training rules of a trial, each written once: when it validates, saves its resume checkpoint and
-stops (Schedule), divergence, early stopping (Patience), the best weights (Best), the validation history
-and the training cost. A trial alone holds one of each through thin Lightning callbacks
-(harness/callbacks.py, harness/checkpoints.py), a fused group one per seed (harness/fused.py), so a seed
-follows the same rules fused as alone by construction. Torch only: no Lightning, no Optuna (reporting to
-Optuna and pruning: harness/callbacks.py `report_step`)."""
+stops (Schedule), divergence, early stopping (Patience), the best weights (Best) and the training cost. A
+trial alone holds one of each through thin Lightning callbacks (harness/callbacks.py,
+harness/checkpoints.py), a fused group one per seed (harness/fused.py), so a seed follows the same rules
+fused as alone by construction. Torch only: no Lightning, no Optuna (reporting to Optuna and pruning:
+harness/callbacks.py `report_step`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import math
 import resource
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,18 +119,6 @@ class Best:
             return False
         self.score, self.step = score, step
         return True
-
-
-@dataclass
-class History:
-    """Every validation's scalars by step, so learning curves survive without any external logger."""
-
-    rows: list[dict[str, float]] = field(default_factory=list)
-
-    def record(self, step: int, scalars: dict[str, float]) -> dict[str, float]:
-        row = {"step": step, **scalars}
-        self.rows.append(row)
-        return row
 
 
 def reset_peak_rss() -> None:

@@ -265,7 +265,7 @@ def run_trial(
         test_metrics = trainer.test(module, datamodule=dm, ckpt_path=tested, verbose=False, weights_only=True)
 
     result = prepared.result(
-        trainer.global_step, test_metrics, evaluation, history.history.rows, cost.cost, start,
+        trainer.global_step, test_metrics, evaluation, history.rows, cost.cost, start,
         periodic.resumed_from_step,
     )  # fmt: skip
     prepared.leave(result, out_dir, loggers, trainer.global_step)
