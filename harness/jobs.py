@@ -25,7 +25,6 @@ from ablate.harness.checkpoints import (
     RESUME_ATTR,
     StoredCheckpoints,
     fetch,
-    resume_kind,
     resume_point,
 )
 from ablate.harness.fused import Member
@@ -99,7 +98,7 @@ class Picker:
     def fuses(self, claim: Claim) -> bool:
         """Whether an eval trial trains fused: its resume checkpoint is a fused seed's, or it starts afresh
         and its variant's train.fuse_seeds asks for fusion here and allows it."""
-        kind = resume_kind(claim.trial.user_attrs)
+        kind, _ = resume_point(claim.trial.user_attrs)
         if kind is not None:
             return kind == FUSED_STATE
         cfg = self.spec.config_for(self.variants[claim.variant], claim.seed)
@@ -192,11 +191,8 @@ class Job:
         """Stores a finished trial's artifacts and results (a TrialResult); its objective value."""
         trial = self.claim.trial
         self.store_artifacts()
-        trial.set_user_attr("metrics", result.metrics)
-        trial.set_user_attr("params", result.params)
-        trial.set_user_attr("wall_time", result.wall_time)
-        trial.set_user_attr("resumed_from_step", result.resumed_from_step)
-        trial.set_user_attr("split_sizes", result.split_sizes)
+        for key in ("metrics", "params", "wall_time", "resumed_from_step", "split_sizes"):
+            trial.set_user_attr(key, getattr(result, key))
         if result.signatures:  # how BLEU / chrF were computed, for the report
             trial.set_user_attr("signatures", result.signatures)
         value = result.metrics.get(self.metric)
