@@ -146,7 +146,8 @@ class Worker:
                 say(claim, f"FAILED, {type(outcome).__name__}: {outcome}"[:300])
             else:
                 claim.study.tell(claim.trial, outcome)
-                say(claim, f"{self.metric_name(claim)} = {outcome:.4g}")
+                metric = tune_metric(self.spec).name if claim.phase == TUNE else self.spec.metric.name
+                say(claim, f"{metric} = {outcome:.4g}")
 
     def stop_for_space(self, e: BaseException, claims: list[Claim]) -> None:
         """Every later trial would fail the same way: the claimed ones wait, as they were, for free space."""
@@ -174,16 +175,14 @@ class Worker:
         claim.study.tell(trial, state=TrialState.FAIL)
         free_device_memory()
 
-    def metric_name(self, claim: Claim) -> str:
-        return tune_metric(self.spec).name if claim.phase == TUNE else self.spec.metric.name
-
     def objective(self, claims: list[Claim]) -> list[float | BaseException]:
         """Each claimed trial's objective value, or the exception its trial alone failed with (a fused seed
         that diverged); an exception of the whole run (pruned, preempted, a fault) is raised. Runs a trial
         alone, fused eval seeds, or a tune candidate's fused tune.seeds scored on their mean."""
         from ablate.harness.trial import run_trial
 
-        jobs = [self.job(claim) for claim in claims]
+        jobs = [Job.prepare(self.spec, self.picker.variants, self.storage, self.root, self.store, claim)
+                for claim in claims]
         if claims[0].phase == TUNE and len(self.spec.tune_seeds) > 1:
             return [self.tune_on_seeds(jobs[0])]
         with self.keeping(jobs):
@@ -208,9 +207,6 @@ class Worker:
             self.wandb_mode, self.root, group=self.spec.name, name=job.name, job_type=job.claim.phase,
             tags=job.tags, config=job.cfg.flat(),
         )  # fmt: skip
-
-    def job(self, claim: Claim) -> Job:
-        return Job.prepare(self.spec, self.picker.variants, self.storage, self.root, self.store, claim)
 
     @contextmanager
     def keeping(self, jobs: list[Job]) -> Iterator[None]:
