@@ -164,14 +164,6 @@ def stack_batches(batches: list[dict[str, torch.Tensor]], device: torch.device) 
     return {name: t.pin_memory().to(device, non_blocking=True) for name, t in stacked.items()}
 
 
-def autocast(precision: str, device: torch.device) -> AbstractContextManager:
-    """What Lightning's precision plugin wraps a trial alone's steps in: bf16 autocast for bf16-mixed (the
-    only mixed precision fused seeds take, harness/grouping.py), nothing at full precision."""
-    if resolve_precision(precision) == "bf16-mixed":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
 class FusedGroup:
     """K eval trials of one variant trained as one model; `run` returns each seed's TrialResult, or the
     exception its trial fails with (it diverged; it trained no step). A stop signal raises Preempted for the
@@ -211,9 +203,12 @@ class FusedGroup:
             self.model.parameters(), self.cfg.train, fused=self.device.type == "cuda" or None
         )
         self.active = ActiveSeeds(self.optimizer)
-        # The step compiled whole as a trial alone compiles (train.compile), under the trial's autocast.
+        # The step compiled whole as a trial alone compiles (train.compile), under what Lightning's precision
+        # plugin wraps a trial alone's steps in: bf16 autocast for bf16-mixed (the only mixed precision fused
+        # seeds take, harness/grouping.py), nothing at full precision.
         self.steps = Steps(self.cfg.train.compile, self.cfg.model)
-        self.autocast = autocast(self.cfg.train.precision, self.device)
+        bf16 = resolve_precision(self.cfg.train.precision) == "bf16-mixed"
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
         if self.step:
             self.restore(states)
         for k, seed in enumerate(self.seeds):
