@@ -80,37 +80,30 @@ class Seed:
     failure: BaseException | None = None
     last_loss: torch.Tensor | None = None
     lr: float = 0.0  # at its last step, as the trial alone logs train/lr
-    batches: Iterator[dict[str, torch.Tensor]] | None = None
-    num_batches: int = 0  # per epoch
 
     def __post_init__(self) -> None:
         patience = self.cfg.train.patience
         self.patience = Patience(patience) if patience is not None else None
+        self.sampler = self.prepared.dm.sampler("train", shuffle=True)
+        self.batches = self.epochs()
 
     @property
     def cfg(self) -> ExperimentConfig:
         return self.member.cfg
 
-    def next_batch(self) -> dict[str, torch.Tensor]:
-        """The batch its loader gives next: epochs of the seed's own order, resumable mid-epoch."""
-        if self.batches is None:
-            sampler = self.prepared.dm.sampler("train", shuffle=True)
-            self.num_batches = len(sampler)
-            self.batches = self.epochs(sampler)
-        batch = next(self.batches)
-        self.batches_done += 1
-        return batch
-
     @property
     def epoch_ended(self) -> bool:
         """Whether its last batch was the last of an epoch (the next one starts the next epoch)."""
-        return self.batches_done == self.num_batches
+        return self.batches_done == len(self.sampler)
 
-    def epochs(self, sampler) -> Iterator[dict[str, torch.Tensor]]:
+    def epochs(self) -> Iterator[dict[str, torch.Tensor]]:
+        """The batches its loader gives: epochs of the seed's own order, from its data position on (read at
+        the first batch, so a restored position holds)."""
         dm = self.prepared.dm
         while True:
-            sampler.resume_at(self.epoch, self.batches_done)
-            for indices in sampler:
+            self.sampler.resume_at(self.epoch, self.batches_done)
+            for indices in self.sampler:
+                self.batches_done += 1
                 yield dm.collate("train", [dm.encoded["train"][i] for i in indices])
             self.epoch, self.batches_done = self.epoch + 1, 0
 
@@ -268,7 +261,7 @@ class FusedGroup:
     def train_step(self) -> None:
         t, k = self.cfg.train, self.k
         self.model.train()
-        batches = [seed.next_batch() for seed in self.seeds]
+        batches = [next(seed.batches) for seed in self.seeds]
         batch = stack_batches(batches, self.device)
         with self.autocast:
             total, losses = self.steps.run(seed_losses, self.model, batch, t.label_smoothing, k, self.training)
