@@ -121,12 +121,6 @@ class Best:
         return True
 
 
-def reset_peak_rss() -> None:
-    """Restarts the kernel's peak-RSS count (Linux), so a long-lived worker reports each trial's own peak."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
 def peak_rss_mb() -> float:
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -148,8 +142,9 @@ class Cost:
     def start(self, device: torch.device) -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        else:
-            reset_peak_rss()
+        else:  # restarts the kernel's peak-RSS count (Linux): a long-lived worker reports each trial's own peak
+            with contextlib.suppress(OSError):
+                Path("/proc/self/clear_refs").write_text("5")
         self.resume()
 
     def count(self, batch: dict[str, torch.Tensor]) -> None:
