@@ -143,6 +143,11 @@ class ReportValidation(L.Callback):
         if not trainer.sanity_checking and score is not None:
             report_step(self.trial, score, trainer.global_step, prune=self.prune)
 
+    def report_row(self, row: dict[str, float]) -> None:
+        """A fused seed's validation row (harness/fused.py), reported as the trial alone's validation is."""
+        if self.monitor in row:
+            report_step(self.trial, row[self.monitor], int(row["step"]), prune=self.prune)
+
 
 class StepBudgetProgressBar(RichProgressBar):
     """Rich's bar, counting the optimizer steps of a step budget (train.max_steps) on one bar across epochs,

@@ -12,14 +12,13 @@ import os
 import socket
 from pathlib import Path
 
-import lightning as L
 import optuna
 import torch
 from optuna.trial import TrialState
 
 from ablate.harness import compat, provenance, tracking
 from ablate.harness.artifacts import CHECKPOINTS, RESUME_CHECKPOINT, trial_dir, upload_trial_files
-from ablate.harness.callbacks import ReportValidation, report_step
+from ablate.harness.callbacks import ReportValidation
 from ablate.harness.checkpoints import (
     FUSED_STATE,
     RESUME_ATTR,
@@ -134,7 +133,7 @@ class Job:
     resumed: dict | None
     resume_from: Path | None
     stored: StoredCheckpoints
-    callbacks: list[L.Callback]
+    reporter: ReportValidation  # its validations to its trial (pruned on while tuning)
     metric: str
 
     @classmethod
@@ -147,13 +146,13 @@ class Job:
             metric, seed = tune_metric(spec).name, spec.tune_seeds[0]
             claim.study.sampler = tune_sampler(spec, variant, trial.number)
             extra = {key: suggest(trial, key, space) for key, space in spec.tune.params.items()}
-            callbacks: list[L.Callback] = [ReportValidation(trial, metric, prune=True)]
+            reporter = ReportValidation(trial, metric, prune=True)
             name = f"{variant}-seed{seed}-tune{trial.number}"
         else:
             # The stored fixed param makes this return the queued variant, recorded as a trial param.
             variant = trial.suggest_categorical("variant", list(variants))
             metric, seed, extra = spec.metric.name, claim.seed, {}
-            callbacks = [ReportValidation(trial, validation_metric(spec.metric).name)]
+            reporter = ReportValidation(trial, validation_metric(spec.metric).name)
             if spec.tune:
                 extra, best_number = best_tuned_params(spec, storage, spec.tuned_from(variant))
                 trial.set_user_attr("tuned", extra)
@@ -173,18 +172,13 @@ class Job:
         resume_from = fetch(store, resumed, out_dir / CHECKPOINTS) if resumed else None
         stored = StoredCheckpoints(store, trial)
         return cls(claim, cfg, out_dir, name, tracking.run_tags(variants[variant]), resumed, resume_from, stored,
-                   callbacks, metric)  # fmt: skip
+                   reporter, metric)  # fmt: skip
 
-    def member(self, logger, monitor: str) -> Member:
-        """The eval trial as a fused seed: resumable, reporting each validation's `monitor` to its trial as
-        ReportValidation reports a trial alone's, with its W&B run (`logger`)."""
+    def member(self, logger) -> Member:
+        """The eval trial as a fused seed: resumable, reporting its validations as a trial alone does, with
+        its W&B run (`logger`)."""
         self.stored.kind = FUSED_STATE
-
-        def report(row: dict[str, float]) -> None:
-            if monitor in row:
-                report_step(self.claim.trial, row[monitor], int(row["step"]))
-
-        return Member(self.cfg, self.out_dir, self.resume_from, self.stored.publish, report,
+        return Member(self.cfg, self.out_dir, self.resume_from, self.stored.publish, self.reporter.report_row,
                       functools.partial(logger, self))  # fmt: skip
 
     def record(self, result) -> float:

@@ -33,7 +33,7 @@ from ablate.harness.study.leases import Leases
 from ablate.harness.study.looks import queue_next_look
 from ablate.harness.study.storage import chain, masked_url, storage_full
 from ablate.models import plugins
-from ablate.schema.spec import StudySpec, tune_metric, validation_metric
+from ablate.schema.spec import StudySpec, tune_metric
 from ablate.schema.trials import TUNE
 
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
@@ -187,13 +187,12 @@ class Worker:
             return [self.tune_on_seeds(jobs[0])]
         with self.keeping(jobs):
             if claims[0].fused:
-                monitor = validation_metric(self.spec.metric).name
-                outcomes = run_fused([job.member(self.wandb_logger, monitor) for job in jobs])
+                outcomes = run_fused([job.member(self.wandb_logger) for job in jobs])
             else:
                 (job,) = jobs
                 with self.wandb_logger(job) as logger:
                     outcomes = [run_trial(job.cfg, out_dir=job.out_dir, loggers=[logger] if logger else None,
-                                          callbacks=job.callbacks, resume_from=job.resume_from,
+                                          callbacks=[job.reporter], resume_from=job.resume_from,
                                           publish=job.stored.publish)]  # fmt: skip
         values = [self.recorded(job, outcome) for job, outcome in zip(jobs, outcomes)]
         # Only once every result is stored: a full disk before then queues the whole group again, to resume.
