@@ -79,7 +79,6 @@ class Seed:
     steps: int | None = None  # the step it stopped at (early stopping, divergence); None while it trains
     failure: BaseException | None = None
     last_loss: torch.Tensor | None = None
-    lr: float = 0.0  # at its last step, as the trial alone logs train/lr
 
     def __post_init__(self) -> None:
         patience = self.cfg.train.patience
@@ -107,12 +106,12 @@ class Seed:
                 yield dm.collate("train", [dm.encoded["train"][i] for i in indices])
             self.epoch, self.batches_done = self.epoch + 1, 0
 
-    def state(self, fused, optimizer, scheduler, k: int, generator: torch.Generator, step: int) -> dict:
-        """The seed's resume checkpoint: its slices of the weights and AdamW moments, the shared schedule, its
+    def state(self, group: FusedGroup, k: int) -> dict:
+        """Seed k's resume checkpoint: its slices of the weights and AdamW moments, the shared schedule, its
         data position, dropout generator and rules' states (its cost counts from the resumption, as alone)."""
-        seeds = fused.ensemble.k
+        fused, optimizer, step = group.model, group.optimizer, group.step
         moments = {
-            name: {key: seed_axis(t, seeds)[k].clone() for key, t in optimizer.state[p].items()
+            name: {key: seed_axis(t, group.k)[k].clone() for key, t in optimizer.state[p].items()
                    if t.shape == p.shape}
             for name, p in fused.named_parameters() if p in optimizer.state
         }  # fmt: skip
@@ -120,8 +119,8 @@ class Seed:
         return {
             "format": FUSED_STATE, "step": step, "config": self.cfg.model_dump(),
             "model": seed_state_dict(fused, k), "moments": moments, "adam_step": adam_step,
-            "param_groups": optimizer.state_dict()["param_groups"], "scheduler": scheduler.state_dict(),
-            "data": (self.epoch, self.batches_done), "dropout": generator.get_state(),
+            "param_groups": optimizer.state_dict()["param_groups"], "scheduler": group.scheduler.state_dict(),
+            "data": (self.epoch, self.batches_done), "dropout": group.generators[k].get_state(),
             "history": self.history, "best": dataclasses.asdict(self.best), "best_state": self.best_state,
             "patience": dataclasses.asdict(self.patience) if self.patience else None,
             "stopped": self.stopped, "steps": self.steps,
@@ -246,7 +245,7 @@ class FusedGroup:
             if schedule.validates(self.step, epoch_ended) or done:
                 self.validate()
             if stop or schedule.checkpoints(self.step):
-                self.save_resume()
+                self.save()
             if stop:
                 raise Preempted(stop, self.step)
             if done:
@@ -255,7 +254,7 @@ class FusedGroup:
             seed.cost.finish(self.device)
             if not seed.stopped:
                 self.check_divergence(k, seed)
-        self.save_last()
+        self.save(last=True)
         return [self.test(k, seed) for k, seed in enumerate(self.seeds)]
 
     def train_step(self) -> None:
@@ -272,7 +271,7 @@ class FusedGroup:
                     seed_axis(p.grad, k)[self.active.stopped] = 0
         if t.grad_clip:
             clip_grad_norm_per_seed(self.model, t.grad_clip, k)
-        lr = float(torch.tensor(self.scheduler.get_last_lr()[0]))  # logged as float32, as self.log does
+        self.lr = float(torch.tensor(self.scheduler.get_last_lr()[0]))  # logged as float32, as self.log does
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -282,7 +281,7 @@ class FusedGroup:
             if not seed.stopped:
                 seed.divergence.observe(loss)
                 seed.cost.count(own)
-                seed.last_loss, seed.lr = loss, lr
+                seed.last_loss = loss
 
     def stop(self, k: int, failure: BaseException | None = None) -> None:
         seed = self.seeds[k]
@@ -315,7 +314,7 @@ class FusedGroup:
             loader = seed.prepared.dm.val_dataloader()
             with self.autocast:
                 metrics = module.validate({name: t.to(self.device) for name, t in batch.items()} for batch in loader)
-            trained = {"train/loss": float(seed.last_loss), "train/lr": seed.lr}
+            trained = {"train/loss": float(seed.last_loss), "train/lr": self.lr}
             row = {"step": self.step, **trained, **metrics}
             seed.history.append(row)
             rows.append(row)
@@ -332,33 +331,23 @@ class FusedGroup:
 
     # Checkpoints ----------------------------------------------------------------------------------------
 
-    def folders(self) -> Iterator[tuple[int, Seed, Path]]:
-        """Each seed that keeps files, with its checkpoints folder."""
+    def save(self, last: bool = False) -> None:
+        """Each seed's state in its folder, written whole or not at all: its resume checkpoint, then published;
+        `last`, its last checkpoint (the trial alone writes Lightning's), with no resume checkpoint left behind
+        unless train.keep_checkpoints."""
         for k, seed in enumerate(self.seeds):
-            if seed.member.out_dir is not None:
-                yield k, seed, Path(seed.member.out_dir) / artifacts.CHECKPOINTS
-
-    def save_resume(self) -> None:
-        """Each seed's resume checkpoint in its folder (written whole or not at all), then published."""
-        for k, seed, directory in self.folders():
-            self.write(directory / artifacts.RESUME_CHECKPOINT, k)
-            if seed.member.publish is not None:
-                seed.member.publish(directory, self.step)
-
-    def write(self, path: Path, k: int) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")  # a kill mid-write leaves the previous checkpoint whole
-        state = self.seeds[k].state(self.model, self.optimizer, self.scheduler, k, self.generators[k], self.step)
-        torch.save(state, partial)
-        os.replace(partial, path)
-
-    def save_last(self) -> None:
-        """Each seed's full state as its last checkpoint (the trial alone writes Lightning's), and no resume
-        checkpoint left behind unless train.keep_checkpoints."""
-        for k, seed, directory in self.folders():
-            if not seed.cfg.train.keep_checkpoints:
+            if seed.member.out_dir is None:  # a seed that keeps no files
+                continue
+            directory = Path(seed.member.out_dir) / artifacts.CHECKPOINTS
+            if last and not seed.cfg.train.keep_checkpoints:
                 (directory / artifacts.RESUME_CHECKPOINT).unlink(missing_ok=True)
-            self.write(directory / artifacts.LAST_CHECKPOINT, k)
+            path = directory / (artifacts.LAST_CHECKPOINT if last else artifacts.RESUME_CHECKPOINT)
+            directory.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")  # a kill mid-write leaves the previous checkpoint whole
+            torch.save(seed.state(self, k), partial)
+            os.replace(partial, path)
+            if not last and seed.member.publish is not None:
+                seed.member.publish(directory, self.step)
 
     # Testing --------------------------------------------------------------------------------------------
 
