@@ -45,9 +45,7 @@ class Schedule:
             "max_epochs": -1 if by_steps else t.max_epochs,
             "max_time": {"seconds": t.max_time} if t.max_time else None,
             "val_check_interval": t.val_every if by_steps else None,
-            "check_val_every_n_epoch": None
-            if by_steps
-            else 1,  # None: val_check_interval counts global steps
+            "check_val_every_n_epoch": None if by_steps else 1,  # None: val_check_interval counts global steps
         }
 
     def validates(self, step: int, epoch_ended: bool) -> bool:
