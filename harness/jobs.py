@@ -6,7 +6,6 @@ result's attrs and files, or what a failed run leaves for a post-mortem)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import socket
@@ -26,7 +25,6 @@ from ablate.harness.checkpoints import (
     fetch,
     resume_point,
 )
-from ablate.harness.fused import Member
 from ablate.harness.grouping import FUSE_AT_MOST, wants_fusion, why_not_fused
 from ablate.harness.rules import TrialFailed
 from ablate.harness.study.leases import Leases
@@ -170,16 +168,9 @@ class Job:
         # Preempted, or the copy of a trial whose worker died (it inherits the user attrs): resume.
         resumed = trial.user_attrs.get(RESUME_ATTR)
         resume_from = fetch(store, resumed, out_dir / CHECKPOINTS) if resumed else None
-        stored = StoredCheckpoints(store, trial)
+        stored = StoredCheckpoints(store, trial, FUSED_STATE if claim.fused else None)
         return cls(claim, cfg, out_dir, name, tracking.run_tags(variants[variant]), resumed, resume_from, stored,
                    reporter, metric)  # fmt: skip
-
-    def member(self, logger) -> Member:
-        """The eval trial as a fused seed: resumable, reporting its validations as a trial alone does, with
-        its W&B run (`logger`)."""
-        self.stored.kind = FUSED_STATE
-        return Member(self.cfg, self.out_dir, self.resume_from, self.stored.publish, self.reporter.report_row,
-                      functools.partial(logger, self))  # fmt: skip
 
     def record(self, result) -> float:
         """Stores a finished trial's artifacts and results (a TrialResult); its objective value."""

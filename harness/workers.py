@@ -187,7 +187,10 @@ class Worker:
             return [self.tune_on_seeds(jobs[0])]
         with self.keeping(jobs):
             if claims[0].fused:
-                outcomes = run_fused([job.member(self.wandb_logger) for job in jobs])
+                # Each eval trial as a fused seed: resumable, reporting its validations as a trial alone does.
+                outcomes = run_fused([Member(job.cfg, job.out_dir, job.resume_from, job.stored.publish,
+                                             job.reporter.report_row, functools.partial(self.wandb_logger, job))
+                                      for job in jobs])  # fmt: skip
             else:
                 (job,) = jobs
                 with self.wandb_logger(job) as logger:
