@@ -1,6 +1,6 @@
 """The Lightning callbacks a trial alone trains with: thin holders of harness/rules.py's rules (divergence,
-early stopping, history, cost), the last validation on stop, attention images, the report to Optuna and
-pruning, and the step-budget progress bar."""
+early stopping, cost), the validation history, the last validation on stop, attention images, the report to
+Optuna and pruning, and the step-budget progress bar."""
 
 from __future__ import annotations
 
