@@ -1,6 +1,6 @@
 """The Lightning callbacks a trial alone trains with: thin holders of harness/rules.py's rules (divergence,
-early stopping, history, cost), the last validation on stop, attention images, the report to Optuna and
-pruning, and the step-budget progress bar."""
+early stopping, cost), the validation history, the last validation on stop, attention images, the report to
+Optuna and pruning, and the step-budget progress bar."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ import lightning as L
 import optuna
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
-from optuna_integration import PyTorchLightningPruningCallback
 
-from ablate.harness.compat import pruning_trial
 from ablate.harness.probes import Probe, capture, log_images
-from ablate.harness.rules import MONITOR, Cost, Divergence, History, Patience
+from ablate.harness.rules import MONITOR, Cost, Divergence, Patience
 from ablate.models.module import Seq2SeqModule
 
 
@@ -60,41 +58,29 @@ class EarlyStop(L.Callback):
 
 def report_step(trial: optuna.Trial, score: float, step: int, prune: bool = False) -> None:
     """A validation's score reported to its trial at its training step; with `prune`, optuna.TrialPruned
-    when the pruner says so. Every trial reports here, alone (StepPruning, ReportValidation) or fused."""
+    when the pruner says so. Every trial reports here, alone (ReportValidation) or fused."""
     trial.report(float(score), step=step)
     if prune and trial.should_prune():
         raise optuna.TrialPruned(f"pruned at step {step}")
 
 
-class StepPruning(PyTorchLightningPruningCallback):
-    """Reports the monitored metric at the global step, not the epoch: training is budgeted in steps and
-    validates several times per epoch, and Hyperband's resource is then the number of training steps."""
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.is_ddp_backend:
-            return super().on_validation_end(trainer, pl_module)
-        score = trainer.callback_metrics.get(self.monitor)
-        if trainer.sanity_checking or score is None:
-            return
-        report_step(pruning_trial(self), score, trainer.global_step, prune=True)
-
-
 class HistoryCallback(L.Callback):
-    """rules.History of a trial alone: every logged scalar at each validation."""
+    """Every logged scalar of a trial alone's validations by step, so learning curves survive without any
+    external logger (a fused seed keeps the same rows)."""
 
     def __init__(self):
-        self.history = History()
+        self.rows: list[dict[str, float]] = []
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
-            self.history.record(trainer.global_step, {k: float(v) for k, v in trainer.callback_metrics.items()
-                                                      if v.numel() == 1})  # fmt: skip
+            scalars = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+            self.rows.append({"step": trainer.global_step, **scalars})
 
     def state_dict(self) -> dict:
-        return {"rows": self.history.rows}  # a resumed trial's history starts where the checkpoint's ended
+        return {"rows": self.rows}  # a resumed trial's history starts where the checkpoint's ended
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.history = History(list(state_dict["rows"]))
+        self.rows = list(state_dict["rows"])
 
 
 class CostMonitor(L.Callback):
@@ -144,16 +130,23 @@ class AttentionImages(L.Callback):
 
 
 class ReportValidation(L.Callback):
-    """Reports the monitored metric to the trial at each validation (at the global step), so the dashboard
-    draws an eval trial's learning curve while it runs; nothing is pruned (see StepPruning for tuning)."""
+    """Reports the monitored metric to the trial at each validation, at the global step, not the epoch as
+    optuna-integration's pruning callback does: training is budgeted in steps and validates several times per
+    epoch, so Hyperband's resource is the number of training steps. With `prune` (tuning), optuna.TrialPruned
+    when the pruner says so; without (an eval trial), the dashboard draws its learning curve while it runs."""
 
-    def __init__(self, trial: optuna.Trial, monitor: str):
-        self.trial, self.monitor = trial, monitor
+    def __init__(self, trial: optuna.Trial, monitor: str, prune: bool = False):
+        self.trial, self.monitor, self.prune = trial, monitor, prune
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         score = trainer.callback_metrics.get(self.monitor)
         if not trainer.sanity_checking and score is not None:
-            report_step(self.trial, score, trainer.global_step)
+            report_step(self.trial, score, trainer.global_step, prune=self.prune)
+
+    def report_row(self, row: dict[str, float]) -> None:
+        """A fused seed's validation row (harness/fused.py), reported as the trial alone's validation is."""
+        if self.monitor in row:
+            report_step(self.trial, row[self.monitor], int(row["step"]), prune=self.prune)
 
 
 class StepBudgetProgressBar(RichProgressBar):

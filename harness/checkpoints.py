@@ -37,10 +37,6 @@ def resume_point(user_attrs: dict) -> tuple[str | None, int]:
     return (record.get("kind", "lightning"), record["step"]) if record else (None, 0)
 
 
-def resume_kind(user_attrs: dict) -> str | None:
-    return resume_point(user_attrs)[0]
-
-
 class Preempted(Exception):
     """A stop signal arrived; the trial's state at `step` is saved and it can go back to the queue."""
 

@@ -1,6 +1,6 @@
-"""The private Optuna, optuna-integration, Lightning and pysword attributes this project relies on, in one
-place: none has a public equivalent, and tests/test_compat.py pins the behaviour each use assumes, so an
-upgrade that changes it fails there, by name, rather than somewhere inside a study."""
+"""The private Optuna, Lightning and pysword attributes this project relies on, in one place: none has a
+public equivalent, and tests/test_compat.py pins the behaviour each use assumes, so an upgrade that changes
+it fails there, by name, rather than somewhere inside a study."""
 
 from __future__ import annotations
 
@@ -11,19 +11,12 @@ import optuna
 
 if TYPE_CHECKING:  # reports use trial_id too, and must not load Lightning
     import lightning as L
-    from optuna_integration import PyTorchLightningPruningCallback
 
 
 def trial_id(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
     """The storage's id of a trial, which a worker's claim (set_trial_state_values) and heartbeat take;
     Optuna exposes only `number`, unique within one study, not across the storage's per-variant studies."""
     return trial._trial_id
-
-
-def pruning_trial(callback: PyTorchLightningPruningCallback) -> optuna.Trial:
-    """The trial an optuna-integration pruning callback reports to. StepPruning reports at the global step
-    instead of the epoch, and the callback keeps its trial only as `_trial`."""
-    return callback._trial
 
 
 def validates_this_step(trainer: L.Trainer) -> bool:

@@ -39,27 +39,22 @@ class SplitPass:
         size = batch["src"].size(0)
         self.scores += record["scores"]
         self.predictions += record["pred"].tolist()
-        self._add_cross(record["weights"].get("cross") or [None])
-        self._add_collapse(record["states"], batch)
+        cross = (record["weights"].get("cross") or [None])[-1]  # the last layer's, if any
+        if self.cross is not None and cross is not None:
+            self.cross.extend(cross.float().mean(1).cpu())  # (B, H, T, S) -> B x (T, S)
+        else:
+            self.cross = None  # a model without cross-attention has no AER
+        masks = {"encoder": batch["src"] != PAD_ID, "decoder": batch["tgt_in"] != PAD_ID}
+        for side, layers in record["states"].items():
+            if layers:  # no encoder layers without cross-attention
+                value = float(rank_collapse(layers[-1].float(), masks[side]).sum())
+                self.collapse[side] = self.collapse.get(side, 0.0) + value
         self.samples += [
             p.sample(record["weights"], p.index - self.seen)
             for p in self.probes
             if 0 <= p.index - self.seen < size
         ]
         self.seen += size
-
-    def _add_cross(self, layers: list[torch.Tensor | None]) -> None:
-        if self.cross is not None and layers[-1] is not None:
-            self.cross.extend(layers[-1].float().mean(1).cpu())  # (B, H, T, S) -> B x (T, S)
-        else:
-            self.cross = None  # a model without cross-attention has no AER
-
-    def _add_collapse(self, states: dict[str, list[torch.Tensor]], batch: dict[str, torch.Tensor]) -> None:
-        masks = {"encoder": batch["src"] != PAD_ID, "decoder": batch["tgt_in"] != PAD_ID}
-        for side, layers in states.items():
-            if layers:  # no encoder layers without cross-attention
-                value = float(rank_collapse(layers[-1].float(), masks[side]).sum())
-                self.collapse[side] = self.collapse.get(side, 0.0) + value
 
     def metrics(self, data: TaskData) -> dict[str, float]:
         """BLEU / chrF (text tasks), AER (gold alignments, cross-attention), rank collapse (Transformers)."""

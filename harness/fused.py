@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ablate.harness import artifacts, signals
 from ablate.harness.checkpoints import FUSED_STATE, Preempted
 from ablate.harness.grouping import why_not_fused
-from ablate.harness.rules import MONITOR, Best, Cost, Divergence, History, Patience, Schedule, TrialFailed
+from ablate.harness.rules import MONITOR, Best, Cost, Divergence, Patience, Schedule, TrialFailed
 from ablate.harness.trial import Prepared, TrialResult, build_trainer, resolve_precision
 from ablate.models.ensemble import (
     ActiveSeeds,
@@ -69,7 +69,7 @@ class Seed:
     prepared: Prepared
     epoch: int = 0
     batches_done: int = 0  # of the current epoch
-    history: History = field(default_factory=History)
+    history: list[dict[str, float]] = field(default_factory=list)  # its validations' rows, as alone
     best: Best = field(default_factory=Best)
     best_state: dict[str, torch.Tensor] | None = None  # the weights of best.step
     patience: Patience | None = None  # train.patience's early stopping
@@ -79,47 +79,39 @@ class Seed:
     steps: int | None = None  # the step it stopped at (early stopping, divergence); None while it trains
     failure: BaseException | None = None
     last_loss: torch.Tensor | None = None
-    lr: float = 0.0  # at its last step, as the trial alone logs train/lr
-    batches: Iterator[dict[str, torch.Tensor]] | None = None
-    num_batches: int = 0  # per epoch
 
     def __post_init__(self) -> None:
         patience = self.cfg.train.patience
         self.patience = Patience(patience) if patience is not None else None
+        self.sampler = self.prepared.dm.sampler("train", shuffle=True)
+        self.batches = self.epochs()
 
     @property
     def cfg(self) -> ExperimentConfig:
         return self.member.cfg
 
-    def next_batch(self) -> dict[str, torch.Tensor]:
-        """The batch its loader gives next: epochs of the seed's own order, resumable mid-epoch."""
-        if self.batches is None:
-            sampler = self.prepared.dm.sampler("train", shuffle=True)
-            self.num_batches = len(sampler)
-            self.batches = self.epochs(sampler)
-        batch = next(self.batches)
-        self.batches_done += 1
-        return batch
-
     @property
     def epoch_ended(self) -> bool:
         """Whether its last batch was the last of an epoch (the next one starts the next epoch)."""
-        return self.batches_done == self.num_batches
+        return self.batches_done == len(self.sampler)
 
-    def epochs(self, sampler) -> Iterator[dict[str, torch.Tensor]]:
+    def epochs(self) -> Iterator[dict[str, torch.Tensor]]:
+        """The batches its loader gives: epochs of the seed's own order, from its data position on (read at
+        the first batch, so a restored position holds)."""
         dm = self.prepared.dm
         while True:
-            sampler.resume_at(self.epoch, self.batches_done)
-            for indices in sampler:
+            self.sampler.resume_at(self.epoch, self.batches_done)
+            for indices in self.sampler:
+                self.batches_done += 1
                 yield dm.collate("train", [dm.encoded["train"][i] for i in indices])
             self.epoch, self.batches_done = self.epoch + 1, 0
 
-    def state(self, fused, optimizer, scheduler, k: int, generator: torch.Generator, step: int) -> dict:
-        """The seed's resume checkpoint: its slices of the weights and AdamW moments, the shared schedule, its
+    def state(self, group: FusedGroup, k: int) -> dict:
+        """Seed k's resume checkpoint: its slices of the weights and AdamW moments, the shared schedule, its
         data position, dropout generator and rules' states (its cost counts from the resumption, as alone)."""
-        seeds = fused.ensemble.k
+        fused, optimizer, step = group.model, group.optimizer, group.step
         moments = {
-            name: {key: seed_axis(t, seeds)[k].clone() for key, t in optimizer.state[p].items()
+            name: {key: seed_axis(t, group.k)[k].clone() for key, t in optimizer.state[p].items()
                    if t.shape == p.shape}
             for name, p in fused.named_parameters() if p in optimizer.state
         }  # fmt: skip
@@ -127,9 +119,9 @@ class Seed:
         return {
             "format": FUSED_STATE, "step": step, "config": self.cfg.model_dump(),
             "model": seed_state_dict(fused, k), "moments": moments, "adam_step": adam_step,
-            "param_groups": optimizer.state_dict()["param_groups"], "scheduler": scheduler.state_dict(),
-            "data": (self.epoch, self.batches_done), "dropout": generator.get_state(),
-            "history": self.history.rows, "best": dataclasses.asdict(self.best), "best_state": self.best_state,
+            "param_groups": optimizer.state_dict()["param_groups"], "scheduler": group.scheduler.state_dict(),
+            "data": (self.epoch, self.batches_done), "dropout": group.generators[k].get_state(),
+            "history": self.history, "best": dataclasses.asdict(self.best), "best_state": self.best_state,
             "patience": dataclasses.asdict(self.patience) if self.patience else None,
             "stopped": self.stopped, "steps": self.steps,
             "failure": str(self.failure) if self.failure is not None else None,  # a TrialFailed's message
@@ -137,7 +129,7 @@ class Seed:
 
     def restore(self, state: dict) -> None:
         self.epoch, self.batches_done = state["data"]
-        self.history = History(list(state["history"]))
+        self.history = list(state["history"])
         self.best, self.best_state = Best(**state["best"]), state["best_state"]
         self.patience = Patience(**state["patience"]) if state["patience"] else None
         self.stopped, self.steps = state["stopped"], state["steps"]
@@ -162,14 +154,6 @@ def stack_batches(batches: list[dict[str, torch.Tensor]], device: torch.device) 
     if device.type != "cuda":
         return stacked
     return {name: t.pin_memory().to(device, non_blocking=True) for name, t in stacked.items()}
-
-
-def autocast(precision: str, device: torch.device) -> AbstractContextManager:
-    """What Lightning's precision plugin wraps a trial alone's steps in: bf16 autocast for bf16-mixed (the
-    only mixed precision fused seeds take, harness/grouping.py), nothing at full precision."""
-    if resolve_precision(precision) == "bf16-mixed":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
 
 
 class FusedGroup:
@@ -211,9 +195,12 @@ class FusedGroup:
             self.model.parameters(), self.cfg.train, fused=self.device.type == "cuda" or None
         )
         self.active = ActiveSeeds(self.optimizer)
-        # The step compiled whole as a trial alone compiles (train.compile), under the trial's autocast.
+        # The step compiled whole as a trial alone compiles (train.compile), under what Lightning's precision
+        # plugin wraps a trial alone's steps in: bf16 autocast for bf16-mixed (the only mixed precision fused
+        # seeds take, harness/grouping.py), nothing at full precision.
         self.steps = Steps(self.cfg.train.compile, self.cfg.model)
-        self.autocast = autocast(self.cfg.train.precision, self.device)
+        bf16 = resolve_precision(self.cfg.train.precision) == "bf16-mixed"
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
         if self.step:
             self.restore(states)
         for k, seed in enumerate(self.seeds):
@@ -258,7 +245,7 @@ class FusedGroup:
             if schedule.validates(self.step, epoch_ended) or done:
                 self.validate()
             if stop or schedule.checkpoints(self.step):
-                self.save_resume()
+                self.save()
             if stop:
                 raise Preempted(stop, self.step)
             if done:
@@ -267,13 +254,13 @@ class FusedGroup:
             seed.cost.finish(self.device)
             if not seed.stopped:
                 self.check_divergence(k, seed)
-        self.save_last()
+        self.save(last=True)
         return [self.test(k, seed) for k, seed in enumerate(self.seeds)]
 
     def train_step(self) -> None:
         t, k = self.cfg.train, self.k
         self.model.train()
-        batches = [seed.next_batch() for seed in self.seeds]
+        batches = [next(seed.batches) for seed in self.seeds]
         batch = stack_batches(batches, self.device)
         with self.autocast:
             total, losses = self.steps.run(seed_losses, self.model, batch, t.label_smoothing, k, self.training)
@@ -284,7 +271,7 @@ class FusedGroup:
                     seed_axis(p.grad, k)[self.active.stopped] = 0
         if t.grad_clip:
             clip_grad_norm_per_seed(self.model, t.grad_clip, k)
-        lr = float(torch.tensor(self.scheduler.get_last_lr()[0]))  # logged as float32, as self.log does
+        self.lr = float(torch.tensor(self.scheduler.get_last_lr()[0]))  # logged as float32, as self.log does
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -294,7 +281,7 @@ class FusedGroup:
             if not seed.stopped:
                 seed.divergence.observe(loss)
                 seed.cost.count(own)
-                seed.last_loss, seed.lr = loss, lr
+                seed.last_loss = loss
 
     def stop(self, k: int, failure: BaseException | None = None) -> None:
         seed = self.seeds[k]
@@ -327,8 +314,9 @@ class FusedGroup:
             loader = seed.prepared.dm.val_dataloader()
             with self.autocast:
                 metrics = module.validate({name: t.to(self.device) for name, t in batch.items()} for batch in loader)
-            trained = {"train/loss": float(seed.last_loss), "train/lr": seed.lr}
-            row = seed.history.record(self.step, {**trained, **metrics})
+            trained = {"train/loss": float(seed.last_loss), "train/lr": self.lr}
+            row = {"step": self.step, **trained, **metrics}
+            seed.history.append(row)
             rows.append(row)
             if seed.best.improves(metrics[MONITOR], self.step):
                 seed.best_state = state
@@ -343,33 +331,23 @@ class FusedGroup:
 
     # Checkpoints ----------------------------------------------------------------------------------------
 
-    def folders(self) -> Iterator[tuple[int, Seed, Path]]:
-        """Each seed that keeps files, with its checkpoints folder."""
+    def save(self, last: bool = False) -> None:
+        """Each seed's state in its folder, written whole or not at all: its resume checkpoint, then published;
+        `last`, its last checkpoint (the trial alone writes Lightning's), with no resume checkpoint left behind
+        unless train.keep_checkpoints."""
         for k, seed in enumerate(self.seeds):
-            if seed.member.out_dir is not None:
-                yield k, seed, Path(seed.member.out_dir) / artifacts.CHECKPOINTS
-
-    def save_resume(self) -> None:
-        """Each seed's resume checkpoint in its folder (written whole or not at all), then published."""
-        for k, seed, directory in self.folders():
-            self.write(directory / artifacts.RESUME_CHECKPOINT, k)
-            if seed.member.publish is not None:
-                seed.member.publish(directory, self.step)
-
-    def write(self, path: Path, k: int) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")  # a kill mid-write leaves the previous checkpoint whole
-        state = self.seeds[k].state(self.model, self.optimizer, self.scheduler, k, self.generators[k], self.step)
-        torch.save(state, partial)
-        os.replace(partial, path)
-
-    def save_last(self) -> None:
-        """Each seed's full state as its last checkpoint (the trial alone writes Lightning's), and no resume
-        checkpoint left behind unless train.keep_checkpoints."""
-        for k, seed, directory in self.folders():
-            if not seed.cfg.train.keep_checkpoints:
+            if seed.member.out_dir is None:  # a seed that keeps no files
+                continue
+            directory = Path(seed.member.out_dir) / artifacts.CHECKPOINTS
+            if last and not seed.cfg.train.keep_checkpoints:
                 (directory / artifacts.RESUME_CHECKPOINT).unlink(missing_ok=True)
-            self.write(directory / artifacts.LAST_CHECKPOINT, k)
+            path = directory / (artifacts.LAST_CHECKPOINT if last else artifacts.RESUME_CHECKPOINT)
+            directory.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")  # a kill mid-write leaves the previous checkpoint whole
+            torch.save(seed.state(self, k), partial)
+            os.replace(partial, path)
+            if not last and seed.member.publish is not None:
+                seed.member.publish(directory, self.step)
 
     # Testing --------------------------------------------------------------------------------------------
 
@@ -393,12 +371,12 @@ class FusedGroup:
                 best = Path(out_dir) / artifacts.CHECKPOINTS / f"{artifacts.BEST_CHECKPOINT}.ckpt"
                 trainer.save_checkpoint(best, weights_only=True)
         result = prepared.result(
-            seed.steps or self.step, test_metrics, evaluation, seed.history.rows, seed.cost, self.start,
+            seed.steps or self.step, test_metrics, evaluation, seed.history, seed.cost, self.start,
             self.resumed_from_step,
         )  # fmt: skip
         with seed.member.logger() if seed.member.logger else nullcontext() as logger:
             loggers = [logger] if logger is not None else []
-            for row in seed.history.rows:
+            for row in seed.history:
                 for lg in loggers:
                     lg.log_metrics({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
             prepared.leave(result, out_dir, loggers, self.step)

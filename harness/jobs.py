@@ -6,29 +6,25 @@ result's attrs and files, or what a failed run leaves for a post-mortem)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import socket
 from pathlib import Path
 
-import lightning as L
 import optuna
 import torch
 from optuna.trial import TrialState
 
 from ablate.harness import compat, provenance, tracking
 from ablate.harness.artifacts import CHECKPOINTS, RESUME_CHECKPOINT, trial_dir, upload_trial_files
-from ablate.harness.callbacks import ReportValidation, StepPruning, report_step
+from ablate.harness.callbacks import ReportValidation
 from ablate.harness.checkpoints import (
     FUSED_STATE,
     RESUME_ATTR,
     StoredCheckpoints,
     fetch,
-    resume_kind,
     resume_point,
 )
-from ablate.harness.fused import Member
 from ablate.harness.grouping import FUSE_AT_MOST, wants_fusion, why_not_fused
 from ablate.harness.rules import TrialFailed
 from ablate.harness.study.leases import Leases
@@ -99,7 +95,7 @@ class Picker:
     def fuses(self, claim: Claim) -> bool:
         """Whether an eval trial trains fused: its resume checkpoint is a fused seed's, or it starts afresh
         and its variant's train.fuse_seeds asks for fusion here and allows it."""
-        kind = resume_kind(claim.trial.user_attrs)
+        kind, _ = resume_point(claim.trial.user_attrs)
         if kind is not None:
             return kind == FUSED_STATE
         cfg = self.spec.config_for(self.variants[claim.variant], claim.seed)
@@ -135,7 +131,7 @@ class Job:
     resumed: dict | None
     resume_from: Path | None
     stored: StoredCheckpoints
-    callbacks: list[L.Callback]
+    reporter: ReportValidation  # its validations to its trial (pruned on while tuning)
     metric: str
 
     @classmethod
@@ -148,13 +144,13 @@ class Job:
             metric, seed = tune_metric(spec).name, spec.tune_seeds[0]
             claim.study.sampler = tune_sampler(spec, variant, trial.number)
             extra = {key: suggest(trial, key, space) for key, space in spec.tune.params.items()}
-            callbacks: list[L.Callback] = [StepPruning(trial, monitor=metric)]
+            reporter = ReportValidation(trial, metric, prune=True)
             name = f"{variant}-seed{seed}-tune{trial.number}"
         else:
             # The stored fixed param makes this return the queued variant, recorded as a trial param.
             variant = trial.suggest_categorical("variant", list(variants))
             metric, seed, extra = spec.metric.name, claim.seed, {}
-            callbacks = [ReportValidation(trial, validation_metric(spec.metric).name)]
+            reporter = ReportValidation(trial, validation_metric(spec.metric).name)
             if spec.tune:
                 extra, best_number = best_tuned_params(spec, storage, spec.tuned_from(variant))
                 trial.set_user_attr("tuned", extra)
@@ -172,31 +168,16 @@ class Job:
         # Preempted, or the copy of a trial whose worker died (it inherits the user attrs): resume.
         resumed = trial.user_attrs.get(RESUME_ATTR)
         resume_from = fetch(store, resumed, out_dir / CHECKPOINTS) if resumed else None
-        stored = StoredCheckpoints(store, trial)
+        stored = StoredCheckpoints(store, trial, FUSED_STATE if claim.fused else None)
         return cls(claim, cfg, out_dir, name, tracking.run_tags(variants[variant]), resumed, resume_from, stored,
-                   callbacks, metric)  # fmt: skip
-
-    def member(self, logger, monitor: str) -> Member:
-        """The eval trial as a fused seed: resumable, reporting each validation's `monitor` to its trial as
-        ReportValidation reports a trial alone's, with its W&B run (`logger`)."""
-        self.stored.kind = FUSED_STATE
-
-        def report(row: dict[str, float]) -> None:
-            if monitor in row:
-                report_step(self.claim.trial, row[monitor], int(row["step"]))
-
-        return Member(self.cfg, self.out_dir, self.resume_from, self.stored.publish, report,
-                      functools.partial(logger, self))  # fmt: skip
+                   reporter, metric)  # fmt: skip
 
     def record(self, result) -> float:
         """Stores a finished trial's artifacts and results (a TrialResult); its objective value."""
         trial = self.claim.trial
         self.store_artifacts()
-        trial.set_user_attr("metrics", result.metrics)
-        trial.set_user_attr("params", result.params)
-        trial.set_user_attr("wall_time", result.wall_time)
-        trial.set_user_attr("resumed_from_step", result.resumed_from_step)
-        trial.set_user_attr("split_sizes", result.split_sizes)
+        for key in ("metrics", "params", "wall_time", "resumed_from_step", "split_sizes"):
+            trial.set_user_attr(key, getattr(result, key))
         if result.signatures:  # how BLEU / chrF were computed, for the report
             trial.set_user_attr("signatures", result.signatures)
         value = result.metrics.get(self.metric)

@@ -1,9 +1,9 @@
 """The training rules of a trial, each written once: when it validates, saves its resume checkpoint and
-stops (Schedule), divergence, early stopping (Patience), the best weights (Best), the validation history
-and the training cost. A trial alone holds one of each through thin Lightning callbacks
-(harness/callbacks.py, harness/checkpoints.py), a fused group one per seed (harness/fused.py), so a seed
-follows the same rules fused as alone by construction. Torch only: no Lightning, no Optuna (reporting to
-Optuna and pruning: harness/callbacks.py `report_step`)."""
+stops (Schedule), divergence, early stopping (Patience), the best weights (Best) and the training cost. A
+trial alone holds one of each through thin Lightning callbacks (harness/callbacks.py,
+harness/checkpoints.py), a fused group one per seed (harness/fused.py), so a seed follows the same rules
+fused as alone by construction. Torch only: no Lightning, no Optuna (reporting to Optuna and pruning:
+harness/callbacks.py `report_step`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import math
 import resource
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +45,7 @@ class Schedule:
             "max_epochs": -1 if by_steps else t.max_epochs,
             "max_time": {"seconds": t.max_time} if t.max_time else None,
             "val_check_interval": t.val_every if by_steps else None,
-            "check_val_every_n_epoch": None
-            if by_steps
-            else 1,  # None: val_check_interval counts global steps
+            "check_val_every_n_epoch": None if by_steps else 1,  # None: val_check_interval counts global steps
         }
 
     def validates(self, step: int, epoch_ended: bool) -> bool:
@@ -121,24 +119,6 @@ class Best:
         return True
 
 
-@dataclass
-class History:
-    """Every validation's scalars by step, so learning curves survive without any external logger."""
-
-    rows: list[dict[str, float]] = field(default_factory=list)
-
-    def record(self, step: int, scalars: dict[str, float]) -> dict[str, float]:
-        row = {"step": step, **scalars}
-        self.rows.append(row)
-        return row
-
-
-def reset_peak_rss() -> None:
-    """Restarts the kernel's peak-RSS count (Linux), so a long-lived worker reports each trial's own peak."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
 def peak_rss_mb() -> float:
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -160,8 +140,9 @@ class Cost:
     def start(self, device: torch.device) -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        else:
-            reset_peak_rss()
+        else:  # restarts the kernel's peak-RSS count (Linux): a long-lived worker reports each trial's own peak
+            with contextlib.suppress(OSError):
+                Path("/proc/self/clear_refs").write_text("5")
         self.resume()
 
     def count(self, batch: dict[str, torch.Tensor]) -> None:

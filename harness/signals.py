@@ -17,16 +17,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 _received: signal.Signals | None = None
 
 
-def _note(signum: int, _frame) -> None:
-    global _received
-    _received = signal.Signals(signum)
-
-
 def install(then: Callable[[signal.Signals], None] | None = None) -> None:
     """From now on the stop signals only set the stop request (and call `then`, e.g. to forward it)."""
 
-    def handler(signum: int, frame) -> None:
-        _note(signum, frame)
+    def handler(signum: int, _frame) -> None:
+        global _received
+        _received = signal.Signals(signum)
         if then is not None:
             then(signal.Signals(signum))
 

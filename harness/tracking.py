@@ -27,15 +27,12 @@ def has_credentials() -> bool:
         return True
     machine = urllib.parse.urlsplit(base_url()).netloc
     try:
-        entry = netrc.netrc(str(netrc_path())).authenticators(machine)
+        # Where W&B reads and `wandb login` writes API keys: $NETRC, else ~/.netrc.
+        path = Path(os.environ.get("NETRC") or Path.home() / ".netrc").expanduser()
+        entry = netrc.netrc(str(path)).authenticators(machine)
     except (FileNotFoundError, netrc.NetrcParseError, OSError):
         return False
     return entry is not None and bool(entry[2])
-
-
-def netrc_path() -> Path:
-    """Where W&B reads and `wandb login` writes API keys: $NETRC, else ~/.netrc."""
-    return Path(os.environ.get("NETRC") or Path.home() / ".netrc").expanduser()
 
 
 def resolve_mode(requested: str | None) -> str:

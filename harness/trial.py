@@ -163,26 +163,22 @@ class Prepared:
     def leave(self, result: TrialResult, out_dir: str | Path | None, loggers: list, step: int) -> None:
         """Logs the result's images and cost, and with `out_dir` writes its artifacts and data there."""
         log_images(loggers, result.attention, step)
-        log_final(loggers, result, step)
+        # Cost figures as metrics; for W&B the per-length table and the summary.
+        cost = {"cost/params": result.params, "cost/wall_time": result.wall_time,
+                "cost/tokens_per_sec": result.tokens_per_sec, "cost/peak_mem_mb": result.peak_mem_mb}  # fmt: skip
+        for logger in loggers:
+            logger.log_metrics(cost, step=step)
+            if isinstance(logger, WandbLogger):
+                if result.per_length:
+                    columns = list(result.per_length[0])
+                    rows = [[row[c] for c in columns] for row in result.per_length]
+                    logger.log_table("per_length", columns, rows, step=step)
+                tracking.record_summary(logger.experiment, result.metrics, result.best_step)
+            logger.save()
         if out_dir is not None:
             write_artifacts(Path(out_dir), self.cfg, result, loggers)
             # Vocabularies and tokenizers: what reads this run's outputs.
             self.data.save(Path(out_dir) / artifacts.DATA)
-
-
-def log_final(loggers: list, result: TrialResult, step: int) -> None:
-    """Cost figures as metrics and the per-length table as a W&B table."""
-    cost = {"cost/params": result.params, "cost/wall_time": result.wall_time,
-            "cost/tokens_per_sec": result.tokens_per_sec, "cost/peak_mem_mb": result.peak_mem_mb}  # fmt: skip
-    for logger in loggers:
-        logger.log_metrics(cost, step=step)
-        if isinstance(logger, WandbLogger) and result.per_length:
-            columns = list(result.per_length[0])
-            logger.log_table("per_length", columns, [[row[c] for c in columns] for row in result.per_length],
-                             step=step)  # fmt: skip
-        if isinstance(logger, WandbLogger):
-            tracking.record_summary(logger.experiment, result.metrics, result.best_step)
-        logger.save()
 
 
 def build_trainer(
@@ -265,7 +261,7 @@ def run_trial(
         test_metrics = trainer.test(module, datamodule=dm, ckpt_path=tested, verbose=False, weights_only=True)
 
     result = prepared.result(
-        trainer.global_step, test_metrics, evaluation, history.history.rows, cost.cost, start,
+        trainer.global_step, test_metrics, evaluation, history.rows, cost.cost, start,
         periodic.resumed_from_step,
     )  # fmt: skip
     prepared.leave(result, out_dir, loggers, trainer.global_step)

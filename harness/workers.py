@@ -1,9 +1,9 @@
 """Workers: claim a queued trial, run it, store its result and artifacts, until none is left.
 
-Tune trials run first (each tuned variant's own TPE study, pruned through optuna-integration's Lightning
-callback; every variant, or the baseline alone with `tune.arm: baseline`); an eval trial is claimed only
-once the tuning that chooses its parameters is finished, and runs with its best parameters. Any number of
-workers, here or on other machines (harness/launchers), may join one storage. Which trials a worker takes
+Tune trials run first (each tuned variant's own TPE study, pruned at its validations: callbacks.py
+ReportValidation; every variant, or the baseline alone with `tune.arm: baseline`); an eval trial is claimed
+only once the tuning that chooses its parameters is finished, and runs with its best parameters. Any number
+of workers, here or on other machines (harness/launchers), may join one storage. Which trials a worker takes
 and how each is set up and recorded: harness/jobs.py; how it holds them: harness/study/leases.py."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ablate.harness.study.leases import Leases
 from ablate.harness.study.looks import queue_next_look
 from ablate.harness.study.storage import chain, masked_url, storage_full
 from ablate.models import plugins
-from ablate.schema.spec import StudySpec, tune_metric, validation_metric
+from ablate.schema.spec import StudySpec, tune_metric
 from ablate.schema.trials import TUNE
 
 POLL_S = 2.0  # how often a worker with nothing claimable looks again while tuning finishes elsewhere
@@ -146,7 +146,8 @@ class Worker:
                 say(claim, f"FAILED, {type(outcome).__name__}: {outcome}"[:300])
             else:
                 claim.study.tell(claim.trial, outcome)
-                say(claim, f"{self.metric_name(claim)} = {outcome:.4g}")
+                metric = tune_metric(self.spec).name if claim.phase == TUNE else self.spec.metric.name
+                say(claim, f"{metric} = {outcome:.4g}")
 
     def stop_for_space(self, e: BaseException, claims: list[Claim]) -> None:
         """Every later trial would fail the same way: the claimed ones wait, as they were, for free space."""
@@ -174,27 +175,27 @@ class Worker:
         claim.study.tell(trial, state=TrialState.FAIL)
         free_device_memory()
 
-    def metric_name(self, claim: Claim) -> str:
-        return tune_metric(self.spec).name if claim.phase == TUNE else self.spec.metric.name
-
     def objective(self, claims: list[Claim]) -> list[float | BaseException]:
         """Each claimed trial's objective value, or the exception its trial alone failed with (a fused seed
         that diverged); an exception of the whole run (pruned, preempted, a fault) is raised. Runs a trial
         alone, fused eval seeds, or a tune candidate's fused tune.seeds scored on their mean."""
         from ablate.harness.trial import run_trial
 
-        jobs = [self.job(claim) for claim in claims]
+        jobs = [Job.prepare(self.spec, self.picker.variants, self.storage, self.root, self.store, claim)
+                for claim in claims]
         if claims[0].phase == TUNE and len(self.spec.tune_seeds) > 1:
             return [self.tune_on_seeds(jobs[0])]
         with self.keeping(jobs):
             if claims[0].fused:
-                monitor = validation_metric(self.spec.metric).name
-                outcomes = run_fused([job.member(self.wandb_logger, monitor) for job in jobs])
+                # Each eval trial as a fused seed: resumable, reporting its validations as a trial alone does.
+                outcomes = run_fused([Member(job.cfg, job.out_dir, job.resume_from, job.stored.publish,
+                                             job.reporter.report_row, functools.partial(self.wandb_logger, job))
+                                      for job in jobs])  # fmt: skip
             else:
                 (job,) = jobs
                 with self.wandb_logger(job) as logger:
                     outcomes = [run_trial(job.cfg, out_dir=job.out_dir, loggers=[logger] if logger else None,
-                                          callbacks=job.callbacks, resume_from=job.resume_from,
+                                          callbacks=[job.reporter], resume_from=job.resume_from,
                                           publish=job.stored.publish)]  # fmt: skip
         values = [self.recorded(job, outcome) for job, outcome in zip(jobs, outcomes)]
         # Only once every result is stored: a full disk before then queues the whole group again, to resume.
@@ -208,9 +209,6 @@ class Worker:
             self.wandb_mode, self.root, group=self.spec.name, name=job.name, job_type=job.claim.phase,
             tags=job.tags, config=job.cfg.flat(),
         )  # fmt: skip
-
-    def job(self, claim: Claim) -> Job:
-        return Job.prepare(self.spec, self.picker.variants, self.storage, self.root, self.store, claim)
 
     @contextmanager
     def keeping(self, jobs: list[Job]) -> Iterator[None]:

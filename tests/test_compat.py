@@ -1,9 +1,8 @@
-"""The private Optuna / optuna-integration / Lightning behaviour harness/compat.py relies on, pinned: an
+"""The private Optuna / Lightning behaviour harness/compat.py relies on, pinned: an
 upgrade that changes it fails here, by name."""
 
 import optuna
 from optuna.trial import TrialState
-from optuna_integration import PyTorchLightningPruningCallback
 
 from ablate.harness import compat
 
@@ -24,15 +23,6 @@ def test_trial_id_is_the_storage_id_that_claims_and_heartbeats_use():
     assert live.params == {} and storage.get_trial(compat.trial_id(live)).system_attrs["fixed_params"] == {
         "x": 2
     }
-
-
-def test_pruning_trial_is_the_trial_the_callback_was_given():
-    study = optuna.create_study()
-    trial = study.ask()
-    callback = PyTorchLightningPruningCallback(trial, monitor="val/loss")
-    assert compat.pruning_trial(callback) is trial
-    compat.pruning_trial(callback).report(1.5, step=7)
-    assert study.trials[0].intermediate_values == {7: 1.5}
 
 
 def test_lightning_still_decides_validation_steps_in_its_epoch_loop():

@@ -17,7 +17,7 @@ from ablate.harness import rules
 from ablate.harness.callbacks import EarlyStop
 from ablate.harness.checkpoints import BestCheckpoint
 from ablate.harness.fused import Member, run_fused
-from ablate.harness.rules import Best, Cost, Divergence, History, Patience, Schedule
+from ablate.harness.rules import Best, Cost, Divergence, Patience, Schedule
 from ablate.harness.trial import build_trainer, run_trial
 from ablate.models.sequences import PAD_ID
 from ablate.schema.config import TrainConfig
@@ -116,13 +116,6 @@ def test_divergence_names_the_loss_or_the_weights():
     rule.observe(torch.tensor(INF))
     rule.observe(torch.tensor(1.0))  # a finite loss after does not clear it
     assert str(rule.failure(7, finite)) == "diverged: train/loss is not finite (by step 7)"
-
-
-def test_history_keeps_each_validation_by_step():
-    history = History()
-    assert history.record(4, {"val/loss": 1.0}) == {"step": 4, "val/loss": 1.0}
-    history.record(8, {"val/loss": 0.5})
-    assert [row["step"] for row in history.rows] == [4, 8]
 
 
 def test_cost_counts_real_tokens_and_leaves_validation_time_out(monkeypatch):

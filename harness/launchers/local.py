@@ -97,20 +97,15 @@ def start(spec, url: str, out: Path, wandb_mode: str, artifacts: str | None, opt
     """Starts the worker processes here, and says how many and on which storage."""
     from ablate.harness.study.storage import masked_url
 
-    gpus = [d.strip() for d in options.devices.split(",")] if options.devices else None
-    slots = worker_slots(options.workers, gpus, options.per_device)
+    # Each process's environment: `per_device` per listed GPU, each seeing only its GPU; N CPU workers (GPUs
+    # hidden); or one worker with the environment as it is.
+    if options.devices:
+        slots = [{"CUDA_VISIBLE_DEVICES": d.strip()} for d in options.devices.split(",")
+                 for _ in range(options.per_device)]  # fmt: skip
+    else:
+        slots = [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(options.workers or 0)] or [{}]
     print(f"{len(slots)} worker(s), storage {masked_url(url)}, W&B {wandb_mode}", file=sys.stderr, flush=True)
     return spawn_workers(spec.name, url, out, wandb_mode, slots, artifacts)
-
-
-def worker_slots(workers: int | None, devices: list[str] | None, per_device: int) -> list[dict[str, str]]:
-    """The environment of each local worker process: K per listed GPU, each seeing only its GPU; N CPU
-    workers (GPUs hidden); or one worker with the environment as it is."""
-    if devices:
-        return [{"CUDA_VISIBLE_DEVICES": d} for d in devices for _ in range(per_device)]
-    if workers:
-        return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(workers)]
-    return [{}]
 
 
 def spawn_workers(
