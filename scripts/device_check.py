@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-VERSIONS = ("torch", "lightning", "optuna", "optuna-integration", "wandb", "pydantic", "sqlalchemy", "pandas",
+VERSIONS = ("torch", "lightning", "optuna", "wandb", "pydantic", "sqlalchemy", "pandas",
             "attention-ablate")  # fmt: skip
 # In the order they run: the quickest and most telling first, the sweep figure (minutes of worker start-ups) last.
 GPU_FIGURES = "k_trial_vs_captured,h_fused_seeds,j_compile,g_mfu,i_fused_trials,f_sweep_scaling"

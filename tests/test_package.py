@@ -35,7 +35,7 @@ MAY_IMPORT = {
 }
 # What a torch-free reader must not load: torch, Lightning, a task's builder or a tokenizer library.
 HEAVY = ("torch", "lightning", "pytorch_lightning", "tokenizers", "sacrebleu", "datasets", "ablate.harness.tasks")
-LIBRARIES = ("optuna", "optuna_integration", "lightning", "pytorch_lightning")
+LIBRARIES = ("optuna", "lightning", "pytorch_lightning")
 PUBLIC = {"os._exit"}  # the standard library's documented names that start with an underscore
 
 
