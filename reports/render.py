@@ -177,6 +177,12 @@ def figures(
     return {name: (_png(fig), caption) for name, (fig, caption) in made.items() if fig is not None}
 
 
+def trial_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The trial table's rows, each failed trial that was queued again noting its retry."""
+    retried_by = {int(r): int(t) for t, r in zip(df["trial"], df["retry_of"]) if pd.notna(r)}
+    return [{**row, "retried_by": retried_by.get(row["trial"])} for row in df.to_dict("records")]
+
+
 def reproducibility(data: StudyData, summary: pd.DataFrame) -> dict[str, Any]:
     spec, df = data.spec, data.trials
     done = df[df["state"] == "COMPLETE"]
@@ -280,8 +286,6 @@ def build_report(
     importances = importance_frame(data)
     figs = figures(data, summary, importances)
     verdicts = claims.evaluate_all(spec, data.trials)
-    trials = data.trials.to_dict("records")  # each failed trial that was queued again notes its retry
-    retried_by = {int(t["retry_of"]): int(t["trial"]) for t in trials if pd.notna(t["retry_of"])}
     context = {
         "spec": spec,
         "metric": spec.metric.name,
@@ -294,7 +298,7 @@ def build_report(
         "claim_groups": headline.claim_groups(verdicts),
         "look_level": claims.look_level(spec),
         "progress": [asdict(row) for row in study_progress(spec, storage)],
-        "trials": [{**t, "retried_by": retried_by.get(t["trial"])} for t in trials],
+        "trials": trial_rows(data.trials),
         "importances": importances.to_dict("records"),
         "importance_method": IMPORTANCE_METHOD,
         "repro": reproducibility(data, summary),
