@@ -26,6 +26,15 @@ def why_not_fused(cfgs: list[ExperimentConfig]) -> str | None:
     return None
 
 
+def why_alone(cfg: ExperimentConfig, cuda: bool) -> str | None:
+    """Why an eval trial of `cfg` starting afresh trains alone here, or None where it trains fused."""
+    if cfg.train.fuse_seeds is False:
+        return "train.fuse_seeds: false"
+    if not wants_fusion(cfg, cuda):
+        return "train.fuse_seeds: auto, which fuses on a GPU only"
+    return why_not_fused([cfg])
+
+
 def wants_fusion(cfg: ExperimentConfig, cuda: bool) -> bool:
     """train.fuse_seeds: true, false, or auto, which fuses where fusion pays: on a GPU, where an unfused step
     waits on Python. On a CPU the step is compute-bound (bench figure h) and validation and testing run

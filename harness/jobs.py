@@ -25,7 +25,7 @@ from ablate.harness.checkpoints import (
     fetch,
     resume_point,
 )
-from ablate.harness.grouping import FUSE_AT_MOST, wants_fusion, why_not_fused
+from ablate.harness.grouping import FUSE_AT_MOST, why_alone
 from ablate.harness.rules import TrialFailed
 from ablate.harness.study.leases import Leases
 from ablate.harness.study.queue import best_tuned_params, load_phase_study, suggest, tune_sampler
@@ -45,6 +45,7 @@ class Claim:
     variant: str
     seed: int | None = None  # eval trials: the queued grid point's
     fused: bool = False  # trains in a fused group (Picker.claim decides, once)
+    alone: str = ""  # an eval trial not fused: why
 
     @property
     def trial_id(self) -> int:
@@ -73,7 +74,7 @@ class Picker:
 
     def claim(self) -> list[Claim]:
         """Atomically takes the next WAITING trial that can run now: tune trials first, then eval trials of
-        tuned variants; with it, the variant's other waiting seeds that train fused with it (`fuses`)."""
+        tuned variants; with it, the variant's other waiting seeds that train fused with it (`alone`)."""
         self.leases.fail_stale(self.studies())  # a worker that died mid-trial left it RUNNING
         for study in self.tune.values():
             claim = self.claim_from(study, TUNE)
@@ -82,7 +83,8 @@ class Picker:
         claim = self.claim_from(self.eval, EVAL)
         if claim is None:
             return []
-        claim.fused = self.fuses(claim)
+        claim.alone = self.alone(claim) or ""
+        claim.fused = not claim.alone
         group = [claim]
         while claim.fused and len(group) < FUSE_AT_MOST:
             more = self.claim_from(self.eval, EVAL, joining=claim)
@@ -92,14 +94,14 @@ class Picker:
             group.append(more)
         return group
 
-    def fuses(self, claim: Claim) -> bool:
-        """Whether an eval trial trains fused: its resume checkpoint is a fused seed's, or it starts afresh
-        and its variant's train.fuse_seeds asks for fusion here and allows it."""
+    def alone(self, claim: Claim) -> str | None:
+        """Why an eval trial trains alone, or None where it trains fused: its resume checkpoint is a fused
+        seed's, or it starts afresh and its variant's train.fuse_seeds asks for fusion here and allows it."""
         kind, _ = resume_point(claim.trial.user_attrs)
         if kind is not None:
-            return kind == FUSED_STATE
+            return None if kind == FUSED_STATE else "it resumes a checkpoint made alone"
         cfg = self.spec.config_for(self.variants[claim.variant], claim.seed)
-        return wants_fusion(cfg, torch.cuda.is_available()) and why_not_fused([cfg]) is None
+        return why_alone(cfg, torch.cuda.is_available())
 
     def claim_from(self, study: optuna.Study, phase: str, joining: Claim | None = None) -> Claim | None:
         """The first claimable WAITING trial of `study`; with `joining`, one that trains fused with that claim
@@ -168,6 +170,8 @@ class Job:
         # Preempted, or the copy of a trial whose worker died (it inherits the user attrs): resume.
         resumed = trial.user_attrs.get(RESUME_ATTR)
         resume_from = fetch(store, resumed, out_dir / CHECKPOINTS) if resumed else None
+        if claim.phase == EVAL:  # how its seeds trained, for the report's provenance
+            trial.set_user_attr("fusion", "fused" if claim.fused else f"alone: {claim.alone}")
         stored = StoredCheckpoints(store, trial, FUSED_STATE if claim.fused else None)
         return cls(claim, cfg, out_dir, name, tracking.run_tags(variants[variant]), resumed, resume_from, stored,
                    reporter, metric)  # fmt: skip
@@ -176,8 +180,12 @@ class Job:
         """Stores a finished trial's artifacts and results (a TrialResult); its objective value."""
         trial = self.claim.trial
         self.store_artifacts()
-        for key in ("metrics", "params", "wall_time", "resumed_from_step", "split_sizes"):
-            trial.set_user_attr(key, getattr(result, key))
+        # Each attribute named where it is set: tests/test_storage_faults.py reads them here for their shapes.
+        trial.set_user_attr("metrics", result.metrics)
+        trial.set_user_attr("params", result.params)
+        trial.set_user_attr("wall_time", result.wall_time)
+        trial.set_user_attr("resumed_from_step", result.resumed_from_step)
+        trial.set_user_attr("split_sizes", result.split_sizes)
         if result.signatures:  # how BLEU / chrF were computed, for the report
             trial.set_user_attr("signatures", result.signatures)
         value = result.metrics.get(self.metric)

@@ -20,7 +20,7 @@ from ablate.harness.artifacts import AttentionSample
 from ablate.schema.spec import StudySpec
 from ablate.schema.trials import EVAL, TUNE, optuna_study_name, trial_seed, trial_variant
 
-PROVENANCE_ATTRS = ["hardware", "versions", "git_commit", "signatures"]
+PROVENANCE_ATTRS = ["hardware", "versions", "git_commit", "signatures", "fusion"]
 
 
 @dataclass
@@ -160,7 +160,8 @@ def tune_trials(spec: StudySpec, storage) -> dict[str, list[optuna.trial.FrozenT
 
 def recorded_provenance(trials: list[optuna.trial.FrozenTrial]) -> dict[str, list[str]]:
     """The distinct values of what trials recorded about where and how they ran: user attributes
-    'hardware', 'versions', 'git_commit' and 'signatures' (sacreBLEU's; strings or dicts)."""
+    'hardware', 'versions', 'git_commit', 'signatures' (sacreBLEU's; strings or dicts) and 'fusion' (whether
+    the eval seeds trained fused, or why alone)."""
     def distinct(key: str) -> list[str]:
         values = [t.user_attrs.get(key) for t in trials]
         return sorted({json.dumps(v, sort_keys=True) if isinstance(v, dict) else str(v) for v in values if v})

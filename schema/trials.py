@@ -34,7 +34,7 @@ USER_ATTRS: dict[str, Any] = {
     "metrics": dict[str, float], "seed_values": dict[str, float], "split_sizes": dict[str, int], "artifacts": dict[str, str],
     "params": float, "wall_time": float, "tokens_per_sec": float, "peak_mem_mb": float, "steps": float,
     "resumed_from_step": int, "fail_reason": str, "traceback": str, "resume": ResumeRecord,
-    "worker": Any, "hardware": Any, "versions": Any, "git_commit": Any, "signatures": Any,
+    "worker": Any, "hardware": Any, "versions": Any, "git_commit": Any, "signatures": Any, "fusion": str,
 }  # fmt: skip
 # The system attributes read here: Optuna's retry record and the parameters an enqueued trial was given.
 SYSTEM_ATTRS: dict[str, Any] = {

@@ -269,9 +269,11 @@ def test_a_fused_study_records_what_an_unfused_one_records(tmp_path):
         assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
         records[fuse] = {t.user_attrs["grid_point"]: t for t in trials}
         report = build_report(spec, storage, tmp_path / str(fuse) / "runs")
+        md = (report / "report.md").read_text()
         reports[fuse] = ({p.relative_to(report) for p in report.rglob("*")},
-                         [line.split("|")[1] for line in (report / "report.md").read_text().splitlines()
-                          if line.startswith("|")])  # fmt: skip
+                         [line.split("|")[1] for line in md.splitlines() if line.startswith("|")])  # fmt: skip
+        # How the seeds trained, said in the report's provenance: fused, or alone and why.
+        assert f"- Seeds trained: {'fused' if fuse else 'alone: train.fuse_seeds: false'} (" in md
     # The same files, and the same table rows (the first cell of each: variants, seeds, metrics) in order.
     assert reports[True] == reports[False]
     for point, fused in records[True].items():
