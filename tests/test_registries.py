@@ -73,8 +73,8 @@ def test_a_registry_backed_model_or_train_key_accepts_exactly_the_registrys_name
 
 
 def test_each_family_builds_its_class_and_each_cell_its_state():
-    for arch, (_, name) in FAMILIES.items():
-        assert type(build_model(ModelConfig(arch=arch, d_model=8), 5, 5)).__name__ == name
+    for arch, family in FAMILIES.items():
+        assert type(build_model(ModelConfig(arch=arch, d_model=8), 5, 5)).__name__ == family.model.split(":")[1]
     for cell, kind in CELLS.items():
         model = build_model(ModelConfig(arch="lstm", cell=cell, d_model=8, layers=1), 5, 5)
         assert model.state_names == kind.states

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from ablate.cli import app
 from ablate.harness import compat
+from ablate.harness.jobs import Job
 from ablate.harness.study.queue import load_phase_study, prepare_study, study_progress
 from ablate.harness.study.storage import open_storage
 from ablate.harness.study.validate import load_study
@@ -270,11 +271,16 @@ def test_workers_claiming_tune_trials_at_once_draw_different_points(tmp_path):
     spec, url = prepared(tmp_path, factors={}, variants={"only": {}}, seeds=[0], tune=tune)
     workers = [Worker(spec, open_storage(url), tmp_path / "runs", "disabled") for _ in range(2)]
     claims = [worker.picker.claim()[0] for worker in workers]
-    lrs = [worker.job(claim).cfg.train.lr for worker, claim in zip(workers, claims)]
+    lrs = [job(worker, claim).cfg.train.lr for worker, claim in zip(workers, claims)]
     assert claims[0].trial.number != claims[1].trial.number and lrs[0] != lrs[1]
     again = prepared(tmp_path / "again", factors={}, variants={"only": {}}, seeds=[0], tune=tune)
     worker = Worker(again[0], open_storage(again[1]), tmp_path / "again" / "runs", "disabled")
-    assert worker.job(worker.picker.claim()[0]).cfg.train.lr == lrs[0]
+    assert job(worker, worker.picker.claim()[0]).cfg.train.lr == lrs[0]
+
+
+def job(worker: Worker, claim) -> Job:
+    """The claimed trial made ready to run, as the worker's objective prepares it."""
+    return Job.prepare(worker.spec, worker.picker.variants, worker.storage, worker.root, worker.store, claim)
 
 
 def test_tuning_on_the_baseline_needs_one(tmp_path):
