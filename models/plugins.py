@@ -30,6 +30,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from ablate.models.bounds import unbounded
+
 # The entry-point group of the registry `key`, a config key: pos_encoding, attention, ..., task (task.name:
 # schema/config.py joins it, a schema/tasks.py Task whose builder is 'package.module:function').
 GROUP = "ablate.{key}"
@@ -133,6 +135,8 @@ def settings_problem(found: object) -> str | None:
         found()
     except ValidationError as e:
         return f"settings without a default: {', '.join(str(err['loc'][0]) for err in e.errors())}"
+    if loose := unbounded(found, "settings"):  # as every number of the config has both ends
+        return f"a number without both ends in its schema: {', '.join(w.partition('.')[2] for w in loose)}"
     return None
 
 

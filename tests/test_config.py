@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import typing
 
 import pytest
 import torch
@@ -313,41 +312,11 @@ RANGED_BY_METRIC = {"StudySpec.claims[].margin", "StudySpec.claims[].chance", "S
 
 
 def numeric_fields_without_bounds() -> list[str]:
-    """Every int or float the study schema and the config take (in unions and lists too), lacking a lower or
-    an upper bound in the schema itself. A dict of config values is the config's to range."""
-    import annotated_types
-    from pydantic import BaseModel
-    from pydantic.fields import FieldInfo
-
+    """Every int or float the study schema and the config take, lacking a lower or an upper bound."""
+    from ablate.models.bounds import unbounded
     from ablate.schema.spec import StudySpec
 
-    def constraints(metadata) -> list:
-        return [c for m in metadata for c in (m.metadata if isinstance(m, FieldInfo) else [m])]
-
-    def unbounded(annotation, metadata, where: str) -> list[str]:
-        origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-        if origin is typing.Annotated:
-            return unbounded(args[0], [*metadata, *annotation.__metadata__], where)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            return walk(annotation, where)
-        if origin is dict:
-            return []
-        if origin is list:
-            return unbounded(args[0], [], f"{where}[]")
-        if args and origin is not typing.Literal:  # a union: each member with the field's own bounds
-            return [w for a in args if a is not type(None) for w in unbounded(a, metadata, where)]
-        if annotation in (int, float):
-            kinds = {type(c) for c in constraints(metadata)}
-            low = kinds & {annotated_types.Ge, annotated_types.Gt}
-            high = kinds & {annotated_types.Le, annotated_types.Lt}
-            return [] if low and high else [where]
-        return []
-
-    def walk(model, prefix: str) -> list[str]:
-        return [w for name, f in model.model_fields.items()
-                for w in unbounded(f.annotation, f.metadata, f"{prefix}.{name}")]  # fmt: skip
-
-    return walk(ExperimentConfig, "ExperimentConfig") + walk(StudySpec, "StudySpec")
+    return unbounded(ExperimentConfig, "ExperimentConfig") + unbounded(StudySpec, "StudySpec")
 
 
 def test_every_number_of_the_schema_has_both_ends():

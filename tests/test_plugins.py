@@ -43,6 +43,10 @@ class EchoSettings(Settings):
 
 class Unset(Settings):
     factor: float  # no default
+
+
+class Loose(Settings):
+    width: int = 3  # no bounds
 # ALiBi's bias on the decoder only, under a name of its own.
 MIRROR = PositionalKind(score_bias=lambda layers, cfg, bidirectional: layers.ALiBi(cfg.heads))
 RMS_POST = Norm("post", rms=True)
@@ -150,6 +154,7 @@ explode = my_attention:EXPLODE
 stretch = my_attention:STRETCH
 badset = my_attention:QUARTER
 noset = my_attention:QUARTER
+loose = my_attention:QUARTER
 slip = my_attention:SLIP
 
 [ablate.pos_encoding]
@@ -173,6 +178,7 @@ quarter = my_attention:QuarterSettings
 echo = my_attention:EchoSettings
 badset = my_attention:NUMBER
 noset = my_attention:Unset
+loose = my_attention:Loose
 orphan = my_attention:EchoSettings
 """
 
@@ -281,7 +287,8 @@ def test_a_plugins_settings_are_listed_checked_up_front_and_read_by_the_plugin(i
     assert "model.plugin.quarter.factor 0.25 number > 0, <= 4" in rows and "task.plugin.echo.reverse False true | false" in rows
     faults = {"noset": "plug-in 'noset' of my-attention (ablate.settings = my_attention:Unset): settings without a default: factor",
               "badset": "plug-in 'badset' of my-attention (ablate.settings = my_attention:NUMBER): its settings are a int, not a Settings",
-              "orphan": "settings 'orphan' of my-attention (ablate.settings = my_attention:EchoSettings): names no plug-in of my-attention"}  # fmt: skip
+              "orphan": "settings 'orphan' of my-attention (ablate.settings = my_attention:EchoSettings): names no plug-in of my-attention",
+              "loose": "plug-in 'loose' of my-attention (ablate.settings = my_attention:Loose): a number without both ends in its schema: width"}  # fmt: skip
     assert all(any(why in row for row in rows) for why in faults.values()), rows
     # The plug-in reads what the config holds: its score's factor, its task's direction.
     script = """
