@@ -20,7 +20,7 @@ from ablate.models.kinds import FAMILIES
 from ablate.models.sequences import SequenceScore, summarise
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.metric_registry import METRICS
-from ablate.schema.tasks import ALIGNED_TASKS, TEXT_TASKS
+from ablate.schema.tasks import TASKS
 
 Row = tuple[Sequence[int], Sequence[int]]  # (prediction ids, target ids)
 Alignment = Iterable[tuple[int, int]]  # (source index, target index) pairs
@@ -179,8 +179,8 @@ def produced_metrics(cfg: ExperimentConfig) -> set[str]:
     cross_attends = FAMILIES[model.arch].cross_attends(model)
     reports = {  # each of the registry's `reported_for`
         "every trial": True,
-        "text tasks": task.name in TEXT_TASKS,
-        "aligned tasks": task.name in ALIGNED_TASKS and cross_attends,
+        "text tasks": TASKS[task.name].text,
+        "aligned tasks": TASKS[task.name].aligned and cross_attends,
         "Transformers": transformer,
         "encoders": transformer and model.cross_attention,  # a Transformer builds one only to cross-attend
     }

@@ -59,6 +59,10 @@ class Task(NamedTuple):
     # once): "nothing" (it generates its data), "always" (files or modules it cannot run without), or
     # "path" (what task.path names, when it names something local).
     reads_machine: Literal["nothing", "always", "path"] = "nothing"
+    # What its data carries beyond token pairs, known before any is built (the metrics a study may name
+    # depend on it): text scored with BLEU / chrF (TaskData.is_text), gold word alignments (Example.alignment).
+    text: bool = False
+    aligned: bool = False
 
     def keys(self) -> tuple[str, ...]:
         """Every task.* key the task reads under some configuration: its own and, with task.tokenizer, every
@@ -74,9 +78,9 @@ class Task(NamedTuple):
 
 
 TASKS: dict[str, Task] = {
-    "copy": Task("synthetic:copy_task", "output = input; symbols 0..vocab_size-1", SYMBOL_KEYS),
-    "reverse": Task("synthetic:reverse_task", "output = input reversed", SYMBOL_KEYS),
-    "sort": Task("synthetic:sort_task", "output = input sorted (stable)", SYMBOL_KEYS),
+    "copy": Task("synthetic:copy_task", "output = input; symbols 0..vocab_size-1", SYMBOL_KEYS, aligned=True),
+    "reverse": Task("synthetic:reverse_task", "output = input reversed", SYMBOL_KEYS, aligned=True),
+    "sort": Task("synthetic:sort_task", "output = input sorted (stable)", SYMBOL_KEYS, aligned=True),
     "addition": Task(
         "synthetic:addition_task", "a + b -> digits of the sum, with carries; lengths in digits", GENERATED_KEYS
     ),
@@ -84,11 +88,14 @@ TASKS: dict[str, Task] = {
         "synthetic:recall_task",
         "k1 v1 ... kn vn ? k -> value of k; lengths in pairs (at most 26), vocab_size values",
         SYMBOL_KEYS,
+        aligned=True,
     ),
     "synth_mt": Task(
         "synth_mt:synth_mt_task",
         "SVO -> SOV toy translation with gold alignments; lengths in source words (at least 5)",
         GENERATED_KEYS,
+        text=True,
+        aligned=True,
     ),
     "scan": Task(
         "scan:scan_task",
@@ -102,6 +109,7 @@ TASKS: dict[str, Task] = {
         "sentence pairs; path: TSV | JSONL | Moses prefix | save_to_disk folder | hub name",
         PARALLEL_KEYS,
         reads_machine="path",
+        text=True,
     ),
     "bible": Task(
         "bible:bible_task",
@@ -110,6 +118,7 @@ TASKS: dict[str, Task] = {
         "/usr/share/sword)",
         BIBLE_KEYS,
         reads_machine="always",
+        text=True,
     ),
     "bible_lm": Task(
         "bible_lm:bible_lm_task",
@@ -128,9 +137,5 @@ def tasks_reading(key: str) -> list[str]:
     return [name for name, task in TASKS.items() if key in task.keys()]
 
 
-# What a task's data carries beyond token pairs, known before any is built (the metrics a study may name
-# depend on it): text scored with BLEU / chrF (TaskData.is_text), gold word alignments (Example.alignment).
-TEXT_TASKS = frozenset({"synth_mt", "parallel", "bible"})
-ALIGNED_TASKS = frozenset({"copy", "reverse", "sort", "recall", "synth_mt"})
 # Tasks whose training length is task.max_tokens (pairs or windows of at most that many tokens).
 CORPUS_TASKS = frozenset(tasks_reading("max_tokens"))

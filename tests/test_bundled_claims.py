@@ -16,7 +16,7 @@ from ablate.harness.tasks import build_task
 from ablate.harness.trial import run_trial
 from ablate.schema.config import build_config, read_yaml
 from ablate.schema.spec import StudySpec, bundled_studies_dir, variant_settings
-from ablate.schema.tasks import ALIGNED_TASKS, TEXT_TASKS, tasks_reading
+from ablate.schema.tasks import TASKS, tasks_reading
 
 STUDIES = sorted(bundled_studies_dir().glob("*.yaml"))
 PROFILES = [
@@ -116,8 +116,8 @@ def test_task_traits_match_the_data_the_tasks_build():
     for name in tasks_reading("test_max_len"):  # the generated tasks: their lengths are min_len / max_len
         data = build_task(build_config({"task": {"name": name, "n_train": 8, "n_valid": 4, "n_test": 4,
                                                      "min_len": 5, "max_len": 6}}).task, 0)  # fmt: skip
-        assert data.is_text == (name in TEXT_TASKS), name
-        assert all(ex.alignment is not None for ex in data.splits["test"]) == (name in ALIGNED_TASKS), name
+        assert data.is_text == TASKS[name].text, name
+        assert all(ex.alignment is not None for ex in data.splits["test"]) == TASKS[name].aligned, name
         assert data.splits["test_long"], f"{name}: test_max_len defaults beyond max_len"
 
 

@@ -97,7 +97,7 @@ STRETCH = ScoreKind(stretch, scale_words=("sqrt", "none"), scale_means="as dot")
 LEAK = PositionalKind(embedding=leak)
 # A task of its own: copying, built by the plug-in's builder (my_attention/tasks.py).
 ECHO = Task("my_attention.tasks:build", "output = input, from a plug-in",
-            ("min_len", "max_len", "test_max_len", "n_train", "n_valid", "n_test", "vocab_size"))
+            ("min_len", "max_len", "test_max_len", "n_train", "n_valid", "n_test", "vocab_size"), aligned=True)
 '''
 FAMILY = '''
 import contextlib

@@ -44,4 +44,5 @@ class RotateSettings(Settings):
 
 
 ROTATE = Task("learned_alibi.tasks:build", "output = input rotated left by task.plugin.rotate.shift symbols",
-              ("min_len", "max_len", "test_max_len", "vocab_size", "n_train", "n_valid", "n_test"))  # fmt: skip
+              ("min_len", "max_len", "test_max_len", "vocab_size", "n_train", "n_valid", "n_test"),
+              aligned=True)  # fmt: skip
