@@ -90,7 +90,7 @@ def padding(cfg: ModelConfig, device: torch.device) -> str:
 def causal(cfg: ModelConfig, device: torch.device) -> str:
     """With the causal mask, changing target tokens from position 3 on changes no output before 3."""
     if not cfg.causal_mask:
-        return ""
+        return Skipped("model.causal_mask is false")
     net, (src, tgt) = model(cfg, device), batch(device)
     changed = tgt.clone()
     changed[:, 3:] = (tgt[:, 3:] - 2) % (VOCAB - 3) + 3  # another real token at every later position
@@ -129,21 +129,23 @@ def fused(cfg: ModelConfig, device: torch.device) -> str:
 def reference(cfg: ModelConfig, device: torch.device) -> str:
     """The score's and each positional part's module, in float64, against the formula its entry gives."""
     nothing = Skipped("no entry of this model gives its formula")
-    if cfg.arch != "transformer":
-        return nothing
+    reads = FAMILIES[cfg.arch].reads
     g = torch.Generator().manual_seed(2)
     draw = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).to(device)  # noqa: E731
     compared = []
-    if (formula := TRANSFORMER_SCORES[cfg.score].reference) is not None:
+    if "score" in reads and (formula := TRANSFORMER_SCORES[cfg.score].reference) is not None:
         score = TRANSFORMER_SCORES[cfg.score].build(attention, cfg).to(device).double()
         q, k = draw(B, cfg.heads, T, cfg.d_k), draw(B, cfg.heads, S, cfg.d_k)
         actual = score.scale * score.query(q) @ score.key(k).transpose(-2, -1)
         compared.append((f"score {cfg.score}", actual, formula(score, q, k, cfg)))
-    for name in cfg.pos_encoding.split("+"):
+    for name in cfg.pos_encoding.split("+") if "pos_encoding" in reads else ():
         kind = POSITIONAL[name]
         if kind.reference is None:
             continue
-        (part,) = kind.parts()  # a reference is given for a kind of one part
+        if len(kind.parts()) != 1:
+            parts = ", ".join(sorted(kind.parts()))
+            return f"pos_encoding {name} gives a reference for its parts {parts}; a reference is for one part"
+        (part,) = kind.parts()
         if part == "score_bias":
             module, inputs = kind.score_bias(positional_layers, cfg, True), (T, S)
         else:

@@ -170,7 +170,7 @@ class Job:
         # Preempted, or the copy of a trial whose worker died (it inherits the user attrs): resume.
         resumed = trial.user_attrs.get(RESUME_ATTR)
         resume_from = fetch(store, resumed, out_dir / CHECKPOINTS) if resumed else None
-        if claim.phase == EVAL:  # how its seeds trained, for the report's provenance
+        if claim.phase == EVAL and "fusion" not in trial.user_attrs:  # a retry keeps the first run's reason
             trial.set_user_attr("fusion", "fused" if claim.fused else f"alone: {claim.alone}")
         stored = StoredCheckpoints(store, trial, FUSED_STATE if claim.fused else None)
         return cls(claim, cfg, out_dir, name, tracking.run_tags(variants[variant]), resumed, resume_from, stored,

@@ -154,12 +154,14 @@ class ModelConfig(BaseModel):
             if not kind.bucketed:
                 for key in ("t5_buckets", "t5_max_distance"):
                     ignored[key] = f"acts only on the T5 bias, not {self.pos_encoding}"
-        used = {name for _, name in in_use({f"model.{k}": v for k, v in self.model_dump().items()})}
+        # A plug-in named by a key this model ignores is not used either.
+        read = {f"model.{k}": v for k, v in self.model_dump().items() if k not in ignored}
+        used = {name for _, name in in_use(read)}
         for name, block in self.plugin:
             if name not in used:
                 ignored |= {f"plugin.{name}.{key}": f"a setting of plug-in {name}, which this model does not use"
                             for key in type(block).model_fields}  # fmt: skip
-        score_reads = self.arch == "transformer" and TRANSFORMER_SCORES[self.score].reads_max_positions
+        score_reads = "score" in FAMILIES[self.arch].reads and TRANSFORMER_SCORES[self.score].reads_max_positions
         if self.position_limits == (None, None) and not score_reads:
             ignored["max_positions"] = (
                 "bounds only learned positions and location attention; no score reads it"
@@ -189,11 +191,13 @@ class ModelConfig(BaseModel):
     @property
     def position_limits(self) -> tuple[int | None, int | None]:
         """The most source and target positions the model can place; None where any length works
-        (learned positions stop at max_positions on both sides, location attention on the source)."""
-        if self.arch == "transformer":
+        (learned positions stop at max_positions on both sides, location attention on the source), for
+        the keys its family reads."""
+        reads = FAMILIES[self.arch].reads
+        if "pos_encoding" in reads:
             limit = positional_kind(self.pos_encoding).max_length(self.max_positions)
             return limit, limit
-        score = SCORES.get(self.attention)
+        score = SCORES.get(self.attention) if "attention" in reads else None
         return (score.max_length(self.max_positions) if score else None), None
 
 

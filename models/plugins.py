@@ -32,12 +32,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ablate.models.bounds import unbounded
 
-# The entry-point group of the registry `key`, a config key: pos_encoding, attention, ..., task (task.name:
-# schema/config.py joins it, a schema/tasks.py Task whose builder is 'package.module:function').
+# The entry-point group of the registry `key`, a config key: arch, pos_encoding, attention, ..., task
+# (task.name: schema/task_config.py joins it, a schema/tasks.py Task whose builder is
+# 'package.module:function').
 GROUP = "ablate.{key}"
 SETTINGS_GROUP = "ablate.settings"
 # No '+' (it joins positional kinds), no '.' (a settings key model.plugin.<name>.<key> splits on it), no spaces.
-NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 # (key, name) -> the package a plug-in came from; (key, name) -> why it joined nothing, one line
 PACKAGES: dict[tuple[str, str], str] = {}
@@ -49,7 +50,7 @@ class Settings(BaseModel):
     """A plug-in's own settings: a subclass declares each with its default (and each number with both ends,
     as every key of the config has), read from model.plugin.<name> or task.plugin.<name>."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, validate_default=True)
 
 
 def registries() -> dict[str, tuple[dict, type]]:
@@ -82,7 +83,7 @@ def join(key: str, registry: dict[str, Any], entry: type) -> None:
         package = point.dist.name if point.dist is not None else "an unnamed distribution"
         where = f"plug-in {point.name!r} of {package} ({GROUP.format(key=key)} = {point.value})"
         if not NAME.fullmatch(point.name):
-            FAULTS[(key, point.name)] = f"{where}: a name is letters, digits, '_' and '-'"
+            FAULTS[(key, point.name)] = f"{where}: a name is letters, digits, '_' and '-', not first '_' or '-'"
             continue
         if point.name in registry:
             owner = PACKAGES.get((key, point.name), "built in")
@@ -118,7 +119,7 @@ def join_settings(section: dict[str, dict[str, Any]]) -> None:
         except Exception as e:  # the plug-in's own fault, whatever it raised while importing
             problem = f"failed to import its settings: {type(e).__name__}: {e}"
         else:
-            problem = settings_problem(found)
+            problem = settings_problem(point.name, found)
         if problem is None:
             SETTINGS[point.name] = found
         else:
@@ -127,14 +128,22 @@ def join_settings(section: dict[str, dict[str, Any]]) -> None:
             FAULTS[(key, point.name)] = f"{where}: {problem}"
 
 
-def settings_problem(found: object) -> str | None:
-    """Why `found` cannot be a plug-in's settings, or None."""
+def settings_problem(name: str, found: object) -> str | None:
+    """Why `found` cannot be the settings of plug-in `name`, or None. The settings join every config (used or
+    not), so one that could not be hashed, or whose defaults fail its own checks, would break them all."""
+    if name.startswith("model_") or hasattr(BaseModel, name):
+        return f"a plug-in with settings cannot be named {name!r}, a name pydantic models keep for their own"
     if not (isinstance(found, type) and issubclass(found, Settings)):
         return f"its settings are a {type(found).__name__}, not a Settings"
     try:
-        found()
+        hash(found())  # validate_default: a default outside its own range fails here
     except ValidationError as e:
-        return f"settings without a default: {', '.join(str(err['loc'][0]) for err in e.errors())}"
+        missing = [str(err["loc"][0]) for err in e.errors() if err["type"] == "missing"]
+        if missing:
+            return f"settings without a default: {', '.join(missing)}"
+        return f"a default its own schema refuses: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}"
+    except TypeError:
+        return "a setting that cannot be hashed (a list, dict or set); use a tuple"
     if loose := unbounded(found, "settings"):  # as every number of the config has both ends
         return f"a number without both ends in its schema: {', '.join(w.partition('.')[2] for w in loose)}"
     return None

@@ -233,12 +233,13 @@ UNION_TAGS = {"str", "int", "float", "bool"}  # what a union member adds to an e
 def location(parts: tuple) -> str:
     """('factors', 'train.lr', 0, 'float') -> 'factors.train.lr[0]': the field path, without the tags
     union members add ('float', 'literal[...]')."""
-    loc = ""
+    loc, previous = "", None
     for part in parts:
         if isinstance(part, int):
             loc += f"[{part}]"
-        elif all(name.isidentifier() for name in part.split(".")) and part not in UNION_TAGS:
-            loc += f".{part}" if loc else part
+        elif previous == "plugin" or (part not in UNION_TAGS and all(n.isidentifier() for n in part.split("."))):
+            loc += f".{part}" if loc else part  # a plug-in's name may hold '-' (model.plugin.learned-alibi)
+        previous = part
     return loc
 
 
@@ -281,7 +282,7 @@ def config_from_tree(
     API): in the overrides, and in the tree unless it is a built config's dump (by_hand False)."""
     cfg = build_config(tree, overrides)
     sections = [section for section in ("model", "task") if by_hand and isinstance(tree.get(section), dict)]
-    written = {f"{section}.{key}" for section in sections for key in tree[section]} | set(overrides)
+    written = {f"{section}.{key}" for section in sections for key in flatten(tree[section])} | set(overrides)
     ignored = ignored_settings(cfg, written)
     if ignored:
         problems = [(key, f"has no effect ({why})") for key, why in ignored]

@@ -34,6 +34,8 @@ def test_every_built_in_entry_passes_every_check(entry):
     compared = {"score": {"dot", "cosine"}, "pos_encoding": {"sinusoidal"}}
     given = entry.get("score", "dot") in compared["score"] or entry.get("pos_encoding", "sinusoidal") in compared["pos_encoding"]
     assert outcomes[-1].ran == (entry.get("arch") != "lstm" and given), outcomes[-1]
+    causal = next(o for o in outcomes if o.check == "causal mask")
+    assert causal.ran == entry.get("causal_mask", True), causal  # not counted as passed where it cannot run
 
 
 @pytest.mark.cuda

@@ -15,6 +15,8 @@ import pytest
 from conftest import TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
 
 PACKAGE = '''
+from typing import Annotated
+
 from pydantic import Field
 
 from ablate.models.kinds import Family, Norm
@@ -47,6 +49,18 @@ class Unset(Settings):
 
 class Loose(Settings):
     width: int = 3  # no bounds
+
+
+class Listed(Settings):
+    slopes: list[Annotated[float, Field(ge=0.0, le=1.0)]] = [0.5]  # a list: no config could be hashed
+
+
+class Outside(Settings):
+    width: int = Field(0, ge=1, le=5)  # a default its own range refuses
+
+
+class Mirror(Settings):
+    flip: bool = False
 # ALiBi's bias on the decoder only, under a name of its own.
 MIRROR = PositionalKind(score_bias=lambda layers, cfg, bidirectional: layers.ALiBi(cfg.heads))
 RMS_POST = Norm("post", rms=True)
@@ -155,6 +169,9 @@ stretch = my_attention:STRETCH
 badset = my_attention:QUARTER
 noset = my_attention:QUARTER
 loose = my_attention:QUARTER
+listed = my_attention:QUARTER
+outside = my_attention:QUARTER
+copy = my_attention:QUARTER
 slip = my_attention:SLIP
 
 [ablate.pos_encoding]
@@ -179,6 +196,10 @@ echo = my_attention:EchoSettings
 badset = my_attention:NUMBER
 noset = my_attention:Unset
 loose = my_attention:Loose
+listed = my_attention:Listed
+outside = my_attention:Outside
+copy = my_attention:Mirror
+mirror-alibi = my_attention:Mirror
 orphan = my_attention:EchoSettings
 """
 
@@ -288,7 +309,10 @@ def test_a_plugins_settings_are_listed_checked_up_front_and_read_by_the_plugin(i
     faults = {"noset": "plug-in 'noset' of my-attention (ablate.settings = my_attention:Unset): settings without a default: factor",
               "badset": "plug-in 'badset' of my-attention (ablate.settings = my_attention:NUMBER): its settings are a int, not a Settings",
               "orphan": "settings 'orphan' of my-attention (ablate.settings = my_attention:EchoSettings): names no plug-in of my-attention",
-              "loose": "plug-in 'loose' of my-attention (ablate.settings = my_attention:Loose): a number without both ends in its schema: width"}  # fmt: skip
+              "loose": "plug-in 'loose' of my-attention (ablate.settings = my_attention:Loose): a number without both ends in its schema: width",
+              "listed": "plug-in 'listed' of my-attention (ablate.settings = my_attention:Listed): a setting that cannot be hashed (a list, dict or set); use a tuple",
+              "outside": "plug-in 'outside' of my-attention (ablate.settings = my_attention:Outside): a default its own schema refuses: width:",
+              "copy": "plug-in 'copy' of my-attention (ablate.settings = my_attention:Mirror): a plug-in with settings cannot be named 'copy', a name pydantic models keep for their own"}  # fmt: skip
     assert all(any(why in row for row in rows) for why in faults.values()), rows
     # The plug-in reads what the config holds: its score's factor, its task's direction.
     script = """
@@ -312,10 +336,25 @@ print(all(ex.tgt == ex.src[::-1] for ex in build_task(cfg.task, 0).splits["train
         (["model.plugin.quarter.factor=0.5"], "model.plugin.quarter.factor: has no effect (a setting of plug-in quarter, which this model does not use)"),
         (["task.plugin.echo.reverse=true"], "task.plugin.echo.reverse: has no effect (a setting of task echo; task.name is reverse)"),
         (["model.score=noset"], f"model.score: {faults['noset']}"),
+        # A plug-in's name with '-' stays in the key an error names.
+        (["model.pos_encoding=mirror-alibi", "model.plugin.mirror-alibi.nokey=1"], "model.plugin.mirror-alibi.nokey: unknown config key"),
+        (["model.pos_encoding=mirror-alibi", "model.plugin.mirror-alibi.flip=3"], "model.plugin.mirror-alibi.flip: Input should be a valid boolean, unable to interpret input"),
     ]:  # fmt: skip
         proc = ablate(*config(tmp_path / "bad"), *sets, env=installed)
-        assert proc.returncode == 2 and proc.stderr.strip() == f"error: {said}", (sets, proc.stderr)
+        assert proc.returncode == 2 and f"error: {said}" in proc.stderr.splitlines(), (sets, proc.stderr)
         assert not (tmp_path / "bad").exists()
+    # A plug-in named by a key its model ignores is not used: its settings have no effect either.
+    lstm = ["train", *(f"task.{k}={v}" for k, v in TINY_TASK.items()), "model.arch=lstm", "model.d_model=16",
+            "model.pos_encoding=mirror-alibi", "model.plugin.mirror-alibi.flip=true", "--out", str(tmp_path / "bad")]
+    proc = ablate(*lstm, env=installed)
+    said = "error: model.plugin.mirror-alibi.flip: has no effect (a setting of plug-in mirror-alibi, which this model does not use) (1 more)"
+    assert proc.returncode == 2 and proc.stderr.strip() == said, proc.stderr
+    # Written as nested YAML, as by --set: a setting of a plug-in not in use is refused.
+    nested = tmp_path / "nested.yaml"
+    nested.write_text(json.dumps({"model": {"plugin": {"quarter": {"factor": 0.5}}}}))
+    proc = ablate("train", str(nested), "--out", str(tmp_path / "bad"), env=installed)
+    said = "error: model.plugin.quarter.factor: has no effect (a setting of plug-in quarter, which this model does not use)"
+    assert proc.returncode == 2 and proc.stderr.strip() == said, proc.stderr
     # A study's variants set them as any key, checked before anything is made.
     study = tmp_path / "settings.yaml"
     study.write_text(json.dumps({
