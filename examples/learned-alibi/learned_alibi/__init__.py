@@ -33,7 +33,8 @@ def build(layers, cfg, bidirectional: bool):
 
 
 LEARNED_ALIBI = PositionalKind(
-    score_bias=build, reference=lambda part, cfg, q_len, k_len: load_layer().reference(part, cfg, q_len, k_len)
+    score_bias=build,
+    reference=lambda part, cfg, q_len, k_len: load_layer().reference(part, cfg, q_len, k_len),
 )
 
 
