@@ -154,14 +154,15 @@ class ModelConfig(BaseModel):
             if not kind.bucketed:
                 for key in ("t5_buckets", "t5_max_distance"):
                     ignored[key] = f"acts only on the T5 bias, not {self.pos_encoding}"
-        # A plug-in named by a key this model ignores is not used either.
-        read = {f"model.{k}": v for k, v in self.model_dump().items() if k not in ignored}
-        used = {name for _, name in in_use(read)}
-        for name, block in self.plugin:
-            if name not in used:
-                ignored |= {f"plugin.{name}.{key}": f"a setting of plug-in {name}, which this model does not use"
-                            for key in type(block).model_fields}  # fmt: skip
-        score_reads = "score" in FAMILIES[self.arch].reads and TRANSFORMER_SCORES[self.score].reads_max_positions
+        if type(self.plugin).model_fields:  # plug-ins with settings are installed
+            # A plug-in named by a key this model ignores is not used either.
+            read = {f"model.{k}": v for k, v in self.model_dump().items() if k not in ignored}
+            used = {name for _, name in in_use(read)}
+            for name, block in self.plugin:
+                if name not in used:
+                    ignored |= {f"plugin.{name}.{key}": f"a setting of plug-in {name}, which this model does not use"
+                                for key in type(block).model_fields}  # fmt: skip
+        score_reads = "score" in reads and TRANSFORMER_SCORES[self.score].reads_max_positions
         if self.position_limits == (None, None) and not score_reads:
             ignored["max_positions"] = (
                 "bounds only learned positions and location attention; no score reads it"

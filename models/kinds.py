@@ -30,12 +30,12 @@ class Family:
     (torch loads slowly): Class(cfg, src_vocab, tgt_vocab, pad_id, ensemble: int) keeping `cfg`, `vocab`
     (src, tgt), `pad_id` and, as `.ensemble`, models.ensemble.Ensemble(ensemble) for its K seeds (rows
     seed-major), whose factories build its layers so that K seeds train as one model where `fuses`;
-    forward(src, tgt_in,
-    need_weights=False) -> logits (B, T, V), or (logits, weights: kind -> per-layer (B, H, T, S) tensors);
-    record_states(), a context manager yielding what the test pass records (may be {}); init_state(src) -> a
-    dict of batch-first tensors and step(state, prev) -> (logits (B, V), state), for decoding. `reads` sets
-    which switches are ignored and which position limits apply; checks across keys (heads dividing d_model,
-    ...) run for the built-in families only, so a family that reads such keys checks them itself."""
+    forward(src, tgt_in, need_weights=False) -> logits (B, T, V), or (logits, weights: kind -> per-layer
+    (B, H, T, S) tensors); record_states(), a context manager yielding what the test pass records (may be
+    {}); init_state(src) -> a dict of batch-first tensors and step(state, prev) -> (logits (B, V), state),
+    for decoding. `reads` sets which switches are ignored and which position limits apply; checks across
+    keys (heads dividing d_model, ...) run for the built-in families only, so a family that reads such keys
+    checks them itself."""
 
     model: str
     reads: tuple[str, ...] = ()  # which of the families' own switches (LSTM_KEYS, TRANSFORMER_KEYS) it reads
