@@ -160,8 +160,8 @@ class ModelConfig(BaseModel):
             used = {name for _, name in in_use(read)}
             for name, block in self.plugin:
                 if name not in used:
-                    ignored |= {f"plugin.{name}.{key}": f"a setting of plug-in {name}, which this model does not use"
-                                for key in type(block).model_fields}  # fmt: skip
+                    why = f"a setting of plug-in {name}, which this model does not use"
+                    ignored |= dict.fromkeys((f"plugin.{name}.{key}" for key in type(block).model_fields), why)
         score_reads = "score" in reads and TRANSFORMER_SCORES[self.score].reads_max_positions
         if self.position_limits == (None, None) and not score_reads:
             ignored["max_positions"] = (
@@ -174,7 +174,8 @@ class ModelConfig(BaseModel):
         ignored = self.ignored_keys()
         defaults = {key: ModelConfig.model_fields[key].default for key in ignored if "." not in key}
         unused = {key.split(".")[1] for key in ignored if key.startswith("plugin.")}
-        defaults["plugin"] = self.plugin.model_copy(update={name: getattr(PluginSettings(), name) for name in unused})
+        default = PluginSettings()
+        defaults["plugin"] = self.plugin.model_copy(update={name: getattr(default, name) for name in unused})
         return self.model_copy(update=defaults)
 
     @property

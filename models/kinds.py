@@ -53,8 +53,8 @@ FAMILIES = {
         "does not trace",
     ),  # fmt: skip
     "transformer": Family(
-        "ablate.models.transformer:Transformer", TRANSFORMER_KEYS, cross_attends=lambda cfg: cfg.cross_attention,
-        eager=None,
+        "ablate.models.transformer:Transformer", TRANSFORMER_KEYS,
+        cross_attends=lambda cfg: cfg.cross_attention, eager=None,
     ),  # fmt: skip
 }
 
