@@ -173,7 +173,8 @@ def alignment_error_rate(
 def produced_metrics(cfg: ExperimentConfig) -> set[str]:
     """The `split/name` metrics a trial of `cfg` reports (run_trial): each of the registry's
     (schema.metric_registry) whose `reported_for` holds for `cfg`, on the test splits the task fills
-    (TaskConfig.test_splits), and on `val` too where the module logs it at every validation."""
+    (TaskConfig.test_splits), on `val` too where the module logs it at every validation, and on `init` alone
+    where it is measured before the first step."""
     task, model = cfg.task, cfg.model
     transformer = model.arch == "transformer"
     cross_attends = FAMILIES[model.arch].cross_attends(model)
@@ -183,7 +184,10 @@ def produced_metrics(cfg: ExperimentConfig) -> set[str]:
         "aligned tasks": TASKS[task.name].aligned and cross_attends,
         "Transformers": transformer,
         "encoders": transformer and model.cross_attention,  # a Transformer builds one only to cross-attend
+        "feed-forwards": transformer and model.ffn,
     }
     reported = [m for m in METRICS.values() if reports[m.reported_for]]
     validated = {f"val/{m.name}" for m in reported if m.every_split}
-    return validated | {f"{split}/{m.name}" for split in task.test_splits for m in reported}
+    initial = {f"init/{m.name}" for m in reported if m.computed_by == "initialisation"}
+    tested = [m for m in reported if m.computed_by != "initialisation"]
+    return validated | initial | {f"{split}/{m.name}" for split in task.test_splits for m in tested}

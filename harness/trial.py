@@ -42,6 +42,7 @@ from ablate.harness.probes import log_images, select_probes
 from ablate.harness.rules import MONITOR, Best, Cost, Schedule
 from ablate.harness.tasks import TaskData, build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
+from ablate.models.diagnostics import at_initialisation
 from ablate.models.module import Seq2SeqModule
 from ablate.models.steps import compiles
 from ablate.schema.config import ExperimentConfig
@@ -107,6 +108,18 @@ def build_module(cfg: ExperimentConfig, data: TaskData, eval_splits: list[str]) 
     )  # fmt: skip
 
 
+def initial_metrics(cfg: ExperimentConfig, dm: Seq2SeqDataModule, module: Seq2SeqModule) -> dict[str, float]:
+    """A Transformer's init/* metrics (models/diagnostics.py at_initialisation) on its first training batch,
+    as its first step will see it; the same fused or alone, fresh or resumed (the model is rebuilt from its
+    seed)."""
+    if cfg.model.arch != "transformer":
+        return {}
+    first = dm.sampler("train", shuffle=True).batches(0)[0]
+    batch = dm.collate("train", [dm.encoded["train"][i] for i in first])
+    values = at_initialisation(module.model, batch, module.optim.label_smoothing)
+    return {f"init/{name}": value for name, value in values.items()}
+
+
 @dataclass
 class Prepared:
     """What a trial trains and tests, built in the one order that fixes its initialisation: seeding, data,
@@ -117,6 +130,7 @@ class Prepared:
     dm: Seq2SeqDataModule
     module: Seq2SeqModule
     probes: list
+    initial: dict[str, float]  # init/* metrics: the model before its first step (initial_metrics)
 
     @classmethod
     def of(cls, cfg: ExperimentConfig) -> Prepared:
@@ -127,7 +141,7 @@ class Prepared:
             raise ConfigError(": ".join(problem))
         dm = data_module(cfg, data)
         module = build_module(cfg, data, dm.eval_splits)
-        return cls(cfg, data, dm, module, select_probes(data))
+        return cls(cfg, data, dm, module, select_probes(data), initial_metrics(cfg, dm, module))
 
     def evaluation(self) -> Evaluation:
         return Evaluation(self.data, self.dm.eval_splits, self.probes)
@@ -139,6 +153,7 @@ class Prepared:
         """The TrialResult of a trial trained `steps` steps and tested: `test_metrics` and `evaluation` from its
         test pass, `history` its validations; `cost` the training's (tokens_per_sec, peak_mem_mb)."""
         metrics = {k: float(v) for per_loader in test_metrics for k, v in per_loader.items()}
+        metrics.update(self.initial)
         metrics.update(evaluation.metrics())
         best_val = best_validation(history)
         metrics.update({k: v for k, v in best_val.items() if k != "step"})

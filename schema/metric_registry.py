@@ -29,9 +29,9 @@ class MetricRange:
 
 UNBOUNDED = MetricRange()
 PROPORTION = MetricRange(0.0, 1.0)
-# Which trials report a metric ("encoders": Transformers that build an encoder); harness.metrics'
-# produced_metrics reads each against a configuration.
-Trials = Literal["every trial", "text tasks", "aligned tasks", "Transformers", "encoders"]
+# Which trials report a metric ("encoders": Transformers that build an encoder; "feed-forwards": Transformers
+# with feed-forward sublayers); harness.metrics' produced_metrics reads each against a configuration.
+Trials = Literal["every trial", "text tasks", "aligned tasks", "Transformers", "encoders", "feed-forwards"]
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,9 @@ class Metric:
     exact_match: bool = False  # all or nothing per seed: a claim needs three seeds a side (analysis.claims)
     # Where it is computed, which fixes the splits it is logged on: "module", models.module.Seq2SeqModule,
     # logs it at every validation (val/...) and on every test split; "evaluation", harness.evaluation,
-    # computes it from the test pass, on the test splits only. None for a name outside the registry.
-    computed_by: Literal["module", "evaluation"] | None = None
+    # computes it from the test pass, on the test splits only; "initialisation", harness.trial, from the model
+    # before its first step, on the split "init" alone. None for a name outside the registry.
+    computed_by: Literal["module", "evaluation", "initialisation"] | None = None
     reported_for: Trials | None = None  # None: no trial reports it (a name outside the registry)
 
     @property
@@ -67,6 +68,14 @@ METRICS = {m.name: m for m in (
     # ||X - mean token|| / ||X|| of the last layer's outputs: 0 when every token is the same vector.
     Metric("rank_collapse_encoder", PROPORTION, computed_by="evaluation", reported_for="encoders"),
     Metric("rank_collapse_decoder", PROPORTION, computed_by="evaluation", reported_for="Transformers"),
+    # At initialisation (models/diagnostics.py at_initialisation): the gradient in the last decoder layer's
+    # feed-forward output weight, its ratio to the first layer's, and the attention's entropy relative to
+    # uniform (1: uniform; 0: one key).
+    Metric("grad_last", MetricRange(0.0), "minimize", "ratio", computed_by="initialisation",
+           reported_for="feed-forwards"),
+    Metric("grad_growth", MetricRange(0.0), "minimize", "ratio", computed_by="initialisation",
+           reported_for="feed-forwards"),
+    Metric("attn_entropy", PROPORTION, computed_by="initialisation", reported_for="Transformers"),
 )}  # fmt: skip
 
 

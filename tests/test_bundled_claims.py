@@ -108,7 +108,7 @@ def test_produced_metrics_are_what_a_trial_reports(preset, task, model, single_t
     tree = {"preset": preset, **TINY, "task": {**TINY["task"], "name": task, **task_keys},
             "model": {**TINY["model"], **{k: v for k, v in model.items() if k not in task_keys}}}  # fmt: skip
     cfg = build_config(tree)
-    reported = {k for k in run_trial(cfg).metrics if k.split("/")[0] in ("val", "test", "test_long")}
+    reported = {k for k in run_trial(cfg).metrics if k.split("/")[0] in ("init", "val", "test", "test_long")}
     assert reported == produced_metrics(cfg)
 
 

@@ -45,6 +45,17 @@ def test_produced_and_tuned_metrics_follow_where_a_metric_is_computed(monkeypatc
     assert validation_metric(MetricSpec(name=f"test/{NEW}", direction="minimize")) == MetricSpec(
         name=f"val/{NEW}", direction="minimize"
     )
+    # Measured before the first step: on the split "init" alone, never on val or a test split.
+    monkeypatch.setitem(METRICS, NEW, Metric(NEW, computed_by="initialisation", reported_for="Transformers"))
+    assert splits(transformer, NEW) == {"init"} and splits(lstm, NEW) == set()
+    assert validation_metric(MetricSpec(name=f"init/{NEW}")).name == "val/loss"
+
+
+def test_the_metrics_at_initialisation_are_what_a_transformer_trial_reports():
+    initial = {m for m in produced_metrics(build_config({"preset": "transformer"})) if m.startswith("init/")}
+    assert initial == {"init/grad_last", "init/grad_growth", "init/attn_entropy"}
+    no_ffn = build_config({"preset": "transformer", "model": {"ffn": False}})
+    assert {m for m in produced_metrics(no_ffn) if m.startswith("init/")} == {"init/attn_entropy"}
 
 
 def two_variants(values: dict[str, list[float]], metric: str) -> pd.DataFrame:

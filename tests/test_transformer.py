@@ -10,7 +10,7 @@ from torch import nn
 
 from ablate.models.attention import MultiHeadAttention, QKNorm, ScaledDotProduct
 from ablate.models.config import ModelConfig, preset_keys
-from ablate.models.diagnostics import rank_collapse
+from ablate.models.diagnostics import at_initialisation, attention_entropy, rank_collapse, visible_keys
 from ablate.models.kinds import NORMS
 from ablate.models.transformer import FeedForward, Transformer
 from ablate.models.transformer_scores import TRANSFORMER_SCORES, ScoreKind
@@ -497,6 +497,82 @@ def test_record_states_holds_every_layers_output():
     with model.record_states() as hidden:
         model(src, tgt)
     assert hidden["encoder"] == [] and len(hidden["decoder"]) == 2
+
+
+def test_attention_entropy_is_scipys_entropy_over_the_keys_the_masks_allow():
+    from scipy.stats import entropy
+
+    g = torch.Generator().manual_seed(0)
+    src, tgt = batch()
+    visible = visible_keys(src, tgt, causal=True)["decoder"]  # (B, T, T): padded and later keys hidden
+    logits = torch.randn(3, 2, 6, 6, generator=g).masked_fill(~visible[:, None], -math.inf)
+    weights = logits.softmax(-1)
+    expected = [
+        entropy(weights[b, h, t, visible[b, t]].numpy()) / math.log(int(visible[b, t].sum()))
+        for b in range(3) for h in range(2) for t in range(6) if visible[b, t].sum() >= 2
+    ]  # fmt: skip
+    got = attention_entropy(weights, visible)  # flat, in (b, h, t) order
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64))
+    assert len(got) < 3 * 2 * 6  # the first query sees one key only: no entropy to speak of
+    everything = torch.ones(1, 4, 4, dtype=torch.bool)
+    uniform, one_key = torch.full((1, 1, 4, 4), 0.25), torch.eye(4)[None, None]
+    torch.testing.assert_close(attention_entropy(uniform, everything), torch.ones(4, dtype=torch.float64))
+    assert attention_entropy(one_key, everything).abs().max() == 0  # 0 log 0 = 0, no NaN
+
+
+def test_at_initialisation_reads_the_losss_gradient_and_leaves_the_model_as_it_was():
+    model = build(layers=3, norm="post").train()
+    src, tgt = batch()
+    tgt_out = torch.cat([tgt[:, 1:], torch.full((3, 1), EOS)], dim=1).masked_fill(tgt == PAD, PAD)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    got = at_initialisation(model, {"src": src, "tgt_in": tgt, "tgt_out": tgt_out}, label_smoothing=0.1)
+    assert model.training and all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    # The reference: the same loss, backward, the feed-forward output weights' .grad (eval mode: no dropout).
+    reference = build(layers=3, norm="post")
+    loss = F.cross_entropy(
+        reference(src, tgt).flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, label_smoothing=0.1
+    )
+    loss.backward()
+    norms = [layer.ff.fn.net[-1].weight.grad.norm().item() for layer in reference.decoder]
+    assert got["grad_last"] == pytest.approx(norms[-1], rel=1e-5)
+    assert got["grad_growth"] == pytest.approx(norms[-1] / norms[0], rel=1e-5)
+    assert 0 < got["attn_entropy"] < 1
+    assert set(at_initialisation(build(ffn=False), {"src": src, "tgt_in": tgt, "tgt_out": tgt_out}, 0.0)) == {
+        "attn_entropy"
+    }
+
+
+def initial(seeds=range(3), **overrides) -> dict[str, float]:
+    """at_initialisation's metrics, each the mean over `seeds`, of a model built with `overrides`."""
+    src, tgt = batch(b=8, s=9, t=8)
+    tgt_out = torch.cat([tgt[:, 1:], torch.full((8, 1), EOS)], dim=1)
+    runs = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        model = Transformer(tiny(**overrides), VOCAB, VOCAB, PAD)
+        runs.append(at_initialisation(model, {"src": src, "tgt_in": tgt, "tgt_out": tgt_out}, 0.0))
+    return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
+
+
+def test_post_ln_gradients_grow_towards_the_output_at_initialisation_and_pre_ln_ones_do_not():
+    """Xiong et al. 2020, Theorem 1 and Fig. 3: post-LN's W² gradient is largest in the last layer; pre-LN's
+    is about the same in every layer, and smaller."""
+    deep = dict(d_model=64, d_ff=128, layers=6)
+    post, pre = initial(**deep, norm="post"), initial(**deep, norm="pre")
+    assert post["grad_growth"] > 2 and pre["grad_growth"] < 1.2
+    assert post["grad_last"] > 2 * pre["grad_last"]
+
+
+def test_unscaled_attention_at_initialisation_falls_towards_one_key_as_d_k_grows():
+    """Vaswani et al. 2017, Sec. 3.2.1: q·k has variance d_k, so unscaled softmax saturates as d_k grows."""
+    entropy = {(d, scale): initial(d_model=d, heads=1, scale=scale)["attn_entropy"]
+               for d in (16, 256) for scale in ("sqrt", "none")}  # fmt: skip
+    assert entropy[256, "none"] < entropy[16, "none"] - 0.2
+    assert abs(entropy[256, "sqrt"] - entropy[16, "sqrt"]) < 0.1
+    assert entropy[256, "none"] < entropy[256, "sqrt"] - 0.5
 
 
 def test_rank_collapse_builds_its_mask_on_the_states_device():
