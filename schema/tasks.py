@@ -18,7 +18,9 @@ CORPUS_KEYS = ("tokenizer", "min_tokens", "max_tokens", "long_after", "max_examp
 PARALLEL_KEYS = ("path", "src_lang", "tgt_lang", "hf_config", "n_valid", "n_test", *CORPUS_KEYS)
 BIBLE_KEYS = ("path", "src_lang", "tgt_lang", "n_valid", "n_test", *CORPUS_KEYS)
 # One Bible as running text: no pairs, so no target language and no shortest pair.
-BIBLE_LM_KEYS = ("path", "src_lang", "n_valid", "n_test", "tokenizer", "max_tokens", "max_examples")
+BIBLE_LM_KEYS = (
+    "path", "src_lang", "n_valid", "n_test", "tokenizer", "max_tokens", "max_examples", "train_factor"
+)
 
 # The test splits, in the order they are evaluated: test holds the training lengths; test_long longer
 # examples (beyond TaskConfig.long_cut); test_x2 / test_x4 the test text again in windows of 2 and 4 times
@@ -123,7 +125,8 @@ TASKS: dict[str, Task] = {
     "bible_lm": Task(
         "bible_lm:bible_lm_task",
         "one Bible's running text (default the World English Bible) as a language model's windows of "
-        "max_tokens tokens, tested on 1, 2 and 4 times that; src_lang: en | es | a SWORD module; path: as bible",
+        "max_tokens tokens (train_factor times that in training), tested on 1, 2 and 4 times max_tokens; "
+        "src_lang: en | es | a SWORD module; path: as bible",
         BIBLE_LM_KEYS,
         needs=("max_tokens",),
         test_splits=("test", *WINDOW_SPLITS),

@@ -73,6 +73,17 @@ def test_the_longer_windows_hold_the_same_test_text_as_the_short_ones(library):
     assert all(chapter(t) in TEST_CHAPTERS for t in flat(data.splits["test_x4"]))
 
 
+def test_a_train_factor_lengthens_the_training_windows_and_leaves_the_tests_as_they_are(library):
+    """Press et al.'s baseline trained on 2L, judged at 2L (test_x2) on the very windows a model trained on L
+    is judged on there."""
+    short, long = build_task(bible_lm(library), 0), build_task(bible_lm(library, train_factor=2), 0)
+    assert {len(ex.tgt) for split in ("train", "valid") for ex in long.splits[split]} == {2 * L}
+    assert long.train_max_len == 2 * L
+    assert flat(long.splits["train"]) == flat(short.splits["train"])[: len(flat(long.splits["train"]))]
+    for split in ("test", "test_x2", "test_x4"):
+        assert long.splits[split] == short.splits[split], split
+
+
 def test_train_is_capped_by_max_examples_with_the_seed(library):
     whole = build_task(bible_lm(library), 0).splits["train"]
     first, second = (build_task(bible_lm(library, max_examples=10), seed).splits["train"] for seed in (0, 1))

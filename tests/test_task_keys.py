@@ -130,7 +130,7 @@ def test_a_key_only_another_tokenizer_reads_changes_no_token(kind, tmp_path):
 VALUES = {"min_len": 2, "max_len": 12, "test_max_len": 30, "vocab_size": 7, "n_train": 9, "n_valid": 9,
           "n_test": 9, "split": "length", "path": "corpus.tsv", "tokenizer": "char", "bpe_vocab_size": 99,
           "src_lang": "en", "tgt_lang": "fr", "hf_config": "en-fr", "min_tokens": 2, "max_tokens": 40, "long_after": 30,
-          "max_examples": 9}  # fmt: skip
+          "max_examples": 9, "train_factor": 2}  # fmt: skip
 TOGETHER = {"src_lang": "tgt_lang", "tgt_lang": "src_lang"}  # keys given only with another
 # Each task, with each tokenizer where it reads one (bpe_vocab_size is read with bpe only).
 CONFIGURED = [(name, kind) for name, task in TASKS.items()

@@ -9,6 +9,7 @@ stream (task.tokenizer, learned on the train verses alone), cut into consecutive
 shorter remainder is left out):
 - train: every window of L tokens, capped by task.max_examples with the trial's seed;
 - valid: task.n_valid windows of L, drawn with bible's SAMPLE_SEED whatever the trial's seed;
+  with task.train_factor k, train and valid windows are of kL tokens instead (the test splits unchanged);
 - test, test_x2, test_x4: task.n_test // 4 windows of 4L drawn with SAMPLE_SEED, each cut into four windows
   of L (test), two of 2L (test_x2) or kept whole (test_x4): every test split scores the same tokens, only
   the context before each token changes.
@@ -72,14 +73,15 @@ def bible_lm_task(cfg: TaskConfig, seed: int) -> TaskData:
             f"task.n_test: {cfg.n_test} windows of {length} tokens hold no test window of {longest} x "
             f"max_tokens (the test text has {len(stream['test'])} tokens); give n_test at least {longest}, or a shorter max_tokens"
         )
-    valid = sample(windows(stream["valid"], length), cfg.n_valid, SAMPLE_SEED)
-    cut = {"train": windows(stream["train"], length), "valid": valid,
+    trained = cfg.train_factor * length
+    valid = sample(windows(stream["valid"], trained), cfg.n_valid, SAMPLE_SEED)
+    cut = {"train": windows(stream["train"], trained), "valid": valid,
            **{split: [w for span in spans for w in windows(list(span), factor * length)]
               for split, factor in TEST_WINDOWS.items()}}  # fmt: skip
     splits = {split: [Example((), window) for window in cut_windows] for split, cut_windows in cut.items()}
     splits["train"] = sample(splits["train"], cfg.max_examples, [seed, TRAIN_CAP])
     meta = {"path": str(folder), "module": name, "tokens": {split: len(tokens) for split, tokens in stream.items()}}
     return TaskData(
-        "bible_lm", splits, Vocab(()), Vocab.from_examples(splits["train"], "tgt"), train_max_len=length,
+        "bible_lm", splits, Vocab(()), Vocab.from_examples(splits["train"], "tgt"), train_max_len=trained,
         meta=meta, tgt_tokenizer=tokenizer, target_ends=False,
     )  # fmt: skip
