@@ -1,6 +1,7 @@
 """What a model can place against the lengths its task gives, checked before training (a trial) and before
 a study queues anything (harness/study/validate.py): learned positions and location attention stop at
-model.max_positions; the T5 bias reads buckets of distance that training must have reached."""
+model.max_positions; the T5 bias reads buckets of distance that training must have reached; a claim does
+not judge learned positions where training never reached (`untrained_positions`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from ablate.models.config import ModelConfig
 from ablate.models.decoding import generation_budget
 from ablate.models.positional import positional_kind
 from ablate.schema.config import ExperimentConfig
+from ablate.schema.task_config import TaskConfig
+from ablate.schema.tasks import TASKS, WINDOW_SPLITS
 
 
 def bucketed(model: ModelConfig) -> bool:
@@ -81,3 +84,24 @@ def spans(numbers: list[int]) -> str:
         else:
             runs.append([n])
     return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def beyond_training(task: TaskConfig, split: str) -> bool:
+    """Whether a test split holds positions past every training example's: test_long where training stops
+    at the length it starts from (a generated task's max_len, a corpus task's max_tokens), a window longer
+    than the training windows."""
+    if split in WINDOW_SPLITS:
+        return WINDOW_SPLITS[split] > task.train_factor
+    if split != "test_long":
+        return False
+    return "test_max_len" in TASKS[task.name].reads or (
+        task.max_tokens is not None and task.long_cut is not None and task.long_cut >= task.max_tokens
+    )
+
+
+def untrained_positions(cfg: ExperimentConfig, metric: str) -> bool:
+    """Whether `metric` (split/name) of a trial of `cfg` reads learned position vectors that no training
+    example reached, still as initialised: a claim on it would judge the initialisation, not the kind."""
+    model = cfg.model
+    learned = model.arch == "transformer" and positional_kind(model.pos_encoding).learned
+    return learned and beyond_training(cfg.task, metric.split("/")[0])

@@ -4,7 +4,7 @@ checked one level up, in ExperimentConfig, so that a bad name is reported only o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -51,7 +51,7 @@ class TaskConfig(BaseModel):
     max_examples: Many | None = None  # cap on training pairs (a seeded sample)
     # bible_lm: train and validate on windows of train_factor x max_tokens, test on 1, 2 and 4 x max_tokens
     # still (Press et al.'s baseline trained on 2L, judged at 2L beside a model trained on L)
-    train_factor: Literal[1, 2, 4] = 1
+    train_factor: Annotated[int, Field(ge=1, le=4, strict=True)] = 1
     plugin: PluginSettings = PluginSettings()  # type: ignore[valid-type]
 
     @field_validator(*REGISTRIES)

@@ -84,6 +84,14 @@ def test_a_train_factor_lengthens_the_training_windows_and_leaves_the_tests_as_t
         assert long.splits[split] == short.splits[split], split
 
 
+def test_the_windows_past_the_training_length_follow_the_train_factor():
+    from ablate.harness.lengths import beyond_training
+
+    for factor, beyond in [(1, {"test_x2", "test_x4"}), (2, {"test_x4"}), (4, set())]:
+        task = TaskConfig(name="bible_lm", max_tokens=L, train_factor=factor)
+        assert {s for s in ("test", "test_x2", "test_x4") if beyond_training(task, s)} == beyond, factor
+
+
 def test_train_is_capped_by_max_examples_with_the_seed(library):
     whole = build_task(bible_lm(library), 0).splits["train"]
     first, second = (build_task(bible_lm(library, max_examples=10), seed).splits["train"] for seed in (0, 1))

@@ -347,6 +347,26 @@ def test_a_t5_bias_tested_in_buckets_training_never_reaches_is_refused(tmp_path)
     assert "model.t5_buckets: has no effect (acts only on the T5 bias, not rope)" in problems_of(other)[0]
 
 
+def test_a_claim_on_learned_positions_where_training_never_reached_is_refused(tmp_path):
+    """Learned position vectors past the training lengths never train: a claim on test_long would judge their
+    initial values, the same class of design as a T5 bucket no training distance reaches. Within the training
+    lengths, or for a kind with nothing to train, the same claim stands."""
+    task = {**TINY_TASK, "name": "reverse", "min_len": 2, "max_len": 6, "test_max_len": 10}
+    variants = {pos: {"model.pos_encoding": pos} for pos in ("learned", "sinusoidal")}
+    claim = {"text": "t", "expect": "lower", "compare": {"model.pos_encoding": "learned"},
+             "to": {"model.pos_encoding": "sinusoidal"}}  # fmt: skip
+    path = study(tmp_path, base=base(task=task), variants=variants, claims=[{**claim, "metric": "test_long/tok_acc"}])
+    (line,) = problems_of(path)
+    assert line == (
+        f"{path}: claims[0].metric: test_long/tok_acc reads positions no training example reached, where the "
+        "learned positions of 'learned' are as initialised"
+    )
+    load_study(study(tmp_path, base=base(task=task), variants=variants, claims=[{**claim, "metric": "test/tok_acc"}]))
+    rope = {"rope": {"model.pos_encoding": "rope"}, "sinusoidal": variants["sinusoidal"]}
+    claim = {**claim, "compare": {"model.pos_encoding": "rope"}, "metric": "test_long/tok_acc"}
+    load_study(study(tmp_path, base=base(task=task), variants=rope, claims=[claim]))
+
+
 def test_a_positive_control_on_another_task_is_refused(tmp_path):
     """A control shows that the claim's own setting could have seen a difference: one that moves the metric
     on another task says nothing of the claim's (assay sensitivity)."""

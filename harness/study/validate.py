@@ -325,6 +325,7 @@ def claim_problems(
     `control`) selects a variant, matched as the report matches them (analysis.claims: overrides plus the
     keys their preset sets), and reports the claim's metric; the control runs on the claim's own task."""
     from ablate.analysis.claims import claim_sides, control_claim
+    from ablate.harness.lengths import untrained_positions
 
     known = {*ExperimentConfig().flat(), "preset"}
     control = claim.control.model_dump() if claim.control else {}
@@ -358,6 +359,10 @@ def claim_problems(
         if metric != spec.metric.name:  # the study metric is checked against every variant already
             involved = {name: produced[name] for name in (*compared, *others)}
             problems += metric_problems(f"{label}.metric", metric, involved)
+        untrained = [name for name in (*compared, *others) if untrained_positions(configs[name], metric)]
+        if untrained:
+            problems.append((f"{label}.metric", f"{metric} reads positions no training example reached, where "
+                             f"the learned positions of {', '.join(map(repr, untrained))} are as initialised"))
     return problems + judging_problems(where, claim, spec)
 
 
