@@ -5,6 +5,8 @@ not judge learned positions where training never reached (`untrained_positions`)
 
 from __future__ import annotations
 
+import math
+
 from ablate.harness.tasks.base import TaskData
 from ablate.models.config import ModelConfig
 from ablate.models.decoding import generation_budget
@@ -87,21 +89,23 @@ def spans(numbers: list[int]) -> str:
 
 
 def beyond_training(task: TaskConfig, split: str) -> bool:
-    """Whether a test split holds positions past every training example's: test_long where training stops
-    at the length it starts from (a generated task's max_len, a corpus task's max_tokens), a window longer
-    than the training windows."""
+    """Whether a test split may hold positions past every training example's: test_long where training
+    stops at a length (a generated task's max_len, a corpus task's max_tokens), test where a corpus task's
+    long_after lets it pass max_tokens or SCAN's length split tests longer action sequences, a window
+    longer than the training windows."""
     if split in WINDOW_SPLITS:
         return WINDOW_SPLITS[split] > task.train_factor
-    if split != "test_long":
-        return False
-    return "test_max_len" in TASKS[task.name].reads or (
-        task.max_tokens is not None and task.long_cut is not None and task.long_cut >= task.max_tokens
-    )
+    generated = "test_max_len" in TASKS[task.name].reads
+    if split == "test_long":
+        return generated or task.max_tokens is not None
+    if split == "test" and task.name == "scan":
+        return task.split == "length"
+    return split == "test" and not generated and (task.long_cut or 0) > (task.max_tokens or math.inf)
 
 
 def untrained_positions(cfg: ExperimentConfig, metric: str) -> bool:
-    """Whether `metric` (split/name) of a trial of `cfg` reads learned position vectors that no training
-    example reached, still as initialised: a claim on it would judge the initialisation, not the kind."""
-    model = cfg.model
-    learned = model.arch == "transformer" and positional_kind(model.pos_encoding).learned
-    return learned and beyond_training(cfg.task, metric.split("/")[0])
+    """Whether `metric` (split/name) of a trial of `cfg` reads rows of a table of positions (learned
+    positions, location attention: `ModelConfig.position_limits`) that no training example reached, still
+    as initialised: a claim on it would judge the initialisation, not the kind."""
+    tabled = cfg.model.position_limits != (None, None)
+    return tabled and beyond_training(cfg.task, metric.split("/")[0])

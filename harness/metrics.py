@@ -185,6 +185,8 @@ def produced_metrics(cfg: ExperimentConfig) -> set[str]:
         "Transformers": transformer,
         "encoders": transformer and model.cross_attention,  # a Transformer builds one only to cross-attend
         "feed-forwards": transformer and model.ffn,
+        # an encoder exists only to cross-attend
+        "attending": transformer and (model.cross_attention or model.decoder_self_attention),
     }
     reported = [m for m in METRICS.values() if reports[m.reported_for]]
     validated = {f"val/{m.name}" for m in reported if m.every_split}

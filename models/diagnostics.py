@@ -47,16 +47,17 @@ def attention_entropy(weights: torch.Tensor, visible: torch.Tensor) -> torch.Ten
 
 
 def visible_keys(src: torch.Tensor, tgt_in: torch.Tensor, causal: bool) -> dict[str, torch.Tensor]:
-    """Which keys each query of each attention kind may see, (B, T, S): a real key, and for the decoder's
-    self-attention under the causal mask no later one."""
+    """Which keys each real query of each attention kind may see, (B, T, S): a real key, and for the
+    decoder's self-attention under the causal mask no later one. A padded query sees none (the loss reads no
+    padded position, and a batch padded further, as a compiled step's is, measures the same)."""
     src_real, tgt_real = src != PAD_ID, tgt_in != PAD_ID  # (B, S), (B, T)
-    tgt = tgt_real[:, None, :].expand(-1, tgt_in.size(1), -1)  # (B, T, T)
+    tgt = tgt_real[:, :, None] & tgt_real[:, None, :]  # (B, T, T)
     if causal:
         tgt = tgt.tril()
     return {
-        "encoder": src_real[:, None, :].expand(-1, src.size(1), -1),
+        "encoder": src_real[:, :, None] & src_real[:, None, :],
         "decoder": tgt,
-        "cross": src_real[:, None, :].expand(-1, tgt_in.size(1), -1),
+        "cross": tgt_real[:, :, None] & src_real[:, None, :],
     }
 
 
@@ -87,5 +88,5 @@ def at_initialisation(model, batch: dict[str, torch.Tensor], label_smoothing: fl
     out = {"attn_entropy": float(torch.cat(entropies).mean())} if entropies else {}
     if grads:
         first, last = (float(g.norm()) for g in (grads[0], grads[-1]))
-        out.update(grad_last=last, grad_growth=last / first if first > 0 else math.inf)
+        out.update(grad_last=last, grad_growth=last / first if first > 0 else math.nan)
     return out

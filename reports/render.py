@@ -112,9 +112,13 @@ def importance_frame(data: StudyData) -> pd.DataFrame:
 
 def train_max_len(data: StudyData) -> int | None:
     """The longest training length of any trial: beyond it, accuracy and BLEU by length are extrapolation.
-    A corpus task's is task.max_tokens (longer test pairs form test_long), any other's task.max_len."""
+    A corpus task's is task.max_tokens (longer test pairs form test_long; bible_lm's windows train at
+    task.train_factor times it), any other's task.max_len."""
     def limit(config: dict[str, Any]) -> int | None:
-        return config.get("task.max_tokens" if config.get("task.name") in CORPUS_TASKS else "task.max_len")
+        if config.get("task.name") not in CORPUS_TASKS:
+            return config.get("task.max_len")
+        tokens = config.get("task.max_tokens")
+        return tokens * config.get("task.train_factor", 1) if tokens is not None else None
 
     max_lens = [limit(c) for c in data.configs.values() if limit(c) is not None]
     return max(max_lens) if max_lens else None

@@ -30,8 +30,11 @@ class MetricRange:
 UNBOUNDED = MetricRange()
 PROPORTION = MetricRange(0.0, 1.0)
 # Which trials report a metric ("encoders": Transformers that build an encoder; "feed-forwards": Transformers
-# with feed-forward sublayers); harness.metrics' produced_metrics reads each against a configuration.
-Trials = Literal["every trial", "text tasks", "aligned tasks", "Transformers", "encoders", "feed-forwards"]
+# with feed-forward sublayers; "attending": Transformers with any attention); harness.metrics'
+# produced_metrics reads each against a configuration.
+Trials = Literal[
+    "every trial", "text tasks", "aligned tasks", "Transformers", "encoders", "feed-forwards", "attending"
+]
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ METRICS = {m.name: m for m in (
            reported_for="feed-forwards"),
     Metric("grad_growth", MetricRange(0.0), "minimize", "ratio", computed_by="initialisation",
            reported_for="feed-forwards"),
-    Metric("attn_entropy", PROPORTION, computed_by="initialisation", reported_for="Transformers"),
+    Metric("attn_entropy", PROPORTION, computed_by="initialisation", reported_for="attending"),
 )}  # fmt: skip
 
 

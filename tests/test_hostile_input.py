@@ -359,12 +359,34 @@ def test_a_claim_on_learned_positions_where_training_never_reached_is_refused(tm
     (line,) = problems_of(path)
     assert line == (
         f"{path}: claims[0].metric: test_long/tok_acc reads positions no training example reached, where the "
-        "learned positions of 'learned' are as initialised"
+        "position tables of 'learned' are as initialised"
     )
     load_study(study(tmp_path, base=base(task=task), variants=variants, claims=[{**claim, "metric": "test/tok_acc"}]))
     rope = {"rope": {"model.pos_encoding": "rope"}, "sinusoidal": variants["sinusoidal"]}
     claim = {**claim, "compare": {"model.pos_encoding": "rope"}, "metric": "test_long/tok_acc"}
     load_study(study(tmp_path, base=base(task=task), variants=rope, claims=[claim]))
+
+
+@pytest.mark.parametrize(
+    "task, beyond",
+    [
+        ({"name": "reverse"}, {"test_long"}),  # generated: test_long starts past max_len
+        ({"name": "parallel", "max_tokens": 20}, {"test_long"}),
+        ({"name": "parallel", "max_tokens": 20, "long_after": 30}, {"test", "test_long"}),  # RNNsearch-30
+        ({"name": "parallel", "max_tokens": 20, "long_after": 10}, {"test_long"}),
+        ({"name": "parallel", "long_after": 20}, set()),  # trained on every length
+        ({"name": "scan", "split": "length"}, {"test"}),
+        ({"name": "scan", "split": "simple"}, set()),
+        ({"name": "bible_lm", "max_tokens": 8}, {"test_x2", "test_x4"}),
+        ({"name": "bible_lm", "max_tokens": 8, "train_factor": 2}, {"test_x4"}),
+    ],
+)
+def test_the_splits_past_the_training_lengths_are_known_for_every_kind_of_task(task, beyond):
+    from ablate.harness.lengths import beyond_training
+    from ablate.schema.task_config import TaskConfig
+
+    config = TaskConfig(**task)
+    assert {s for s in config.test_splits if beyond_training(config, s)} == beyond
 
 
 def test_a_positive_control_on_another_task_is_refused(tmp_path):

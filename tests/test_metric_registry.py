@@ -56,6 +56,10 @@ def test_the_metrics_at_initialisation_are_what_a_transformer_trial_reports():
     assert initial == {"init/grad_last", "init/grad_growth", "init/attn_entropy"}
     no_ffn = build_config({"preset": "transformer", "model": {"ffn": False}})
     assert {m for m in produced_metrics(no_ffn) if m.startswith("init/")} == {"init/attn_entropy"}
+    silent = build_config({"preset": "transformer", "model": {"cross_attention": False,
+                                                              "decoder_self_attention": False}})  # fmt: skip
+    gradients = {"init/grad_last", "init/grad_growth"}  # no attention: no entropy
+    assert {m for m in produced_metrics(silent) if m.startswith("init/")} == gradients
 
 
 def two_variants(values: dict[str, list[float]], metric: str) -> pd.DataFrame:

@@ -545,6 +545,18 @@ def test_at_initialisation_reads_the_losss_gradient_and_leaves_the_model_as_it_w
     }
 
 
+def test_at_initialisation_reads_real_queries_alone_so_more_padding_measures_the_same():
+    """A compiled step pads batches to a bounded set of lengths (models/steps.py): the padded positions are
+    no query of the loss, and must not be one of the entropy either."""
+    model = build(layers=2)
+    src, tgt = batch()
+    tgt_out = torch.cat([tgt[:, 1:], torch.full((3, 1), EOS)], dim=1).masked_fill(tgt == PAD, PAD)
+    pad = lambda x, n: torch.cat([x, torch.full((x.size(0), n), PAD)], dim=1)  # noqa: E731
+    plain = at_initialisation(model, {"src": src, "tgt_in": tgt, "tgt_out": tgt_out}, 0.0)
+    padded = at_initialisation(model, {"src": pad(src, 5), "tgt_in": pad(tgt, 3), "tgt_out": pad(tgt_out, 3)}, 0.0)
+    assert padded == pytest.approx(plain, rel=1e-5)
+
+
 def initial(seeds=range(3), **overrides) -> dict[str, float]:
     """at_initialisation's metrics, each the mean over `seeds`, of a model built with `overrides`."""
     src, tgt = batch(b=8, s=9, t=8)

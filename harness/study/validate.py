@@ -362,7 +362,7 @@ def claim_problems(
         untrained = [name for name in (*compared, *others) if untrained_positions(configs[name], metric)]
         if untrained:
             problems.append((f"{label}.metric", f"{metric} reads positions no training example reached, where "
-                             f"the learned positions of {', '.join(map(repr, untrained))} are as initialised"))
+                             f"the position tables of {', '.join(map(repr, untrained))} are as initialised"))
     return problems + judging_problems(where, claim, spec)
 
 
