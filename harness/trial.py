@@ -108,14 +108,20 @@ def build_module(cfg: ExperimentConfig, data: TaskData, eval_splits: list[str]) 
     )  # fmt: skip
 
 
+# The most source and target positions of the first batch that init/* metrics read: it runs on the CPU before
+# training moves the model, so a GPU profile's batch (16 windows of 1024 tokens) is cut to its first examples.
+INITIAL_POSITIONS = 8192
+
+
 def initial_metrics(cfg: ExperimentConfig, dm: Seq2SeqDataModule, module: Seq2SeqModule) -> dict[str, float]:
     """A Transformer's init/* metrics (models/diagnostics.py at_initialisation) on its first training batch,
-    as its first step will see it; the same fused or alone, fresh or resumed (the model is rebuilt from its
-    seed)."""
+    as its first step will see it (its first INITIAL_POSITIONS positions' worth of examples); the same fused or
+    alone, fresh or resumed (the model is rebuilt from its seed)."""
     if cfg.model.arch != "transformer":
         return {}
-    first = dm.sampler("train", shuffle=True).batches(0)[0]
-    batch = dm.collate("train", [dm.encoded["train"][i] for i in first])
+    first = [dm.encoded["train"][i] for i in dm.sampler("train", shuffle=True).batches(0)[0]]
+    width = max(len(src) + len(tgt) for src, tgt in first)
+    batch = dm.collate("train", first[: max(1, INITIAL_POSITIONS // width)])
     values = at_initialisation(module.model, batch, module.optim.label_smoothing)
     return {f"init/{name}": value for name, value in values.items()}
 

@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from ablate.analysis import claims, stats
 from ablate.harness.metrics import produced_metrics
@@ -60,6 +61,25 @@ def test_the_metrics_at_initialisation_are_what_a_transformer_trial_reports():
                                                               "decoder_self_attention": False}})  # fmt: skip
     gradients = {"init/grad_last", "init/grad_growth"}  # no attention: no entropy
     assert {m for m in produced_metrics(silent) if m.startswith("init/")} == gradients
+
+
+def test_the_metrics_at_initialisation_read_the_first_training_batch_cut_to_a_bounded_size(monkeypatch):
+    from ablate.harness import trial
+
+    cfg = build_config({"preset": "transformer", "model": {"d_model": 16, "heads": 2, "layers": 1, "d_ff": 16},
+                        "task": {"n_train": 64, "n_valid": 8, "n_test": 8}, "train": {"batch_size": 32}})  # fmt: skip
+    seen = []
+    monkeypatch.setattr(trial, "at_initialisation", lambda model, batch, smoothing: seen.append(batch) or {})
+    trial.Prepared.of(cfg)
+    (whole,) = seen
+    assert len(whole["src"]) == 32  # the batch the first step trains on, as the sampler draws it
+    monkeypatch.setattr(trial, "INITIAL_POSITIONS", 1)  # fewer positions than one example: that example
+    trial.Prepared.of(cfg)
+    assert len(seen[1]["src"]) == 1
+    monkeypatch.setattr(trial, "INITIAL_POSITIONS", 5 * (whole["src"].size(1) + whole["tgt_in"].size(1) + 1))
+    trial.Prepared.of(cfg)
+    cut = seen[2]["src"]
+    assert 5 <= len(cut) < 32 and torch.equal(cut, whole["src"][: len(cut), : cut.size(1)])
 
 
 def two_variants(values: dict[str, list[float]], metric: str) -> pd.DataFrame:
