@@ -19,7 +19,9 @@ import math
 
 import torch
 
+from ablate.models.attention import build_mask
 from ablate.models.sequences import PAD_ID
+from ablate.models.steps import token_cross_entropy
 
 
 def rank_collapse(hidden: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -47,18 +49,17 @@ def attention_entropy(weights: torch.Tensor, visible: torch.Tensor) -> torch.Ten
 
 
 def visible_keys(src: torch.Tensor, tgt_in: torch.Tensor, causal: bool) -> dict[str, torch.Tensor]:
-    """Which keys each real query of each attention kind may see, (B, T, S): a real key, and for the
-    decoder's self-attention under the causal mask no later one. A padded query sees none (the loss reads no
-    padded position, and a batch padded further, as a compiled step's is, measures the same)."""
+    """Which keys each real query of each attention kind may see, (B, T, S): the attention's own mask
+    (models/attention.py build_mask) on its real queries. A padded query sees none (the loss reads no padded
+    position, and a batch padded further, as a compiled step's is, measures the same)."""
     src_real, tgt_real = src != PAD_ID, tgt_in != PAD_ID  # (B, S), (B, T)
-    tgt = tgt_real[:, :, None] & tgt_real[:, None, :]  # (B, T, T)
-    if causal:
-        tgt = tgt.tril()
-    return {
-        "encoder": src_real[:, :, None] & src_real[:, None, :],
-        "decoder": tgt,
-        "cross": tgt_real[:, :, None] & src_real[:, None, :],
-    }
+
+    def seen(queries: torch.Tensor, keys: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        mask = build_mask(keys, queries.size(1), keys.size(1), causal, keys.device)[:, 0]  # (B, T, S)
+        return queries[:, :, None] & mask
+
+    return {"encoder": seen(src_real, src_real), "decoder": seen(tgt_real, tgt_real, causal),
+            "cross": seen(tgt_real, src_real)}  # fmt: skip
 
 
 def at_initialisation(model, batch: dict[str, torch.Tensor], label_smoothing: float) -> dict[str, float]:
@@ -68,8 +69,6 @@ def at_initialisation(model, batch: dict[str, torch.Tensor], label_smoothing: fl
     layer's is the same); attn_entropy, the mean attention_entropy over every attention layer, kind, head and
     query. The gradient metrics need the feed-forward sublayers (model.ffn). The model's weights, gradients,
     mode and the random streams are left as they were."""
-    from ablate.models.steps import token_cross_entropy
-
     was_training = model.training
     model.eval()
     try:

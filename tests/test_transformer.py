@@ -505,6 +505,11 @@ def test_attention_entropy_is_scipys_entropy_over_the_keys_the_masks_allow():
     g = torch.Generator().manual_seed(0)
     src, tgt = batch()
     visible = visible_keys(src, tgt, causal=True)["decoder"]  # (B, T, T): padded and later keys hidden
+    real = tgt != PAD
+    by_hand = [
+        [[bool(real[b, t] and real[b, k] and k <= t) for k in range(6)] for t in range(6)] for b in range(3)
+    ]
+    assert torch.equal(visible, torch.tensor(by_hand))  # a padded query sees nothing
     logits = torch.randn(3, 2, 6, 6, generator=g).masked_fill(~visible[:, None], -math.inf)
     weights = logits.softmax(-1)
     expected = [
@@ -553,7 +558,9 @@ def test_at_initialisation_reads_real_queries_alone_so_more_padding_measures_the
     tgt_out = torch.cat([tgt[:, 1:], torch.full((3, 1), EOS)], dim=1).masked_fill(tgt == PAD, PAD)
     pad = lambda x, n: torch.cat([x, torch.full((x.size(0), n), PAD)], dim=1)  # noqa: E731
     plain = at_initialisation(model, {"src": src, "tgt_in": tgt, "tgt_out": tgt_out}, 0.0)
-    padded = at_initialisation(model, {"src": pad(src, 5), "tgt_in": pad(tgt, 3), "tgt_out": pad(tgt_out, 3)}, 0.0)
+    padded = at_initialisation(
+        model, {"src": pad(src, 5), "tgt_in": pad(tgt, 3), "tgt_out": pad(tgt_out, 3)}, 0.0
+    )
     assert padded == pytest.approx(plain, rel=1e-5)
 
 
