@@ -1,7 +1,7 @@
 """What a model can place against the lengths its task gives, checked before training (a trial) and before
 a study queues anything (harness/study/validate.py): learned positions and location attention stop at
 model.max_positions; the T5 bias reads buckets of distance that training must have reached; a claim does
-not judge learned positions where training never reached (`untrained_positions`)."""
+not judge a table of positions where training never reached (`untrained_positions`)."""
 
 from __future__ import annotations
 
