@@ -7,10 +7,11 @@ token the same vector), relative to ||X||. The Frobenius norm, whose minimiser x
 in for the paper's composite l1,inf norm (no closed form); both are 0 exactly when all tokens are equal.
 
 At initialisation, on the first training batch, in eval mode (no dropout), the two mechanisms papers give
-for an ablation's effect: Xiong et al. 2020 (Theorem 1, Fig. 3): post-LN's gradient of the last layer's
-feed-forward output weight W² is large at initialisation and pre-LN's shrinks with depth, which is why
-post-LN needs warmup; Vaswani et al. 2017 (Sec. 3.2.1): without 1/sqrt(d_k) the dot products grow with d_k
-and push the softmax towards one key, where its gradients vanish, seen as attention of low entropy.
+for an ablation's effect: Xiong et al. 2020 (abstract): at initialisation post-LN's gradients near the
+output are large and pre-LN's well-behaved, which is why post-LN needs warmup (measured here in the last
+decoder layer's feed-forward output weight W², and against the first layer's); Vaswani et al. 2017 (Sec.
+3.2.1 and its footnote 4): without 1/sqrt(d_k) the dot products grow with d_k and push the softmax towards
+one key, where its gradients vanish, seen as attention of low entropy.
 """
 
 from __future__ import annotations
@@ -65,10 +66,10 @@ def visible_keys(src: torch.Tensor, tgt_in: torch.Tensor, causal: bool) -> dict[
 def at_initialisation(model, batch: dict[str, torch.Tensor], label_smoothing: float) -> dict[str, float]:
     """A Transformer (models/transformer.py) before its first step, on one batch in eval mode: grad_last, the
     Frobenius norm of the gradient of the training loss in the last decoder layer's feed-forward output
-    weight W² (Xiong et al.'s ∂L/∂W^{2,L}); grad_growth, that over the first decoder layer's (1 where every
-    layer's is the same); attn_entropy, the mean attention_entropy over every attention layer, kind, head and
-    query. The gradient metrics need the feed-forward sublayers (model.ffn). The model's weights, gradients,
-    mode and the random streams are left as they were."""
+    weight W²; grad_growth, that over the first decoder layer's (1 where every layer's is the same);
+    attn_entropy, the mean attention_entropy over every attention layer, kind, head and query. The gradient
+    metrics need the feed-forward sublayers (model.ffn). The model's weights, gradients, mode and the random
+    streams are left as they were."""
     was_training = model.training
     model.eval()
     try:

@@ -577,8 +577,9 @@ def initial(seeds=range(3), **overrides) -> dict[str, float]:
 
 
 def test_post_ln_gradients_grow_towards_the_output_at_initialisation_and_pre_ln_ones_do_not():
-    """Xiong et al. 2020, Theorem 1 and Fig. 3: post-LN's W² gradient is largest in the last layer; pre-LN's
-    is about the same in every layer, and smaller."""
+    """Xiong et al. 2020 (abstract): at initialisation post-LN's gradients near the output are large and
+    pre-LN's well-behaved: post-LN's W² gradient grows towards the last layer, pre-LN's does not, and is
+    smaller."""
     deep = dict(d_model=64, d_ff=128, layers=6)
     post, pre = initial(**deep, norm="post"), initial(**deep, norm="pre")
     assert post["grad_growth"] > 2 and pre["grad_growth"] < 1.2
