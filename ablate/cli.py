@@ -441,9 +441,17 @@ def check(
     it gives, in float64 (harness/conformance.py). Exit 1 when one fails."""
     from ablate.bench.run import resolve_device
     from ablate.harness.conformance import check as conformance
-    from ablate.schema.config import load_config
+    from ablate.schema.config import ONE_LABEL, load_config
+    from ablate.schema.tasks import TASKS
 
-    cfg = load_config(None, preset, list(args or [])).model
+    args = list(args or [])
+    try:
+        cfg = load_config(None, preset, args).model
+    except ConfigError as e:  # the task does not matter to the checks: a classifier's is any labelled one
+        labelled = next(name for name, task in TASKS.items() if task.labelled)
+        if ONE_LABEL not in str(e) or any(a.startswith("task.name=") for a in args):
+            raise
+        cfg = load_config(None, preset, [*args, f"task.name={labelled}"]).model
     resolved = resolve_device(device)
     Console().print(f"on {resolved}")
     failed = 0

@@ -178,7 +178,8 @@ def upload_trial_files(trial, folder: Path, store) -> dict[str, str]:
 @dataclass
 class AttentionSample:
     """One probe example's attention. weights[kind] is (layers, heads, rows, cols) for kind in
-    encoder (src x src), decoder (tgt_out x tgt_in) and cross (tgt_out x src)."""
+    encoder (src x src), decoder (tgt_out x tgt_in) and cross (tgt_out x src); a classifier's also
+    importance (1, 1, 1, src): each token's gradient importance (models/explanation.py), summing to 1."""
 
     split: str
     src: list[str]  # source tokens, EOS included
@@ -192,7 +193,7 @@ class AttentionSample:
     def axes(self, kind: str) -> tuple[list[str], list[str]]:
         """Row and column labels of a weight matrix of `kind`."""
         return {"encoder": (self.src, self.src), "decoder": (self.tgt_out, self.tgt_in),
-                "cross": (self.tgt_out, self.src)}[kind]  # fmt: skip
+                "cross": (self.tgt_out, self.src), "importance": (self.tgt_out, self.src)}[kind]  # fmt: skip
 
     def save(self, path: str | Path) -> None:
         arrays = {f"weights_{kind}": w for kind, w in self.weights.items()}

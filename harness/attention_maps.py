@@ -7,12 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from ablate.harness.artifacts import AttentionSample
 from ablate.harness.metrics import alignment_error_rate
+from ablate.models.sequences import EOS
 
 KINDS = {"cross": "cross-attention", "encoder": "encoder self-attention", "decoder": "decoder self-attention"}
+# A classifier's text shaded token by token: its attention pooling's weights, then its gradient importance.
+SHADES = {"cross": "attention", "importance": "gradient"}
+LINE_CHARS = 44  # characters of tokens per line of shaded text
+SHADE = colormaps["Oranges"]
 
 
 def last_layer(sample: AttentionSample, kind: str) -> np.ndarray | None:
@@ -27,18 +33,56 @@ def cross_attention(sample: AttentionSample) -> np.ndarray | None:
 
 
 def probe_aer(sample: AttentionSample) -> float:
-    """AER of the cross-attention argmax against the probe's gold alignment, EOS rows and columns
-    left out; NaN without a gold alignment or cross attention."""
+    """AER of the cross-attention argmax against the probe's gold alignment, EOS rows (where targets end)
+    and columns left out; NaN without a gold alignment or cross attention."""
     matrix = cross_attention(sample)
     if matrix is None or not len(sample.alignment):
         return np.nan
-    sizes = [(len(sample.src) - 1, len(sample.tgt_out) - 1)]
+    sizes = [(len(sample.src) - 1, len(sample.tgt_out) - (sample.tgt_out[-1:] == [EOS]))]
     return alignment_error_rate([matrix], [sample.alignment.tolist()], sizes)
+
+
+def labels_one(sample: AttentionSample) -> bool:
+    """A classifier's probe: one predicted token, the label, whose weights over the text are a row."""
+    return len(sample.tgt_out) == 1
+
+
+def shade(ax, sample: AttentionSample, title: str) -> None:
+    """The lecture's figure of a classifier's text: each token on a background as dark as its weight (over
+    the text's largest), a block per measure of SHADES the probe has, the gold rationale's tokens underlined
+    in red."""
+    ax.axis("off")
+    ax.set_xlim(0, 1)
+    rationale = {int(s) for s, _ in sample.alignment}
+    y, step = 1.0, 0.075
+    for kind, name in SHADES.items():
+        row = last_layer(sample, kind)
+        if row is None or not np.isfinite(row).all():
+            continue
+        weights = row[0] / max(float(row[0].max()), 1e-12)
+        ax.text(0.0, y, f"{name} (largest {float(row[0].max()):.2f})", fontsize=7, style="italic", va="top")
+        y, used = y - step, 0
+        for i, token in enumerate(sample.src):
+            if used and used + len(token) + 1 > LINE_CHARS:
+                y, used = y - step, 0
+            x = used / LINE_CHARS
+            ax.text(x, y, token, fontsize=7, va="top", family="monospace",
+                    bbox={"facecolor": SHADE(float(weights[i])), "edgecolor": "none", "pad": 1.0},
+                    color="white" if weights[i] > 0.6 else "black")  # fmt: skip
+            if i in rationale:
+                ax.plot([x, x + len(token) / LINE_CHARS], [y - 0.05, y - 0.05], color="red", lw=1.0)
+            used += len(token) + 1
+        y -= 1.5 * step
+    ax.set_ylim(min(y, 0.0), 1.02)
+    ax.set_title(f"{title}: {' '.join(sample.tgt_out)}", fontsize=8)
 
 
 def draw(ax, sample: AttentionSample, kind: str, title: str) -> None:
     """One heatmap of `kind` on `ax`, tokens on both axes; cross-attention marks the gold links with red
-    squares."""
+    squares, and a classifier's (one row) is its text shaded instead (`shade`)."""
+    if kind == "cross" and labels_one(sample):
+        shade(ax, sample, title)
+        return
     rows, cols = sample.axes(kind)
     ax.imshow(last_layer(sample, kind), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
     ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
@@ -53,12 +97,15 @@ def draw(ax, sample: AttentionSample, kind: str, title: str) -> None:
 def probe_figure(sample: AttentionSample) -> Figure | None:
     """A panel per kind of attention the model has (last layer, heads averaged); None without any."""
     kinds = [kind for kind in KINDS if last_layer(sample, kind) is not None]
+    if labels_one(sample) and (kinds or last_layer(sample, "importance") is not None):
+        kinds = ["cross"]  # a classifier: its text shaded by each measure it has, in one panel
     if not kinds:
         return None
     fig = Figure(figsize=(3.4 * len(kinds), 3.4))
     for ax, kind in zip(fig.subplots(1, len(kinds), squeeze=False)[0], kinds):
         aer = probe_aer(sample) if kind == "cross" else np.nan
-        title = f"{KINDS[kind]}, {sample.split}" + (f", AER {aer:.2f}" if np.isfinite(aer) else "")
+        name = "pooling" if labels_one(sample) else KINDS[kind]
+        title = f"{name}, {sample.split}" + (f", AER {aer:.2f}" if np.isfinite(aer) else "")
         draw(ax, sample, kind, title)
     fig.tight_layout()
     return fig

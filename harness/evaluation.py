@@ -8,21 +8,36 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 
 from ablate.harness.artifacts import AttentionSample
-from ablate.harness.metrics import alignment_error_rate, length_table, translation_scores, translations
+from ablate.harness.metrics import (
+    alignment_error_rate,
+    length_table,
+    macro_f1,
+    rationale_mass,
+    translation_scores,
+    translations,
+)  # fmt: skip
 from ablate.harness.probes import Probe
 from ablate.harness.tasks import Example, TaskData
 from ablate.models.diagnostics import rank_collapse
+from ablate.models.explanation import MEASURES
 from ablate.models.sequences import PAD_ID, SequenceScore
 
 
 class SplitPass:
     """What one test split's batches leave behind, in the split's order (evaluation loaders keep it)."""
 
-    def __init__(self, split: str, examples: list[Example], probes: list[Probe]):
+    def __init__(
+        self, split: str, examples: list[Example], probes: list[Probe], classifies: bool = False,
+        labelled: bool = False,
+    ):  # fmt: skip
+        """classifies: a classifier's pass (rationale mass, explanation measures); labelled: a task whose target
+        is one label (macro-F1)."""
         self.split, self.examples, self.probes = split, examples, probes
+        self.classifies, self.labelled = classifies, labelled
         self.seen = 0
         self.scores: list[SequenceScore] = []
         self.predictions: list[list[int]] = []
@@ -32,6 +47,7 @@ class SplitPass:
             [] if all(ex.alignment is not None for ex in examples) else None
         )
         self.collapse: dict[str, float] = {}  # rank collapse summed over sequences, per side
+        self.explanation: dict[str, list[float]] = {}  # a classifier's measures per example (NaN: none)
         self.translations: list[dict[str, Any]] = []  # text tasks: per example, set by `metrics`
 
     def add(self, record: dict[str, Any], batch: dict[str, torch.Tensor]) -> None:
@@ -49,6 +65,9 @@ class SplitPass:
             if layers:  # no encoder layers without cross-attention
                 value = float(rank_collapse(layers[-1].float(), masks[side]).sum())
                 self.collapse[side] = self.collapse.get(side, 0.0) + value
+        for name in MEASURES:
+            if name in record.get("explanation", {}):
+                self.explanation.setdefault(name, []).extend(record["explanation"][name].tolist())
         self.samples += [
             p.sample(record["weights"], p.index - self.seen)
             for p in self.probes
@@ -57,7 +76,8 @@ class SplitPass:
         self.seen += size
 
     def metrics(self, data: TaskData) -> dict[str, float]:
-        """BLEU / chrF (text tasks), AER (gold alignments, cross-attention), rank collapse (Transformers)."""
+        """BLEU / chrF (text tasks), AER (gold alignments, cross-attention), rank collapse (Transformers);
+        macro-F1 (labelled tasks), rationale mass and the explanation measures (classifiers)."""
         rows = [(pred, None) for pred in self.predictions]
         self.translations = translations(self.split, rows, data)
         self.signatures = {}
@@ -69,6 +89,14 @@ class SplitPass:
             sizes = [(len(ex.src), len(ex.tgt)) for ex in self.examples]
             gold = [ex.alignment for ex in self.examples]
             metrics[f"{self.split}/aer"] = alignment_error_rate(self.cross, gold, sizes)
+            if self.classifies:
+                metrics[f"{self.split}/rationale_mass"] = rationale_mass(self.cross, gold)
+        if self.labelled:
+            labels = [(data.tgt_vocab.decode(pred) or [None])[0] for pred in self.predictions]
+            metrics[f"{self.split}/macro_f1"] = macro_f1(labels, [ex.tgt[0] for ex in self.examples])
+        for name, values in self.explanation.items():
+            if np.isfinite(values).any():
+                metrics[f"{self.split}/{name}"] = float(np.nanmean(values))
         for side, total in self.collapse.items():
             metrics[f"{self.split}/rank_collapse_{side}"] = total / self.seen
         return metrics
@@ -77,15 +105,20 @@ class SplitPass:
 class Evaluation(L.Callback):
     """Collects the test pass, whose results `metrics`, `per_length` and `attention` give afterwards."""
 
-    def __init__(self, data: TaskData, splits: list[str], probes: list[Probe]):
+    def __init__(
+        self, data: TaskData, splits: list[str], probes: list[Probe], classifies: bool = False,
+        labelled: bool = False,
+    ):  # fmt: skip
         self.data, self.splits, self.probes = data, list(splits), probes
+        self.classifies, self.labelled = classifies, labelled
         self.passes: dict[str, SplitPass] = {}
 
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.passes = {
-            split: SplitPass(split, self.data.splits[split], [p for p in self.probes if p.split == split])
+            split: SplitPass(split, self.data.splits[split], [p for p in self.probes if p.split == split],
+                             self.classifies, self.labelled)
             for split in self.splits
-        }
+        }  # fmt: skip
 
     def on_test_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx: int = 0

@@ -170,6 +170,25 @@ def alignment_error_rate(
     return 1 - 2 * hits / (predicted + sure) if predicted + sure else math.nan
 
 
+def macro_f1(predicted: Sequence[str | None], true: Sequence[str]) -> float:
+    """The mean of each label's F1 over the labels that are true or predicted (scikit-learn's f1_score with
+    average="macro"); a prediction that is no label (None) is wrong for its true label and true of none."""
+    labels = sorted(set(true) | {p for p in predicted if p is not None})
+    scores = []
+    for label in labels:
+        hits = sum(p == t == label for p, t in zip(predicted, true))
+        claimed, actual = sum(p == label for p in predicted), sum(t == label for t in true)
+        scores.append(2 * hits / (claimed + actual) if claimed + actual else 0.0)
+    return float(np.mean(scores)) if scores else math.nan
+
+
+def rationale_mass(attentions: Sequence[Any], gold: Sequence[Alignment]) -> float:
+    """The mean over examples of the weight the first row (the label's query) puts on the gold source
+    positions; attentions: per example (T, S), as alignment_error_rate's."""
+    masses = [float(np.asarray(w)[0, sorted({int(s) for s, _ in links})].sum()) for w, links in zip(attentions, gold)]
+    return float(np.mean(masses)) if masses else math.nan
+
+
 def produced_metrics(cfg: ExperimentConfig) -> set[str]:
     """The `split/name` metrics a trial of `cfg` reports (run_trial): each of the registry's
     (schema.metric_registry) whose `reported_for` holds for `cfg`, on the test splits the task fills
@@ -187,6 +206,9 @@ def produced_metrics(cfg: ExperimentConfig) -> set[str]:
         "feed-forwards": transformer and model.ffn,
         # an encoder exists only to cross-attend
         "attending": transformer and (model.cross_attention or model.decoder_self_attention),
+        "labelled tasks": TASKS[task.name].labelled,
+        "attention pooling": FAMILIES[model.arch].classifies and model.pooling == "attention",
+        "aligned classifiers": FAMILIES[model.arch].classifies and TASKS[task.name].aligned and cross_attends,
     }
     reported = [m for m in METRICS.values() if reports[m.reported_for]]
     validated = {f"val/{m.name}" for m in reported if m.every_split}

@@ -51,7 +51,10 @@ def select_probes(data: TaskData) -> list[Probe]:
         encoded = EncodedSplit(examples, data)
         for i, ex in enumerate(examples):
             alignment = np.array(ex.alignment or [], dtype=np.int64).reshape(-1, 2)
-            probes.append(Probe(split, i, collate([encoded[i]]), [*ex.src, EOS], [BOS, *ex.tgt], [*ex.tgt, EOS],
+            # As the datamodule's tgt_in / tgt_out: BOS + target and target + EOS, without EOS where a target
+            # does not end (a window of text, a label).
+            decoded = [BOS, *ex.tgt, *([EOS] if data.target_ends else [])]
+            probes.append(Probe(split, i, collate([encoded[i]]), [*ex.src, EOS], decoded[:-1], decoded[1:],
                                 alignment))  # fmt: skip
     return probes
 

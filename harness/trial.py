@@ -43,10 +43,12 @@ from ablate.harness.rules import MONITOR, Best, Cost, Schedule
 from ablate.harness.tasks import TaskData, build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
 from ablate.models.diagnostics import at_initialisation
+from ablate.models.kinds import FAMILIES
 from ablate.models.module import Seq2SeqModule
 from ablate.models.steps import compiles
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.errors import ConfigError, RunFailed
+from ablate.schema.tasks import TASKS
 
 
 @dataclass
@@ -150,7 +152,10 @@ class Prepared:
         return cls(cfg, data, dm, module, select_probes(data), initial_metrics(cfg, dm, module))
 
     def evaluation(self) -> Evaluation:
-        return Evaluation(self.data, self.dm.eval_splits, self.probes)
+        return Evaluation(
+            self.data, self.dm.eval_splits, self.probes, FAMILIES[self.cfg.model.arch].classifies,
+            TASKS[self.cfg.task.name].labelled,
+        )  # fmt: skip
 
     def result(
         self, steps: int, test_metrics: list[dict], evaluation: Evaluation, history: list[dict],
@@ -224,6 +229,9 @@ def build_trainer(
         enable_progress_bar=progress,
         enable_model_summary=False,
         num_sanity_val_steps=0,
+        # The test pass runs under no_grad, not inference mode: a classifier's explanation measures take
+        # gradients of its outputs (models/explanation.py).
+        inference_mode=False,
         enable_checkpointing=False,  # the best weights are BestCheckpoint's (rules.Best)
         default_root_dir=root,
         # One process, one device, whatever the scheduler: inside a SLURM job Lightning would otherwise read

@@ -12,7 +12,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ablate.models.kinds import CELLS, FAMILIES, LSTM_KEYS, NORMS, TRANSFORMER_KEYS
+from ablate.models.kinds import (
+    BUILT_IN,
+    CELLS,
+    CLASSIFIER_KEYS,
+    CLASSIFIER_READS,
+    ENCODERS,
+    FAMILIES,
+    LSTM_KEYS,
+    NORMS,
+    POOLINGS,
+    TRANSFORMER_KEYS,
+)  # fmt: skip
 from ablate.models.plugins import fault as plugin_fault
 from ablate.models.plugins import in_use, settings_model
 from ablate.models.plugins import load as load_plugins
@@ -81,6 +92,12 @@ class ModelConfig(BaseModel):
     decoder_self_attention: bool = True  # false: a target position sees no earlier one
     embed_scale: bool = True
     qkv_projections: bool = True
+
+    # classifier family (models/classifier.py): the encoder and the pooling; attention pooling scores with
+    # model.attention over model.attention_heads heads
+    encoder: Literal[tuple(ENCODERS)] = "lstm"  # type: ignore[valid-type]
+    # uniform by default: attention pooling needs a score, and model.attention's default is none
+    pooling: Literal[tuple(POOLINGS)] = "uniform"  # type: ignore[valid-type]
     plugin: PluginSettings = PluginSettings()  # type: ignore[valid-type]
 
     @field_validator("scale")
@@ -101,7 +118,14 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
-        if self.arch == "transformer":
+        if self.arch == "classifier" and self.pooling == "attention" and self.attention == "none":
+            raise ValueError("attention: attention pooling needs a score (got attention=none; or pooling: "
+                             f"{' | '.join(p for p in POOLINGS if p != 'attention')})")  # fmt: skip
+        if self.arch == "classifier" and self.pooling == "last" and self.encoder == "embedding":
+            raise ValueError("pooling: last reads the last token alone, which a classifier without context "
+                             "(encoder: embedding) reads nothing else through (always EOS)")  # fmt: skip
+        reads = self.read_keys() if self.arch in BUILT_IN else ()
+        if "heads" in reads:
             if self.d_model % self.heads:
                 raise ValueError(f"heads: must divide d_model={self.d_model} (got heads={self.heads})")
             if self.key_dim is not None and not self.qkv_projections:
@@ -116,24 +140,39 @@ class ModelConfig(BaseModel):
                     f"t5_max_distance: must exceed the {self.t5_buckets // 2} exact buckets of t5_buckets="
                     f"{self.t5_buckets} (got {self.t5_max_distance})"
                 )
-        elif self.arch == "lstm":
+        if "bidirectional" in reads:
             if self.bidirectional and self.d_model % 2:
                 raise ValueError(
                     f"d_model: must be even for a bidirectional encoder (got d_model={self.d_model})"
                 )
+        if "attention_heads" in reads:
             if self.attention != "none" and self.d_model % self.attention_heads:
                 raise ValueError(
                     f"attention_heads: must divide d_model={self.d_model} (got attention_heads={self.attention_heads})"
                 )
         return self
 
+    def read_keys(self) -> tuple[str, ...]:
+        """Which of the families' own switches (LSTM_KEYS, TRANSFORMER_KEYS, CLASSIFIER_KEYS) this model reads:
+        its family's, and of a classifier's those of its encoder and, with attention pooling, its score's."""
+        if self.arch != "classifier":
+            return FAMILIES[self.arch].reads
+        parts = (self.encoder, "attention") if self.pooling == "attention" else (self.encoder,)
+        return (*CLASSIFIER_KEYS, *(key for part in parts for key in CLASSIFIER_READS.get(part, ())))
+
     def ignored_keys(self) -> dict[str, str]:
-        """Key -> why the model this config builds ignores it: a switch of the other family, or one that acts
+        """Key -> why the model this config builds ignores it: a switch of another family, or one that acts
         only through a part this model lacks. Changing such a key changes nothing the model computes."""
-        reads = FAMILIES[self.arch].reads
-        owner = {**dict.fromkeys(LSTM_KEYS, "an LSTM"), **dict.fromkeys(TRANSFORMER_KEYS, "a Transformer")}
+        reads = self.read_keys()
+        owner = {**dict.fromkeys(LSTM_KEYS, "an LSTM"), **dict.fromkeys(TRANSFORMER_KEYS, "a Transformer"),
+                 **dict.fromkeys(CLASSIFIER_KEYS, "a classifier")}  # fmt: skip
         ignored = {key: f"{family} setting; model.arch is {self.arch}" for key, family in owner.items()
-                   if key not in reads}  # fmt: skip
+                   if key not in FAMILIES[self.arch].reads}  # fmt: skip
+        if self.arch == "classifier":
+            for part, keys in CLASSIFIER_READS.items():
+                switch, value = ("pooling", self.pooling) if part == "attention" else ("encoder", self.encoder)
+                why = f"acts only with a classifier's {part} {switch}; model.{switch} is {value}"
+                ignored |= {key: why for key in keys if key not in reads}
         if self.arch == "lstm":
             if self.attention == "none":
                 ignored |= dict.fromkeys(ATTENTION_KEYS, "acts only with attention; model.attention is none")
@@ -141,10 +180,10 @@ class ModelConfig(BaseModel):
                 ignored["attention_width"] = (
                     f"acts only with a local window; model.attention_window is {self.attention_window}"
                 )
-        elif self.arch == "transformer":
+        if self.arch in BUILT_IN and "ffn" in reads:
             if not self.ffn:
                 ignored["d_ff"] = "acts only with feed-forward sublayers; model.ffn is false"
-            if not self.decoder_self_attention:
+            if "decoder_self_attention" in reads and not self.decoder_self_attention:
                 ignored["causal_mask"] = "masks only the decoder's self-attention; model.decoder_self_attention is false"
             kind = positional_kind(self.pos_encoding)
             if not kind.based:
@@ -194,8 +233,8 @@ class ModelConfig(BaseModel):
     def position_limits(self) -> tuple[int | None, int | None]:
         """The most source and target positions the model can place; None where any length works
         (learned positions stop at max_positions on both sides, location attention on the source), for
-        the keys its family reads."""
-        reads = FAMILIES[self.arch].reads
+        the keys it reads."""
+        reads = self.read_keys()
         if "pos_encoding" in reads:
             limit = positional_kind(self.pos_encoding).max_length(self.max_positions)
             return limit, limit
@@ -228,6 +267,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "lstm-luong-concat": dict(arch="lstm", attention="concat", attention_query="current", input_feeding=True),
     "lstm-luong-location": dict(
         arch="lstm", attention="location", attention_query="current", input_feeding=True
+    ),
+    # Jain & Wallace 2019's classifiers: a BiLSTM's states pooled by additive or scaled dot-product attention
+    # with a learned query (models/classifier.py).
+    "classifier-additive": dict(arch="classifier", encoder="lstm", pooling="attention", attention="additive"),
+    "classifier-scaled-dot": dict(
+        arch="classifier", encoder="lstm", pooling="attention", attention="scaled_dot"
     ),
     # Vaswani et al. 2017: post-LN, sinusoidal positions, 1/sqrt(d_k).
     "transformer": dict(arch="transformer", norm="post", pos_encoding="sinusoidal", scale="sqrt"),

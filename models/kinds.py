@@ -1,8 +1,10 @@
-"""The names three ModelConfig switches accept, each with what the model code builds for it:
+"""The names five ModelConfig switches accept, each with what the model code builds for it:
 
-  model.arch  FAMILIES  the model family: the nn.Module class build_model (models/__init__.py) builds
-  model.cell  CELLS     the recurrent cell of the LSTM family (models/rnn.py)
-  model.norm  NORMS     where the Transformer's norms sit, and which (models/transformer.py)
+  model.arch     FAMILIES   the model family: the nn.Module class build_model (models/__init__.py) builds
+  model.cell     CELLS      the recurrent cell of the LSTM family (models/rnn.py)
+  model.norm     NORMS      where the Transformer's norms sit, and which (models/transformer.py)
+  model.encoder  ENCODERS   what a classifier encodes its text with (models/classifier.py)
+  model.pooling  POOLINGS   how a classifier pools its text's states into one vector (models/classifier.py)
 
 This module imports no torch (config checks read it); the model code reads each entry when it builds."""
 
@@ -22,6 +24,15 @@ TRANSFORMER_KEYS = ("heads", "key_dim", "d_ff", "scale", "score", "pos_encoding"
                     "t5_buckets", "t5_max_distance", "residual", "ffn",
                     "norm", "causal_mask", "cross_attention", "decoder_self_attention", "embed_scale",
                     "qkv_projections")  # fmt: skip
+CLASSIFIER_KEYS = ("encoder", "pooling")
+# A classifier's switches by what they act through: its LSTM encoder, its Transformer encoder, its attention
+# pooling (the score, from models/scores.py, and its heads); the Transformer's decoder-only ones it never reads.
+CLASSIFIER_READS = {
+    "lstm": ("cell", "bidirectional"),
+    "transformer": tuple(k for k in TRANSFORMER_KEYS
+                         if k not in ("causal_mask", "cross_attention", "decoder_self_attention")),
+    "attention": ("attention", "attention_heads"),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,10 @@ class Family:
     fuses: bool = True  # K seeds train as one model (ensemble=K); else each seed trains alone
     # Why its training step cannot compile whole (models/steps.py), or None.
     eager: str | None = "a plug-in family's step is compiled only where its Family says so (eager=None)"
+    # Its output is one label, the same at every target position (a task whose targets are one label,
+    # schema/tasks.py Task.labelled): decoding emits one token, and the test pass adds the explanation
+    # measures of models/explanation.py.
+    classifies: bool = False
 
 
 FAMILIES = {
@@ -56,7 +71,17 @@ FAMILIES = {
         "ablate.models.transformer:Transformer", TRANSFORMER_KEYS,
         cross_attends=lambda cfg: cfg.cross_attention, eager=None,
     ),  # fmt: skip
+    # The label's one query attends over the text as a decoder's query over its source: weights['cross'].
+    "classifier": Family(
+        "ablate.models.classifier:Classifier",
+        (*CLASSIFIER_KEYS, *dict.fromkeys(k for keys in CLASSIFIER_READS.values() for k in keys)),
+        cross_attends=lambda cfg: cfg.pooling in ("attention", "uniform"),
+        eager="its step is not yet checked to compile whole with every encoder (an LSTM encoder packs each "
+        "batch by lengths read on the host)",
+        classifies=True,
+    ),
 }
+BUILT_IN = frozenset(FAMILIES)  # before plug-ins join: the families whose cross-key checks models/config.py runs
 
 
 @dataclass(frozen=True)
@@ -78,3 +103,17 @@ class Norm:
 
 
 NORMS = {"post": Norm("post"), "pre": Norm("pre"), "none": Norm(None), "rms_pre": Norm("pre", rms=True)}
+
+# model.encoder: each of a classifier's encoders, what it is.
+ENCODERS = {
+    "lstm": "models/rnn.py's encoder: a (bi)directional LSTM or GRU (model.cell, model.bidirectional)",
+    "transformer": "models/transformer.py's encoder stack, every switch of its own (norm, positions, ...)",
+    "embedding": "no context: each token's embedding through one feed-forward layer (ReLU)",
+}
+# model.pooling: how a classifier turns its text's states (B, S, D) into one vector (B, D).
+POOLINGS = {
+    "attention": "attention with a learned query, scored by model.attention (Bahdanau's additive, dot, ...)",
+    "uniform": "attention frozen uniform over the real tokens, which is the mean of the states",
+    "max": "the largest value of each feature over the real tokens",
+    "last": "the final state (an LSTM's: its last step, both directions'), else the last real token's",
+}

@@ -17,6 +17,8 @@ from ablate.models import build_model
 from ablate.models.config import ModelConfig
 from ablate.models.decoding import beam_search, greedy_decode, max_target_length
 from ablate.models.ensemble import seed_dropout
+from ablate.models.explanation import explain
+from ablate.models.kinds import FAMILIES
 from ablate.models.optim import SCHEDULES, OptimConfig
 from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID, score
 from ablate.models.steps import Steps, loss_sums, summed_losses, training_loss
@@ -32,6 +34,10 @@ def lr_lambda(schedule: str, warmup_steps: int, max_steps: int):
 
     return at
 
+
+# The examples of each test split a classifier's explanation measures read (models/explanation.py): each
+# costs a forward pass per token (leave-one-out) and an adversarial search.
+EXPLAINED = 512
 
 # Running sums per evaluated split, in this order; `split_metrics` turns them into metrics.
 SUMS = ("loss", "nll", "tokens", "exact", "correct", "examples")
@@ -76,7 +82,9 @@ class Seq2SeqModule(L.LightningModule):
         # model itself stays plain: parameter names, and so checkpoints, are those of the eager model.
         self.steps = Steps(self.optim.compile, self.model_cfg)
         self.eval_splits = list(eval_splits)
+        self.classifies = FAMILIES[self.model_cfg.arch].classifies
         self._sums: dict[str, torch.Tensor] = {}
+        self._explained: dict[str, int] = {}  # test examples explained so far, per split
         self._dropout: list[torch.Generator] | None = None
         self._dropout_state: list[torch.Tensor] | None = None  # a resumed run's generator, to restore
 
@@ -111,9 +119,9 @@ class Seq2SeqModule(L.LightningModule):
             self.train(was_training)
 
     def generate(self, src: torch.Tensor, beam_size: int = 1) -> torch.Tensor:
-        """(B, S) -> (B, L) predicted ids, EOS kept, padded."""
+        """(B, S) -> (B, L) predicted ids, EOS kept, padded; a classifier's, its one label (B, 1)."""
         with self._inference():
-            max_len = max_target_length(src, PAD_ID, self.hparams.train_max_len)
+            max_len = 1 if self.classifies else max_target_length(src, PAD_ID, self.hparams.train_max_len)
             if beam_size == 1:
                 return greedy_decode(self.model, src, BOS_ID, EOS_ID, PAD_ID, max_len)
             return beam_search(
@@ -130,7 +138,8 @@ class Seq2SeqModule(L.LightningModule):
 
     def _evaluate(self, split: str, batch: dict[str, torch.Tensor], beam_size: int, need_weights: bool):
         """Adds the batch's loss terms and generation scores to the split's sums. Returns the predictions
-        (B, L) and, with need_weights, the attention weights and layer outputs of the loss's forward pass."""
+        (B, L) and, with need_weights, the attention weights and layer outputs of the loss's forward pass and
+        a classifier's explanation (`explanation`)."""
         weights, states = {}, {}
         target = batch["tgt_out"]
         if need_weights:
@@ -149,7 +158,26 @@ class Seq2SeqModule(L.LightningModule):
         counts = torch.tensor([*counts, len(scores)], dtype=torch.float64, device=sums.device)
         sums = torch.cat([sums, counts])  # in the order of SUMS
         self._sums[split] = self._sums.get(split, 0) + sums
-        return {"pred": pred, "scores": scores, "weights": weights, "states": states}
+        record = {"pred": pred, "scores": scores, "weights": weights, "states": states}
+        if need_weights and self.classifies:
+            record["explanation"] = self._explain(split, batch["src"])
+            weights["importance"] = [record["explanation"]["importance"][:, None, None]]  # as cross: (B, 1, 1, S)
+        return record
+
+    def _explain(self, split: str, src: torch.Tensor) -> dict[str, torch.Tensor]:
+        """models/explanation.py's measures of the batch's first rows within the split's EXPLAINED examples,
+        NaN for the rest (importance too, past them)."""
+        rows = max(0, min(src.size(0), EXPLAINED - self._explained.get(split, 0)))
+        self._explained[split] = self._explained.get(split, 0) + rows
+        with self._inference():
+            found = explain(self.model, src[:rows]) if rows else {}
+        out = {}
+        for name, values in found.items():
+            rest = values.new_full((src.size(0) - rows, *values.shape[1:]), float("nan"))
+            out[name] = torch.cat([values.to(src.device), rest])
+        if "importance" not in out:
+            out["importance"] = torch.full(src.shape, float("nan"), device=src.device)
+        return out
 
     def _log_sums(self) -> None:
         for split, sums in self._sums.items():
@@ -179,6 +207,7 @@ class Seq2SeqModule(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_sums()
+        self._explained = {}
 
     def attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[str, list[torch.Tensor | None]]:
         """Teacher-forced attention weights of the model in eval mode: {'cross': [(B, H, T, S) per layer],

@@ -170,19 +170,23 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0, ensemble: int = 1):
+    def __init__(
+        self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0, ensemble: int = 1,
+        decoder: bool = True,
+    ):  # fmt: skip
+        """decoder=False: the encoder stack alone (`encode`), as a classifier's encoder (models/classifier.py)."""
         super().__init__()
         self.cfg, self.vocab, self.pad_id = cfg, (src_vocab, tgt_vocab), pad_id
         self.ensemble = ens = Ensemble(ensemble)
         d = cfg.d_model
         self.src_embed = ens.embedding(src_vocab, d, padding_idx=pad_id)
-        self.tgt_embed = ens.embedding(tgt_vocab, d, padding_idx=pad_id)
+        self.tgt_embed = ens.embedding(tgt_vocab, d, padding_idx=pad_id) if decoder else None
         self.embed_scale = math.sqrt(d) if cfg.embed_scale else 1.0
         # Without cross-attention no encoder layer could reach the decoder: none is built or run.
         encoder_layers = cfg.layers if cfg.cross_attention else 0
         # Each stack's self-attention: whether it sees later positions (a score bias per stack reads it).
         bidirectional = ({"src": True} if encoder_layers else {}) | (
-            {"tgt": not cfg.causal_mask} if cfg.decoder_self_attention else {}
+            {"tgt": not cfg.causal_mask} if decoder and cfg.decoder_self_attention else {}
         )
         self.positions = ens.stacked(lambda: build_positions(cfg, bidirectional))
         self.src_dropout, self.tgt_dropout = ens.dropout(cfg.dropout, "src"), ens.dropout(cfg.dropout, "tgt")
@@ -198,12 +202,14 @@ class Transformer(nn.Module):
             )
 
         self.encoder = nn.ModuleList(EncoderLayer(cfg, make_attention, ens) for _ in range(encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg, make_attention, ens) for _ in range(cfg.layers))
+        self.decoder = nn.ModuleList(
+            DecoderLayer(cfg, make_attention, ens) for _ in range(cfg.layers if decoder else 0)
+        )
         # Pre-norm stacks need a final norm: their residual stream is never normalised otherwise.
         self.encoder_norm = make_norm(cfg, "pre", ens) if encoder_layers else nn.Identity()
-        self.decoder_norm = make_norm(cfg, "pre", ens)
-        self.generator = ens.linear(d, tgt_vocab)
-        if cfg.tie_embeddings:
+        self.decoder_norm = make_norm(cfg, "pre", ens) if decoder else None
+        self.generator = ens.linear(d, tgt_vocab) if decoder else None
+        if cfg.tie_embeddings and decoder:
             self.generator.weight = self.tgt_embed.weight
         self._init_weights()
 
@@ -215,8 +221,8 @@ class Transformer(nn.Module):
                 if w.dim() > 1:
                     nn.init.xavier_uniform_(w)
         with torch.no_grad():  # xavier overwrote the zero vector nn.Embedding keeps for padding
-            self.src_embed.weight[..., self.pad_id, :] = 0.0
-            self.tgt_embed.weight[..., self.pad_id, :] = 0.0
+            for embedding in filter(None, (self.src_embed, self.tgt_embed)):
+                embedding.weight[..., self.pad_id, :] = 0.0
         if self.cfg.pos_init == "embedding" and positional_kind(self.cfg.pos_encoding).learned:
             self.positions.embedding.redraw(self._token_scale())
 
@@ -224,7 +230,7 @@ class Transformer(nn.Module):
         """Each seed's standard deviation of the token embeddings the positions are added to, times
         embed_scale: over the real rows of each side the model embeds, the sides' variances averaged, so
         that a large vocabulary does not outweigh a small one (xavier's sqrt(2 / (V + d)) a side)."""
-        sides = [self.tgt_embed, self.src_embed] if len(self.encoder) else [self.tgt_embed]
+        sides = [e for e in (self.tgt_embed, self.src_embed if len(self.encoder) else None) if e is not None]
         variances = []
         for embedding in sides:
             real = torch.arange(embedding.num_embeddings, device=embedding.weight.device) != self.pad_id

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from ablate.models.config import MAX_MANY, Count, Many, ModelConfig, preset_keys
+from ablate.models.kinds import FAMILIES
 from ablate.models.optim import OptimConfig
 from ablate.models.plugins import fault as plugin_fault
 from ablate.schema.errors import ConfigError
@@ -47,6 +48,10 @@ class TrainConfig(OptimConfig):
     fuse_seeds: bool | Literal["auto"] = "auto"
 
 
+# What a classifier on a task of sequences is refused with (`ablate check`, which reads the model alone, knows it).
+ONE_LABEL = "predicts one label"
+
+
 class ExperimentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no key takes NaN or inf
 
@@ -63,6 +68,17 @@ class ExperimentConfig(BaseModel):
                 f"name: {plugin_fault('task', task.name) or f'unknown task {task.name!r}'}; known: {', '.join(TASKS)}"
             )
         return task
+
+    @model_validator(mode="after")
+    def _one_label(self) -> ExperimentConfig:
+        # A classifier emits one label; any family can learn a task whose target is one.
+        if FAMILIES[self.model.arch].classifies and not TASKS[self.task.name].labelled:
+            labelled = ", ".join(name for name, task in TASKS.items() if task.labelled)
+            raise ValueError(
+                f"model.arch: {self.model.arch} {ONE_LABEL}, and task {self.task.name}'s targets are "
+                f"sequences; a task whose target is a label: {labelled}"
+            )
+        return self
 
     def flat(self) -> dict[str, Any]:
         """{'model.heads': 4, ...}: the form W&B configs, reports and `--set` use."""
@@ -224,7 +240,7 @@ def one_line(problems: list[tuple[str, str]]) -> str:
     """The first (location, message) as 'loc: msg', with how many more there are."""
     loc, msg = problems[0]
     extra = f" ({len(problems) - 1} more)" if len(problems) > 1 else ""
-    return f"{loc}: {msg}{extra}"
+    return f"{loc}: {msg}{extra}" if loc else f"{msg}{extra}"  # a check across sections names its keys itself
 
 
 UNION_TAGS = {"str", "int", "float", "bool"}  # what a union member adds to an error's location

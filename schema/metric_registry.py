@@ -32,8 +32,12 @@ PROPORTION = MetricRange(0.0, 1.0)
 # Which trials report a metric ("encoders": Transformers that build an encoder; "feed-forwards": Transformers
 # with feed-forward sublayers; "attending": Transformers with any attention); harness.metrics'
 # produced_metrics reads each against a configuration.
+# "labelled tasks": tasks whose target is one label; "attention pooling": classifiers whose pooling is
+# attention; "aligned classifiers": classifiers with attention weights (attention or uniform pooling) on an
+# aligned task.
 Trials = Literal[
-    "every trial", "text tasks", "aligned tasks", "Transformers", "encoders", "feed-forwards", "attending"
+    "every trial", "text tasks", "aligned tasks", "Transformers", "encoders", "feed-forwards", "attending",
+    "labelled tasks", "attention pooling", "aligned classifiers",
 ]
 
 
@@ -79,6 +83,17 @@ METRICS = {m.name: m for m in (
     Metric("grad_growth", MetricRange(0.0), "minimize", "ratio", computed_by="initialisation",
            reported_for="feed-forwards"),
     Metric("attn_entropy", PROPORTION, computed_by="initialisation", reported_for="attending"),
+    # Classification: the mean over labels of each label's F1 (a label never predicted nor true counts 0).
+    Metric("macro_f1", PROPORTION, computed_by="evaluation", reported_for="labelled tasks"),
+    # Whether attention explains (models/explanation.py), means over the explained test examples: Kendall's
+    # tau of attention against gradient and leave-one-out importance; the output's change (TVD) when the
+    # weights are permuted; how far (JSD, bits) attention moved while the output stayed put.
+    Metric("tau_grad", MetricRange(-1.0, 1.0), computed_by="evaluation", reported_for="attention pooling"),
+    Metric("tau_loo", MetricRange(-1.0, 1.0), computed_by="evaluation", reported_for="attention pooling"),
+    Metric("perm_tvd", PROPORTION, computed_by="evaluation", reported_for="attention pooling"),
+    Metric("adv_jsd", PROPORTION, computed_by="evaluation", reported_for="attention pooling"),
+    # The pooling's weight on the gold rationale's tokens, mean over examples (1: all of it).
+    Metric("rationale_mass", PROPORTION, computed_by="evaluation", reported_for="aligned classifiers"),
 )}  # fmt: skip
 
 

@@ -17,6 +17,8 @@ SCAN_KEYS = ("split", "path", "n_valid")
 CORPUS_KEYS = ("tokenizer", "min_tokens", "max_tokens", "long_after", "max_examples")
 PARALLEL_KEYS = ("path", "src_lang", "tgt_lang", "hf_config", "n_valid", "n_test", *CORPUS_KEYS)
 BIBLE_KEYS = ("path", "src_lang", "tgt_lang", "n_valid", "n_test", *CORPUS_KEYS)
+# One Bible's verses labelled by genre: one language, no shortest verse.
+BIBLE_GENRE_KEYS = ("path", "src_lang", "n_valid", "n_test", "tokenizer", "max_tokens", "max_examples")
 # One Bible as running text: no pairs, so no target language and no shortest pair.
 BIBLE_LM_KEYS = (
     "path", "src_lang", "n_valid", "n_test", "tokenizer", "max_tokens", "max_examples", "train_factor"
@@ -65,6 +67,8 @@ class Task(NamedTuple):
     # depend on it): text scored with BLEU / chrF (TaskData.is_text), gold word alignments (Example.alignment).
     text: bool = False
     aligned: bool = False
+    # Its target is one label (a classifier's task, models/kinds.py Family.classifies): macro-F1 is reported.
+    labelled: bool = False
 
     def keys(self) -> tuple[str, ...]:
         """Every task.* key the task reads under some configuration: its own and, with task.tokenizer, every
@@ -91,6 +95,14 @@ TASKS: dict[str, Task] = {
         "k1 v1 ... kn vn ? k -> value of k; lengths in pairs (at most 26), vocab_size values",
         SYMBOL_KEYS,
         aligned=True,
+    ),
+    "cues": Task(
+        "synthetic:cues_task",
+        "a text of random symbols with one to three cue words (good great nice | bad awful poor) -> the label of "
+        "most of its cues (positive | negative); the cues are the gold rationale; lengths in tokens (at least 3)",
+        SYMBOL_KEYS,
+        aligned=True,
+        labelled=True,
     ),
     "synth_mt": Task(
         "synth_mt:synth_mt_task",
@@ -121,6 +133,15 @@ TASKS: dict[str, Task] = {
         BIBLE_KEYS,
         reads_machine="always",
         text=True,
+    ),
+    "bible_genre": Task(
+        "bible_genre:bible_genre_task",
+        "one Bible's verses (default the World English Bible) -> the genre of their book (law | history | "
+        "wisdom | prophets | gospels | letters); src_lang, path: as bible",
+        BIBLE_GENRE_KEYS,
+        test_splits=("test",),
+        reads_machine="always",
+        labelled=True,
     ),
     "bible_lm": Task(
         "bible_lm:bible_lm_task",

@@ -61,7 +61,8 @@ def test_preset_then_overrides_win():
 
 def test_presets_resolve_in_one_place():
     for name in PRESETS:
-        assert build_config({"preset": name}).model == ModelConfig(**preset_keys(name))
+        task = {"task": {"name": "cues"}} if preset_keys(name)["arch"] == "classifier" else {}
+        assert build_config({"preset": name, **task}).model == ModelConfig(**preset_keys(name))
     assert error_of({"preset": "gpt5"}) == f"preset: unknown preset 'gpt5'; known: {', '.join(PRESETS)}"
 
 
@@ -240,7 +241,8 @@ CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention
            "heads": 2, "key_dim": 4, "d_ff": 8, "scale": "none", "score": "cosine", "pos_encoding": "rope",
            "pos_base": 100.0, "pos_init": "embedding", "t5_buckets": 8, "t5_max_distance": 9, "residual": False, "ffn": True, "norm": "pre",
            "causal_mask": False, "cross_attention": False, "decoder_self_attention": False,
-           "embed_scale": False, "qkv_projections": False, "max_positions": 9}  # fmt: skip
+           "embed_scale": False, "qkv_projections": False, "max_positions": 9, "encoder": "embedding",
+           "pooling": "max"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -250,8 +252,11 @@ CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention
         {"arch": "lstm", "attention": "dot"},
         {"arch": "transformer", "ffn": False, "pos_encoding": "alibi"},
         {"arch": "transformer", "decoder_self_attention": False},
+        {"arch": "classifier", "pooling": "attention", "attention": "additive"},
+        {"arch": "classifier", "encoder": "transformer", "pooling": "last"},
     ],
-    ids=["lstm", "lstm-attention", "transformer-no-ffn-alibi", "transformer-no-decoder-self-attention"],
+    ids=["lstm", "lstm-attention", "transformer-no-ffn-alibi", "transformer-no-decoder-self-attention",
+         "classifier-lstm-attention", "classifier-transformer-last"],  # fmt: skip
 )
 def test_a_key_the_model_ignores_changes_nothing_it_computes(model):
     cfg = ModelConfig(d_model=16, layers=1, dropout=0.0, **model)

@@ -86,11 +86,20 @@ def bible_lm(name: str, tmp_path, monkeypatch) -> list[TaskConfig]:
                        max_tokens=2, max_examples=20, n_valid=4, n_test=4)]  # fmt: skip
 
 
+def bible_genre(name: str, tmp_path, monkeypatch) -> list[TaskConfig]:
+    """One module of a tiny SWORD library: Genesis 1-11 (law), chapter 11 test text."""
+    pytest.importorskip("pysword")
+    write_module(tmp_path, "tinyen", "en", {("Genesis", c, v): f"en {c} {v} ." for c in range(1, 12)
+                                            for v in (1, 2)})  # fmt: skip
+    return [TaskConfig(name=name, path=str(tmp_path), src_lang="tinyen", tokenizer="bpe", bpe_vocab_size=60,
+                       max_tokens=6, max_examples=20, n_valid=4, n_test=4)]  # fmt: skip
+
+
 # Each task -> the configurations that drive its builder down every branch that reads a key; a task added to
 # TASKS fails below until it has its entry.
 CASES = {"copy": generated, "reverse": generated, "sort": generated, "addition": generated,
-         "recall": generated, "synth_mt": generated, "scan": scan, "parallel": parallel, "bible": bible,
-         "bible_lm": bible_lm}  # fmt: skip
+         "recall": generated, "cues": generated, "synth_mt": generated, "scan": scan, "parallel": parallel,
+         "bible": bible, "bible_genre": bible_genre, "bible_lm": bible_lm}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", TASKS)
@@ -191,17 +200,18 @@ def test_the_issues_cases_say_which_task_reads_the_key(tmp_path):
         "variants.a.task.split: has no effect (a setting of task scan; task.name is copy)"
     ]
     assert study_lines(tmp_path, base=reverse, fixed={"task.path": "x.tsv"}) == [
-        "fixed.task.path: has no effect (a setting of tasks scan, parallel, bible, bible_lm; task.name is reverse)"
+        "fixed.task.path: has no effect (a setting of tasks scan, parallel, bible, bible_genre, bible_lm; task.name "
+            "is reverse)"
     ]
     assert study_lines(tmp_path, {"task.n_train": 9}, base={"task": {"name": "scan"}}) == [
-        "--set task.n_train: has no effect (a setting of tasks copy, reverse, sort, addition, recall, synth_mt; "
-        "task.name is scan)"
+        "--set task.n_train: has no effect (a setting of tasks copy, reverse, sort, addition, recall, cues, "
+        "synth_mt; task.name is scan)"
     ]
     assert study_lines(tmp_path, base=corpus) == [
         "base.task.bpe_vocab_size: has no effect (acts only with tokenizer bpe; task.tokenizer is word)"
     ]
     with pytest.raises(ConfigError, match=r"^task.max_len: has no effect \(a setting of tasks copy, reverse, "
-                                          r"sort, addition, recall, synth_mt; task.name is scan\)$"):  # fmt: skip
+                                          r"sort, addition, recall, cues, synth_mt; task.name is scan\)$"):  # fmt: skip
         config_from_tree({}, {"task.name": "scan", "task.max_len": 5})
 
 
@@ -209,7 +219,8 @@ def test_a_shared_task_key_is_refused_only_when_no_variant_reads_it(tmp_path):
     grid = {"task.name": ["copy", "scan"]}
     assert study_lines(tmp_path, factors=grid, fixed={"task.split": "length", "task.vocab_size": 5}) == []
     assert study_lines(tmp_path, factors=grid, fixed={"task.bpe_vocab_size": 5}) == [
-        "fixed.task.bpe_vocab_size: has no effect (a setting of tasks parallel, bible, bible_lm; task.name is copy)"
+        "fixed.task.bpe_vocab_size: has no effect (a setting of tasks parallel, bible, bible_genre, bible_lm; "
+            "task.name is copy)"
     ]
     advice = "list the variants by name to leave it out where it does nothing"
     assert study_lines(tmp_path, factors={**grid, "task.split": ["simple", "length"]}) == [
@@ -242,7 +253,7 @@ def test_every_task_that_reads_this_machine_is_checked_for_it_before_the_study_e
 
 
 def test_a_task_declares_what_it_reads_from_this_machine():
-    assert {name for name, task in TASKS.items() if task.reads_machine == "always"} == {"bible", "bible_lm"}
+    assert {name for name, task in TASKS.items() if task.reads_machine == "always"} == {"bible", "bible_genre", "bible_lm"}
     assert {name for name, task in TASKS.items() if task.reads_machine == "path"} == {"scan", "parallel"}
 
 

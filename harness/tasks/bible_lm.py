@@ -45,11 +45,12 @@ TEST_WINDOWS = {"test": 1, **WINDOW_SPLITS}
 
 
 @functools.lru_cache(maxsize=2)
-def read_verses(folder: Path, name: str) -> dict[str, list[str]]:
-    """A module's non-empty verses split by chapter, canonical order kept; read once per process."""
+def read_verses(folder: Path, name: str) -> dict[str, list[tuple[str, str]]]:
+    """A module's non-empty verses as (book, text) split by chapter, canonical order kept; read once per
+    process."""
     verses = read_module(folder, name)
     chapters = shared_chapters(verses, verses)  # every chapter of the versification
-    return split_by_chapter(((ref, text) for ref, text in verses.items() if text), chapters)
+    return split_by_chapter(((ref, (ref[0], text)) for ref, text in verses.items() if text), chapters)
 
 
 def windows(tokens: list[str], length: int) -> list[tuple[str, ...]]:
@@ -63,7 +64,7 @@ def bible_lm_task(cfg: TaskConfig, seed: int) -> TaskData:
     if problem:
         raise ConfigError(problem)
     folder, length = library(cfg), cfg.max_tokens
-    verses = read_verses(folder.resolve(), name)
+    verses = {split: [text for _, text in items] for split, items in read_verses(folder.resolve(), name).items()}
     tokenizer = build_tokenizer(cfg.tokenizer, verses["train"], cfg.bpe_vocab_size)
     stream = {split: tokenizer.tokenize(" ".join(texts)) for split, texts in verses.items()}
     longest = max(TEST_WINDOWS.values())

@@ -20,6 +20,10 @@ Sampler = Callable[[np.random.Generator, int], Example]  # one random example of
 Transform = Callable[[tuple[str, ...]], tuple[tuple[str, ...], tuple[tuple[int, int], ...]]]
 
 RECALL_KEYS = tuple(string.ascii_lowercase)
+# cues: each label's cue words; every other token of a text is a symbol that says nothing of its label.
+CUES = {"positive": ("good", "great", "nice"), "negative": ("bad", "awful", "poor")}
+# (positive, negative) cue counts a text of at least three tokens may hold: one to three cues, never a tie.
+CUE_COUNTS = ((1, 0), (0, 1), (2, 0), (0, 2), (3, 0), (2, 1), (1, 2), (0, 3))
 QUERY = "?"
 PLUS = "+"
 DIGITS = tuple(string.digits)
@@ -83,6 +87,24 @@ def recall_sampler(values: list[str]) -> Sampler:
     return sample
 
 
+def cues_sample(symbols: list[str]) -> Sampler:
+    """A text of `length` tokens: one to three cue words (CUES) at random places among random symbols; its
+    label is the label of most of its cues (CUE_COUNTS: never a tie). Its gold alignment links the label to
+    every cue: the rationale, as the hotel review's highlighted phrases."""
+
+    def sample(rng: np.random.Generator, length: int) -> Example:
+        counts = CUE_COUNTS[int(rng.integers(0, len(CUE_COUNTS)))]
+        cues = [CUES[label][int(rng.integers(0, 3))] for label, n in zip(CUES, counts) for _ in range(n)]
+        places = rng.choice(length, size=len(cues), replace=False)
+        text = [symbols[i] for i in rng.integers(0, len(symbols), size=length)]
+        for place, cue in zip(places, cues):
+            text[place] = cue
+        label = list(CUES)[int(counts[1] > counts[0])]
+        return Example(tuple(text), (label,), tuple((int(p), 0) for p in sorted(places)))
+
+    return sample
+
+
 def _sample_split(
     rng: np.random.Generator, n: int, lo: int, hi: int, sample: Sampler, exclude: set
 ) -> list[Example]:
@@ -142,6 +164,13 @@ def sort_task(cfg: TaskConfig, seed: int) -> TaskData:
 
 def addition_task(cfg: TaskConfig, seed: int) -> TaskData:
     return symbol_task("addition", addition_sampler(cfg.min_len), [*DIGITS, PLUS], cfg, seed)
+
+
+def cues_task(cfg: TaskConfig, seed: int) -> TaskData:
+    symbols = _symbols(cfg)
+    splits = sample_splits("cues", cues_sample(symbols), cfg, seed, shortest=3)
+    cues = [cue for words in CUES.values() for cue in words]
+    return TaskData("cues", splits, Vocab([*symbols, *cues]), Vocab(CUES), train_max_len=1, target_ends=False)
 
 
 def recall_task(cfg: TaskConfig, seed: int) -> TaskData:
