@@ -24,7 +24,7 @@ from torch import nn
 
 PERMUTATIONS = 20
 ADVERSARY_STEPS = 50
-ADVERSARY_LR = 0.1
+ADVERSARY_LR = 0.5
 TVD_BOUND = 0.01  # "a small total variation distance": the output may move by at most this
 PENALTY = 100.0  # on each unit of TVD past the bound, against the divergence gained
 LOO_ROWS = 2048  # texts per forward pass of the leave-one-out variants

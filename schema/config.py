@@ -71,7 +71,14 @@ class ExperimentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_label(self) -> ExperimentConfig:
-        # A classifier emits one label; any family can learn a task whose target is one.
+        """A classifier emits one label, and a label is all a labelled task's target holds: no EOS after it,
+        which a decoder would have to learn to stop."""
+        classifiers = ", ".join(name for name, family in FAMILIES.items() if family.classifies)
+        if TASKS[self.task.name].labelled and not FAMILIES[self.model.arch].classifies:
+            raise ValueError(
+                f"task.name: {self.task.name}'s target is one label, which model.arch {self.model.arch} does "
+                f"not predict (it decodes sequences); a family that classifies: {classifiers}"
+            )
         if FAMILIES[self.model.arch].classifies and not TASKS[self.task.name].labelled:
             labelled = ", ".join(name for name, task in TASKS.items() if task.labelled)
             raise ValueError(

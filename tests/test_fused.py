@@ -31,6 +31,7 @@ from ablate.models.ensemble import (
     seed_dropout,
     seed_state_dict,
 )
+from ablate.models.kinds import CLASSIFIER_KEYS
 from ablate.models.positional import POSITIONAL
 from ablate.models.rnn import RNN
 from ablate.models.scores import SCORES
@@ -51,6 +52,9 @@ EPS = 1e-6
 
 TRANSFORMER = dict(arch="transformer", d_model=16, layers=2, heads=2, d_ff=32, dropout=0.3, max_positions=16)
 LSTM = dict(arch="lstm", d_model=16, layers=2, dropout=0.3, attention="dot", max_positions=16)
+CLASSIFIER = dict(arch="classifier", d_model=16, layers=2, heads=2, d_ff=32, dropout=0.3, max_positions=16,
+                  pooling="attention", attention="additive")  # fmt: skip
+BASES = {"transformer": TRANSFORMER, "lstm": LSTM, "classifier": CLASSIFIER}
 
 
 def values(key: str) -> tuple:
@@ -87,9 +91,15 @@ SWITCHES = {
         *({"cell": cell, "attention_query": "previous"} for cell in values("cell")),
         flipped("bidirectional"), flipped("tie_embeddings"),
     ],
+    "classifier": [
+        *({"encoder": encoder, "pooling": pooling} for encoder in values("encoder") for pooling in values("pooling")
+          if (encoder, pooling) != ("embedding", "last")),
+        *({"attention": score} for score in SCORES), {"attention_heads": 2},
+        {"encoder": "transformer", "pos_encoding": "alibi", "norm": "pre"}, {"cell": "gru", "pooling": "last"},
+    ],
 }  # fmt: skip
 CASES = [
-    pytest.param({**(TRANSFORMER if arch == "transformer" else LSTM), **switch},
+    pytest.param({**BASES[arch], **switch},
                  id=f"{arch}-" + "-".join(f"{k}={v}" for k, v in switch.items()))
     for arch, switches in SWITCHES.items() for switch in switches
 ]  # fmt: skip
@@ -99,7 +109,7 @@ NOT_SWITCHES = {"d_ff", "pos_base"}
 
 def test_every_switch_of_both_families_is_a_case():
     covered = {key for switches in SWITCHES.values() for switch in switches for key in switch}
-    assert (set(LSTM_KEYS) | set(TRANSFORMER_KEYS)) - NOT_SWITCHES <= covered
+    assert (set(LSTM_KEYS) | set(TRANSFORMER_KEYS) | set(CLASSIFIER_KEYS)) - NOT_SWITCHES <= covered
 
 
 def seed_batch(seed: int, step: int) -> dict[str, torch.Tensor]:
