@@ -351,6 +351,7 @@ def t5_bias_has(test):
 
 
 LSTM = {"model.arch": "lstm", "model.attention": "additive", "model.attention_query": "previous"}
+CLASSIFIER = {"model.arch": "classifier", "task.name": "cues", "model.attention": "additive"}
 
 
 def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
@@ -429,6 +430,10 @@ def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
         ),
         "model.embed_scale": Case(False, outputs_differ),
         "model.qkv_projections": Case(False, outputs_differ),
+        "model.encoder": Case(
+            "transformer", model_has(lambda m: type(m.body).__name__ == "Transformer"), CLASSIFIER
+        ),
+        "model.pooling": Case("attention", model_has(lambda m: m.query is not None), CLASSIFIER),
     }
 
 
