@@ -114,8 +114,9 @@ def test_produced_metrics_are_what_a_trial_reports(preset, task, model, single_t
 
 def test_task_traits_match_the_data_the_tasks_build():
     for name in tasks_reading("test_max_len"):  # the generated tasks: their lengths are min_len / max_len
+        model = {"arch": "classifier"} if TASKS[name].labelled else {}  # a label's task is a classifier's
         data = build_task(build_config({"task": {"name": name, "n_train": 8, "n_valid": 4, "n_test": 4,
-                                                     "min_len": 5, "max_len": 6}}).task, 0)  # fmt: skip
+                                                     "min_len": 5, "max_len": 6}, "model": model}).task, 0)  # fmt: skip
         assert data.is_text == TASKS[name].text, name
         assert all(ex.alignment is not None for ex in data.splits["test"]) == TASKS[name].aligned, name
         assert data.splits["test_long"], f"{name}: test_max_len defaults beyond max_len"
@@ -124,6 +125,7 @@ def test_task_traits_match_the_data_the_tasks_build():
 # Claims that hold by construction, kept as guards on the code: the report counts them apart from the tests
 # of the papers' findings. (study, how the claim's text starts), in the order PROFILES reads them.
 CHECKS = [
+    ("attention-explanation", "On cues, attention pooling puts more of its weight on the rationale"),
     ("causal-mask", "Without the causal mask, the teacher-forced validation loss falls"),
     ("causal-mask", "Without the causal mask, greedy decoding fails"),
     ("local-attention", "A monotonic window (local-m) cannot follow a verb moved to the end"),
