@@ -77,29 +77,21 @@ def bible(name: str, tmp_path, monkeypatch) -> list[TaskConfig]:
                        bpe_vocab_size=60, **corpus)]  # fmt: skip
 
 
-def bible_lm(name: str, tmp_path, monkeypatch) -> list[TaskConfig]:
-    """One module of a tiny SWORD library: Genesis 1-11, so chapter 11 is test text."""
+def one_bible(name: str, tmp_path, monkeypatch, max_tokens: int = 2) -> list[TaskConfig]:
+    """One module of a tiny SWORD library (bible_lm, bible_genre): Genesis 1-11, so chapter 11 is test text."""
     pytest.importorskip("pysword")
     write_module(tmp_path, "tinyen", "en", {("Genesis", c, v): f"en {c} {v} ." for c in range(1, 12)
                                             for v in (1, 2)})  # fmt: skip
     return [TaskConfig(name=name, path=str(tmp_path), src_lang="tinyen", tokenizer="bpe", bpe_vocab_size=60,
-                       max_tokens=2, max_examples=20, n_valid=4, n_test=4)]  # fmt: skip
-
-
-def bible_genre(name: str, tmp_path, monkeypatch) -> list[TaskConfig]:
-    """One module of a tiny SWORD library: Genesis 1-11 (law), chapter 11 test text."""
-    pytest.importorskip("pysword")
-    write_module(tmp_path, "tinyen", "en", {("Genesis", c, v): f"en {c} {v} ." for c in range(1, 12)
-                                            for v in (1, 2)})  # fmt: skip
-    return [TaskConfig(name=name, path=str(tmp_path), src_lang="tinyen", tokenizer="bpe", bpe_vocab_size=60,
-                       max_tokens=6, max_examples=20, n_valid=4, n_test=4)]  # fmt: skip
+                       max_tokens=max_tokens, max_examples=20, n_valid=4, n_test=4)]  # fmt: skip
 
 
 # Each task -> the configurations that drive its builder down every branch that reads a key; a task added to
 # TASKS fails below until it has its entry.
 CASES = {"copy": generated, "reverse": generated, "sort": generated, "addition": generated,
          "recall": generated, "cues": generated, "synth_mt": generated, "scan": scan, "parallel": parallel,
-         "bible": bible, "bible_genre": bible_genre, "bible_lm": bible_lm}  # fmt: skip
+         "bible": bible, "bible_lm": one_bible,
+         "bible_genre": lambda *case: one_bible(*case, max_tokens=6)}  # a verse of 4 words  # fmt: skip
 
 
 @pytest.mark.parametrize("name", TASKS)
@@ -146,6 +138,11 @@ CONFIGURED = [(name, kind) for name, task in TASKS.items()
               for kind in (TOKENIZERS if "tokenizer" in task.reads else [None])]  # fmt: skip
 
 
+def model(task: str) -> dict:
+    """The model keys a task can run with: a classifier for a task whose target is one label."""
+    return {"arch": "classifier"} if TASKS[task].labelled else {}
+
+
 def problems(path, sets: dict | None = None) -> list[str]:
     """The study's problems (with `ablate sweep --set` keys): none when it loads."""
     try:
@@ -165,7 +162,7 @@ def test_a_task_key_is_refused_where_it_is_set_when_its_task_ignores_it(name, to
     where = {"variants": "variants.a", "fixed": "fixed", "base": "base"}[block]
     for key in TaskConfig.model_fields.keys() - chosen.keys() - {"plugin"}:  # plug-ins' settings: test_plugins
         setting = {k: VALUES[k] for k in (key, TOGETHER.get(key)) if k}
-        tree = {"name": "keys", "base": {"task": dict(chosen)}, "variants": {"a": {}}}
+        tree = {"name": "keys", "base": {"task": dict(chosen), "model": model(name)}, "variants": {"a": {}}}
         if block == "base":
             tree["base"]["task"].update(setting)
         else:
@@ -176,7 +173,7 @@ def test_a_task_key_is_refused_where_it_is_set_when_its_task_ignores_it(name, to
         refused = sorted(k for k in setting if k not in reads)
         lines = [line.partition(" (")[0] for line in problems(path)]
         assert lines == [f"{path}: {where}.task.{k}: has no effect" for k in refused], key
-        train = {"task": {**chosen, **setting}}  # `ablate train` and ablate.train
+        train = {"task": {**chosen, **setting}, "model": model(name)}  # `ablate train` and ablate.train
         if refused:
             with pytest.raises(ConfigError) as e:
                 config_from_tree(train, {})
@@ -235,7 +232,8 @@ def data_refusal(tmp_path, name: str, **task) -> list[str]:
     study = tmp_path / "s.yaml"
     study.write_text(yaml.safe_dump({
         "name": "s", "seeds": [0], "metric": {"name": "test/loss", "direction": "minimize"},
-        "base": {"preset": "transformer", "task": {"name": name, **needed, **task}}, "variants": {"a": {}},
+        "base": {"preset": "transformer", "task": {"name": name, **needed, **task}, "model": model(name)},
+        "variants": {"a": {}},
     }))  # fmt: skip
     with pytest.raises(ConfigError) as refused:
         load_study(study, read_data=True)
