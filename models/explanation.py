@@ -85,22 +85,22 @@ def permuted(model, states, weights, padding, probs, generator: torch.Generator)
     changes = []
     for _ in range(PERMUTATIONS):
         # Each row's real positions in a random order, padding kept last: sort random keys, padding's at +inf.
-        keys = torch.rand(padding.shape, generator=generator, device=padding.device).masked_fill(
-            ~padding, 2.0
-        )
+        keys = torch.rand(padding.shape, generator=generator).to(padding.device).masked_fill(~padding, 2.0)
         order = keys.argsort(-1)  # (B, S)
         shuffled = weights.gather(-1, order[:, None, None].expand_as(weights))
         changes.append(tvd(model.classify(states, shuffled).float().softmax(-1), probs))
     return torch.stack(changes).median(0).values.masked_fill(lengths < 2, float("nan"))
 
 
-def adversarial(model, states, weights, padding, probs) -> torch.Tensor:
+def adversarial(model, states, weights, padding, probs, generator: torch.Generator) -> torch.Tensor:
     """The largest JSD (B,) from `weights` (averaged over heads) that attention reached while the output
-    stayed within TVD_BOUND, searching each head's distribution by Adam on its logits."""
+    stayed within TVD_BOUND, searching each head's distribution by Adam on its logits from the model's own
+    plus a little noise drawn from `generator`."""
     states, weights = states.detach(), weights.detach().float()
     mask = padding[:, None, None]  # (B, 1, 1, S)
     logits = weights.clamp_min(1e-6).log().masked_fill(~mask, float("-inf"))
-    logits = logits + 0.01 * torch.randn(logits.shape, device=logits.device).masked_fill(~mask, 0.0)
+    noise = torch.randn(logits.shape, generator=generator).to(logits.device)
+    logits = logits + 0.01 * noise.masked_fill(~mask, 0.0)
     logits.requires_grad_(True)
     optimiser = torch.optim.Adam([logits], lr=ADVERSARY_LR)
     best = torch.zeros(weights.size(0), device=weights.device)
@@ -127,7 +127,8 @@ def kendall(a: np.ndarray, b: np.ndarray) -> float:
 
 def explain(model: nn.Module, src: torch.Tensor, seed: int = 0) -> dict[str, torch.Tensor]:
     """{'importance': (B, S)} for any classifier; with attention pooling also each of MEASURES, (B,). seed:
-    the permutations' generator."""
+    the generator of the permutations and the adversary's start, so that the measures depend on the model
+    and the texts alone (not on the global generator, which differs between a seed trained alone and fused)."""
     with torch.no_grad():
         states, padding, _, _ = model.encode(src)
         weights = model.pool_weights(states, padding)
@@ -137,11 +138,11 @@ def explain(model: nn.Module, src: torch.Tensor, seed: int = 0) -> dict[str, tor
     out = {"importance": importance}
     if model.cfg.pooling != "attention":
         return out
+    generator = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on every device
     with torch.no_grad():
-        generator = torch.Generator(device=src.device).manual_seed(seed)
         out["perm_tvd"] = permuted(model, states, weights, padding, probs, generator)
         loo = leave_one_out(model, src, probs)
-    out["adv_jsd"] = adversarial(model, states, weights, padding, probs)
+    out["adv_jsd"] = adversarial(model, states, weights, padding, probs, generator)
     attention = weights.float().mean(1)[:, 0].cpu().numpy()  # (B, S)
     lengths = padding.sum(1).tolist()
     for name, other in (("tau_grad", importance), ("tau_loo", loo)):

@@ -47,8 +47,14 @@ TRAIN = {"batch_size": 32, "lr": 0.01, "max_steps": 40, "val_every": 4, "grad_cl
 TOL = 1e-5
 
 
+# A classifier's task: texts of cues whose label it pools attention for (its explanation measures too).
+CUES = {"name": "cues", "min_len": 3, "max_len": 7, "test_max_len": 9, "vocab_size": 10, "n_train": 400,
+        "n_valid": 64, "n_test": 64}  # fmt: skip
+
+
 def config(seed: int, preset: str, **train):
-    return build_config({"preset": preset, "task": TASK, "model": MODEL, "train": {**TRAIN, **train},
+    task = CUES if preset.startswith("classifier") else TASK
+    return build_config({"preset": preset, "task": task, "model": MODEL, "train": {**TRAIN, **train},
                          "seed": seed})  # fmt: skip
 
 
@@ -67,7 +73,10 @@ def after_step(monkeypatch, step: int, then) -> None:
 def assert_same_trial(fused, alone) -> None:
     assert set(fused.metrics) == set(alone.metrics)
     for name, value in alone.metrics.items():
-        assert fused.metrics[name] == pytest.approx(value, rel=TOL, abs=TOL), name
+        # The adversary keeps the farthest of its iterates within a hard bound on the output: weights equal
+        # to 1e-6 can put one iterate on the other side of it, a step of about 1e-4 in the mean.
+        tol = 1e-3 if name.endswith("/adv_jsd") else TOL
+        assert fused.metrics[name] == pytest.approx(value, rel=tol, abs=tol), name
     assert [row["step"] for row in fused.history] == [row["step"] for row in alone.history]
     for fused_row, alone_row in zip(fused.history, alone.history):
         assert fused_row == pytest.approx(alone_row, rel=TOL, abs=TOL)
@@ -76,7 +85,7 @@ def assert_same_trial(fused, alone) -> None:
     assert len(fused.attention) == len(alone.attention)
 
 
-@pytest.mark.parametrize("preset", ["transformer", "lstm"])
+@pytest.mark.parametrize("preset", ["transformer", "lstm", "classifier-additive"])
 def test_each_fused_seed_gets_the_numbers_it_gets_alone(preset, tmp_path):
     alone = [run_trial(config(seed, preset)) for seed in SEEDS]
     fused = run_fused([Member(config(seed, preset), tmp_path / str(seed)) for seed in SEEDS])
