@@ -47,33 +47,47 @@ def labels_one(sample: AttentionSample) -> bool:
     return len(sample.tgt_out) == 1
 
 
+def wrap(tokens: list[str]) -> list[list[int]]:
+    """The tokens' indices line by line, at most LINE_CHARS characters (and spaces) to a line."""
+    lines, used = [[]], 0
+    for i, token in enumerate(tokens):
+        if used and used + len(token) + 1 > LINE_CHARS:
+            lines.append([])
+            used = 0
+        lines[-1].append(i)
+        used += len(token) + 1
+    return lines
+
+
 def shade(ax, sample: AttentionSample, title: str) -> None:
     """The lecture's figure of a classifier's text: each token on a background as dark as its weight (over
     the text's largest), a block per measure of SHADES the probe has, the gold rationale's tokens underlined
-    in red."""
+    in red. Lines are spaced to fill the panel, so a long text stays whole."""
     ax.axis("off")
-    ax.set_xlim(0, 1)
     rationale = {int(s) for s, _ in sample.alignment}
-    y, step = 1.0, 0.075
-    for kind, name in SHADES.items():
-        row = last_layer(sample, kind)
-        if row is None or not np.isfinite(row).all():
-            continue
-        weights = row[0] / max(float(row[0].max()), 1e-12)
-        ax.text(0.0, y, f"{name} (largest {float(row[0].max()):.2f})", fontsize=7, style="italic", va="top")
-        y, used = y - step, 0
-        for i, token in enumerate(sample.src):
-            if used and used + len(token) + 1 > LINE_CHARS:
-                y, used = y - step, 0
-            x = used / LINE_CHARS
-            ax.text(x, y, token, fontsize=7, va="top", family="monospace",
-                    bbox={"facecolor": SHADE(float(weights[i])), "edgecolor": "none", "pad": 1.0},
-                    color="white" if weights[i] > 0.6 else "black")  # fmt: skip
-            if i in rationale:
-                ax.plot([x, x + len(token) / LINE_CHARS], [y - 0.05, y - 0.05], color="red", lw=1.0)
-            used += len(token) + 1
-        y -= 1.5 * step
-    ax.set_ylim(min(y, 0.0), 1.02)
+    rows = {name: last_layer(sample, kind) for kind, name in SHADES.items()}
+    rows = {name: row[0] for name, row in rows.items() if row is not None and np.isfinite(row).all()}
+    lines = wrap(sample.src)
+    step = 1.0 / (len(rows) * (len(lines) + 2) + 1)  # a heading, the lines and a gap per block
+    y = 1.0
+    for name, weights in rows.items():
+        largest = max(float(weights.max()), 1e-12)
+        ax.text(0.0, y, f"{name} (largest {largest:.2f})", fontsize=7, style="italic", va="top")
+        for line in lines:
+            y -= step
+            x = 0.0
+            for i in line:
+                token = sample.src[i]
+                shade_of = float(weights[i]) / largest
+                ax.text(x, y, token, fontsize=7, va="top", family="monospace",
+                        bbox={"facecolor": SHADE(shade_of), "edgecolor": "none", "pad": 1.0},
+                        color="white" if shade_of > 0.6 else "black")  # fmt: skip
+                if i in rationale:
+                    ax.plot([x, x + len(token) / LINE_CHARS], [y - 0.6 * step] * 2, color="red", lw=1.0)
+                x += (len(token) + 1) / LINE_CHARS
+        y -= 2 * step
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
     ax.set_title(f"{title}: {' '.join(sample.tgt_out)}", fontsize=8)
 
 
