@@ -53,8 +53,10 @@ class Family:
     # Whether its decoder attends over the source, giving weights['cross'] for the alignment metrics.
     cross_attends: Callable[[ModelConfig], bool] = lambda cfg: False
     fuses: bool = True  # K seeds train as one model (ensemble=K); else each seed trains alone
-    # Why its training step cannot compile whole (models/steps.py), or None.
+    # Why its training step cannot compile whole (models/steps.py), or None; for the configurations
+    # `eager_when` picks (all by default).
     eager: str | None = "a plug-in family's step is compiled only where its Family says so (eager=None)"
+    eager_when: Callable[[ModelConfig], bool] = lambda cfg: True
     # Its output is one label, the same at every target position (a task whose targets are one label,
     # schema/tasks.py Task.labelled): decoding emits one token, and the test pass adds the explanation
     # measures of models/explanation.py.
@@ -76,8 +78,9 @@ FAMILIES = {
         "ablate.models.classifier:Classifier",
         (*CLASSIFIER_KEYS, *dict.fromkeys(k for keys in CLASSIFIER_READS.values() for k in keys)),
         cross_attends=lambda cfg: cfg.pooling in ("attention", "uniform"),
-        eager="its step is not yet checked to compile whole with every encoder (an LSTM encoder packs each "
-        "batch by lengths read on the host)",
+        eager="with model.encoder lstm, the encoder packs each batch (pack_padded_sequence) by lengths read on "
+        "the host, which dynamo does not trace",
+        eager_when=lambda cfg: cfg.encoder == "lstm",
         classifies=True,
     ),
 }

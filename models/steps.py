@@ -45,7 +45,8 @@ AUTO_COMPILES_ON = ("cuda",)
 
 def why_eager(cfg: ModelConfig) -> str | None:
     """Why this model's training step cannot compile whole, or None."""
-    if FAMILIES[cfg.arch].eager:
+    family = FAMILIES[cfg.arch]
+    if family.eager and family.eager_when(cfg):
         return EAGER_PARTS[f"model.arch: {cfg.arch}"]
     if cfg.dropout > 0:
         return EAGER_PARTS["model.dropout > 0"]

@@ -42,7 +42,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 # Every switch under -m slow (about two minutes); these in the default run, one of each kind of code path.
 DEFAULT = {"transformer-pos_encoding=rope", "transformer-pos_encoding=t5", "transformer-pos_encoding=alibi",
            "transformer-score=cosine", "transformer-norm=rms_pre", "transformer-key_dim=3",
-           "transformer-residual=False", "lstm-attention=additive"}  # fmt: skip
+           "transformer-residual=False", "lstm-attention=additive", "classifier-encoder=lstm-pooling=attention",
+           "classifier-encoder=transformer-pooling=attention", "classifier-encoder=embedding-pooling=max"}  # fmt: skip
 FUSED_DEFAULT = {"transformer-pos_encoding=t5", "transformer-key_dim=3", "transformer-residual=False"}
 
 
@@ -90,7 +91,7 @@ def test_every_switch_trains_compiled_whole_or_is_listed_with_its_reason(case, b
     reason = why_eager(cfg)
     step = torch.compile(training_loss, fullgraph=True, backend=steps_module.BACKEND)
     if reason is not None:  # the listing is true: this model does not trace whole
-        assert reason == EAGER_PARTS["model.arch: lstm"]
+        assert reason == EAGER_PARTS[f"model.arch: {cfg.arch}"]
         with pytest.raises(torch._dynamo.exc.Unsupported):
             step(model, padded["src"], padded["tgt_in"], padded["tgt_out"], 0.1)
         return
