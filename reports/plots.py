@@ -11,10 +11,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.cm import ScalarMappable  # noqa: E402
+from matplotlib.colors import Normalize  # noqa: E402
 
 from ablate.analysis.stats import examples, mean_ci, mean_table, pareto_front  # noqa: E402
 from ablate.harness.artifacts import AttentionSample  # noqa: E402
-from ablate.harness.attention_maps import cross_attention, draw, probe_aer  # noqa: E402
+from ablate.harness.attention_maps import SHADE, cross_attention, draw, probe_aer  # noqa: E402
 from ablate.harness.metrics import BLEU_BUCKET, BLEU_BUCKET_SENTENCES, length_buckets  # noqa: E402
 from ablate.harness.metrics import bleu_by_length as bucket_bleu  # noqa: E402
 from ablate.schema.metric_registry import MetricRange, metric_range  # noqa: E402
@@ -243,12 +245,15 @@ def attention_maps(samples: dict[str, list[AttentionSample]]) -> plt.Figure | No
             draw(ax, sample, "cross", title)
         for ax in row[len(ss) :]:
             ax.axis("off")
-    # Every panel shares draw's 0-1 colour scale: one bar reads them all.
-    fig.colorbar(
-        axes[0][0].images[0], ax=axes, shrink=min(1.0, 0.9 / len(samples) + 0.3), label="attention weight"
-    )
-    fig.supxlabel("source", fontsize=9)
-    fig.supylabel("target (predicted token)", fontsize=9)
+    # Every heatmap shares draw's 0-1 colour scale: one bar reads them all. A classifier's panels are its
+    # text shaded by each weight over the text's largest, on SHADE's scale.
+    images = [image for ax in axes.flat for image in ax.images]
+    scale = images[0] if images else ScalarMappable(Normalize(0.0, 1.0), SHADE)
+    label = "attention weight" if images else "weight over the text's largest"
+    fig.colorbar(scale, ax=axes, shrink=min(1.0, 0.9 / len(samples) + 0.3), label=label)
+    if images:
+        fig.supxlabel("source", fontsize=9)
+        fig.supylabel("target (predicted token)", fontsize=9)
     return fig
 
 

@@ -164,11 +164,16 @@ def figures(
         "2015, Fig. 2), mean over seeds with 95% CI, one point per seed; shaded: sources longer than any "
         "training pair. The axis ends above the highest interval, not at 100.",
     )
+    probes = attention_samples(data, summary)
+    shaded = any(attention_maps.labels_one(s) for samples in probes.values() for s in samples)
     made["attention"] = (
-        plots.attention_maps(attention_samples(data, summary)),
+        plots.attention_maps(probes),
+        "Probe texts of the baseline and the best variants, each token shaded by the classifier's attention "
+        "pooling and by its gradient importance (each over the text's largest); red underlines: the gold "
+        "rationale; AER of the attention argmax in each title." if shaded else
         "Cross-attention of probe examples (last layer, heads averaged) for the baseline and the best "
         "variants; red squares: gold alignment; AER of the attention argmax in each title.",
-    )
+    )  # fmt: skip
     made["quality_vs_cost"] = (
         plots.quality_vs_cost(summary, df, metric, maximize),
         "Quality against cost per variant (mean, 95% CI; light points: single trials); the line joins "
