@@ -143,10 +143,11 @@ def test_synth_mt_needs_five_words():
 def test_registry_is_the_list_of_task_names_the_config_accepts(monkeypatch):
     for name, task in TASKS.items():
         needed = {key: 8 for key in task.needs}  # every key a task needs so far is a length
-        assert build_config({"task": {"name": name, **needed}}).task.name == name
+        model = {"arch": "classifier"} if task.labelled else {}  # a label is a classifier's target
+        assert build_config({"task": {"name": name, **needed}, "model": model}).task.name == name
         for key in task.needs:
             with pytest.raises(ConfigError, match=rf"^task.{key}: must be set for task {name}$"):
-                build_config({"task": {"name": name}})
+                build_config({"task": {"name": name}, "model": model})
     with pytest.raises(ConfigError, match=rf"^task.name: unknown task 'juggle'; known: {', '.join(TASKS)}$"):
         build_config({"task": {"name": "juggle"}})
     monkeypatch.setitem(TASKS, "echo", TASKS["copy"])  # a task added to the registry needs nothing else
