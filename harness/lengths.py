@@ -10,6 +10,7 @@ import math
 from ablate.harness.tasks.base import TaskData
 from ablate.models.config import ModelConfig
 from ablate.models.decoding import generation_budget
+from ablate.models.kinds import FAMILIES
 from ablate.models.positional import positional_kind
 from ablate.schema.config import ExperimentConfig
 from ablate.schema.task_config import TaskConfig
@@ -18,7 +19,7 @@ from ablate.schema.tasks import TASKS, WINDOW_SPLITS
 
 def bucketed(model: ModelConfig) -> bool:
     """Whether the model reads T5's buckets of distance."""
-    return model.arch == "transformer" and positional_kind(model.pos_encoding).bucketed
+    return "pos_encoding" in model.read_keys() and positional_kind(model.pos_encoding).bucketed
 
 
 def reads_lengths(model: ModelConfig) -> bool:
@@ -61,8 +62,9 @@ def t5_problem(cfg: ExperimentConfig, data: TaskData) -> tuple[str, str] | None:
         return 1 + max((len(getattr(ex, side)) for split in splits for ex in data.splits[split]), default=0)
 
     tested = [split for split in data.splits if split != "train"]
-    stacks = [("sources", "src", True)] if model.cross_attention else []
-    if model.decoder_self_attention:
+    classifies = FAMILIES[model.arch].classifies  # an encoder stack alone
+    stacks = [("sources", "src", True)] if model.cross_attention or classifies else []
+    if model.decoder_self_attention and not classifies:
         stacks.append(("targets", "tgt", not model.causal_mask))
     for what, side, bidirectional in stacks:
         trained, reach = longest(side, ["train"]), longest(side, tested)

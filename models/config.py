@@ -169,6 +169,9 @@ class ModelConfig(BaseModel):
         ignored = {key: f"{family} setting; model.arch is {self.arch}" for key, family in owner.items()
                    if key not in FAMILIES[self.arch].reads}  # fmt: skip
         if self.arch == "classifier":
+            ignored["tie_embeddings"] = "ties a decoder's embeddings to its output layer; a classifier has none"
+            if self.encoder == "embedding":
+                ignored["layers"] = "stacks an encoder's layers; model.encoder is embedding (one layer, no context)"
             for part, keys in CLASSIFIER_READS.items():
                 switch, value = ("pooling", self.pooling) if part == "attention" else ("encoder", self.encoder)
                 why = f"acts only with a classifier's {part} {switch}; model.{switch} is {value}"
@@ -233,13 +236,17 @@ class ModelConfig(BaseModel):
     def position_limits(self) -> tuple[int | None, int | None]:
         """The most source and target positions the model can place; None where any length works
         (learned positions stop at max_positions on both sides, location attention on the source), for
-        the keys it reads."""
+        the keys it reads. A classifier places no target positions: it emits one label."""
         reads = self.read_keys()
+        limits = []
         if "pos_encoding" in reads:
-            limit = positional_kind(self.pos_encoding).max_length(self.max_positions)
-            return limit, limit
+            limits.append(positional_kind(self.pos_encoding).max_length(self.max_positions))
         score = SCORES.get(self.attention) if "attention" in reads else None
-        return (score.max_length(self.max_positions) if score else None), None
+        if score is not None:
+            limits.append(score.max_length(self.max_positions))
+        source = min((limit for limit in limits if limit is not None), default=None)
+        decodes_positions = "pos_encoding" in reads and not FAMILIES[self.arch].classifies
+        return source, (source if decodes_positions else None)
 
 
 # An LSTM's switches that act only with attention.

@@ -17,10 +17,16 @@ token has none (NaN). The model is not changed: no parameter gets a gradient, an
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import torch
+import torch.nn.functional as F
 from scipy.stats import kendalltau
 from torch import nn
+
+from ablate.models.decoding import next_token_log_probs
+from ablate.models.sequences import BOS_ID
 
 PERMUTATIONS = 20
 ADVERSARY_STEPS = 50
@@ -54,7 +60,8 @@ def gradient_importance(model: nn.Module, src: torch.Tensor) -> torch.Tensor:
         # cuDNN's RNN has no backward in eval mode; the native kernel computes the same
         with torch.enable_grad(), torch.backends.cudnn.flags(enabled=False):
             probs = model.logits(src)[0].float().softmax(-1)
-            (grad,) = torch.autograd.grad(probs.max(-1).values.sum(), captured[0])
+            label = next_token_log_probs(probs.detach().log(), model.pad_id, BOS_ID).argmax(-1)  # as decoded
+            (grad,) = torch.autograd.grad(probs.gather(1, label[:, None]).sum(), captured[0])
     finally:
         hook.remove()
     scores = (grad * captured[0]).sum(-1).abs().detach().float() * (src != model.pad_id)
@@ -79,27 +86,40 @@ def leave_one_out(model: nn.Module, src: torch.Tensor, probs: torch.Tensor) -> t
     return out.view(b, s)
 
 
-def permuted(model, states, weights, padding, probs, generator: torch.Generator) -> torch.Tensor:
-    """The median TVD (B,) of the output under PERMUTATIONS shuffles of each text's weights among its tokens."""
-    lengths = padding.sum(1)
+def text_draws(src: torch.Tensor, pad_id: int, shape: tuple[int, ...], normal: bool = False) -> torch.Tensor:
+    """Random numbers (B, *shape, S) drawn for each text from a generator seeded by its own tokens, on the CPU:
+    the same for a text whatever its batch, its row, its padding or the device. A text's entries past its
+    length are padding's (not drawn)."""
+    rows = []
+    for text in src.cpu():
+        real = text[text != pad_id]
+        g = torch.Generator().manual_seed(zlib.crc32(real.numpy().astype(np.int64).tobytes()))
+        draw = torch.randn if normal else torch.rand
+        rows.append(F.pad(draw(*shape, len(real), generator=g), (0, src.size(1) - len(real))))
+    return torch.stack(rows).to(src.device)
+
+
+def permuted(model, src, states, weights, padding, probs) -> torch.Tensor:
+    """The median TVD (B,) of the output under PERMUTATIONS shuffles of each text's weights among its tokens
+    (the midpoint of the middle two: the shuffles are even in number)."""
+    # Each row's real positions in a random order, padding kept last: sort random keys, padding's above 1.
+    keys = text_draws(src, model.pad_id, (PERMUTATIONS,)).masked_fill(~padding[:, None], 2.0)  # (B, P, S)
     changes = []
-    for _ in range(PERMUTATIONS):
-        # Each row's real positions in a random order, padding kept last: sort random keys, padding's at +inf.
-        keys = torch.rand(padding.shape, generator=generator).to(padding.device).masked_fill(~padding, 2.0)
-        order = keys.argsort(-1)  # (B, S)
+    for order in keys.argsort(-1).unbind(1):  # (B, S) each
         shuffled = weights.gather(-1, order[:, None, None].expand_as(weights))
         changes.append(tvd(model.classify(states, shuffled).float().softmax(-1), probs))
-    return torch.stack(changes).median(0).values.masked_fill(lengths < 2, float("nan"))
+    median = torch.quantile(torch.stack(changes), 0.5, dim=0)
+    return median.masked_fill(padding.sum(1) < 2, float("nan"))
 
 
-def adversarial(model, states, weights, padding, probs, generator: torch.Generator) -> torch.Tensor:
+def adversarial(model, src, states, weights, padding, probs) -> torch.Tensor:
     """The largest JSD (B,) from `weights` (averaged over heads) that attention reached while the output
     stayed within TVD_BOUND, searching each head's distribution by Adam on its logits from the model's own
-    plus a little noise drawn from `generator`."""
+    plus a little noise drawn for each text (text_draws)."""
     states, weights = states.detach(), weights.detach().float()
     mask = padding[:, None, None]  # (B, 1, 1, S)
     logits = weights.clamp_min(1e-6).log().masked_fill(~mask, float("-inf"))
-    noise = torch.randn(logits.shape, generator=generator).to(logits.device)
+    noise = text_draws(src, model.pad_id, (weights.size(1), 1), normal=True)  # (B, H, 1, S)
     logits = logits + 0.01 * noise.masked_fill(~mask, 0.0)
     logits.requires_grad_(True)
     optimiser = torch.optim.Adam([logits], lr=ADVERSARY_LR)
@@ -125,10 +145,11 @@ def kendall(a: np.ndarray, b: np.ndarray) -> float:
     return float(kendalltau(a, b).statistic)
 
 
-def explain(model: nn.Module, src: torch.Tensor, seed: int = 0) -> dict[str, torch.Tensor]:
-    """{'importance': (B, S)} for any classifier; with attention pooling also each of MEASURES, (B,). seed:
-    the generator of the permutations and the adversary's start, so that the measures depend on the model
-    and the texts alone (not on the global generator, which differs between a seed trained alone and fused)."""
+def explain(model: nn.Module, src: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{'importance': (B, S)} for any classifier; with attention pooling also each of MEASURES, (B,). The
+    shuffles and the adversary's start are drawn per text from its tokens (text_draws), so that the measures
+    depend on the model and the texts alone: not on the global generator (which differs between a seed
+    trained alone and fused), nor on a text's batch."""
     with torch.no_grad():
         states, padding, _, _ = model.encode(src)
         weights = model.pool_weights(states, padding)
@@ -138,11 +159,10 @@ def explain(model: nn.Module, src: torch.Tensor, seed: int = 0) -> dict[str, tor
     out = {"importance": importance}
     if model.cfg.pooling != "attention":
         return out
-    generator = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on every device
     with torch.no_grad():
-        out["perm_tvd"] = permuted(model, states, weights, padding, probs, generator)
+        out["perm_tvd"] = permuted(model, src, states, weights, padding, probs)
         loo = leave_one_out(model, src, probs)
-    out["adv_jsd"] = adversarial(model, states, weights, padding, probs, generator)
+    out["adv_jsd"] = adversarial(model, src, states, weights, padding, probs)
     attention = weights.float().mean(1)[:, 0].cpu().numpy()  # (B, S)
     lengths = padding.sum(1).tolist()
     for name, other in (("tau_grad", importance), ("tau_loo", loo)):

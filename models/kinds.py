@@ -59,7 +59,10 @@ class Family:
     eager_when: Callable[[ModelConfig], bool] = lambda cfg: True
     # Its output is one label, the same at every target position (a task whose targets are one label,
     # schema/tasks.py Task.labelled): decoding emits one token, and the test pass adds the explanation
-    # measures of models/explanation.py.
+    # measures of models/explanation.py, which read what models/classifier.py's Classifier has beyond the
+    # interface above: pad_id, cfg.pooling, `embedding` (the source embedding module), encode(src) ->
+    # (states, padding, last, encoder weights), pool_weights(states, padding), classify(states, weights)
+    # and logits(src).
     classifies: bool = False
 
 

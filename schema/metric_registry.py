@@ -83,7 +83,7 @@ METRICS = {m.name: m for m in (
     Metric("grad_growth", MetricRange(0.0), "minimize", "ratio", computed_by="initialisation",
            reported_for="feed-forwards"),
     Metric("attn_entropy", PROPORTION, computed_by="initialisation", reported_for="attending"),
-    # Classification: the mean over labels of each label's F1 (a label never predicted nor true counts 0).
+    # Classification: the mean of each label's F1 over the labels that are true or predicted in the split.
     Metric("macro_f1", PROPORTION, computed_by="evaluation", reported_for="labelled tasks"),
     # Whether attention explains (models/explanation.py), means over the explained test examples: Kendall's
     # tau of attention against gradient and leave-one-out importance; the output's change (TVD) when the

@@ -155,7 +155,7 @@ def test_gradient_importance_is_gradient_times_input_by_finite_differences(tiny)
     importance = gradient_importance(model, src)
     eps, lengths = 1e-5, [5, 3]
     for row, length in enumerate(lengths):
-        label = int(model.logits(src)[0][row].argmax())
+        label = 2 + int(model.logits(src)[0][row, 2:].argmax())  # as decoded: never PAD (0) or BOS (1)
 
         def y(t: int, scale: float, row: int = row, label: int = label) -> float:
             at = (torch.tensor([row]), torch.tensor([t]))
@@ -189,24 +189,35 @@ def test_leave_one_out_against_each_text_rebuilt_without_its_token(tiny):
 
 
 def test_permutation_is_the_median_change_over_shuffles_of_the_weights_among_real_tokens(tiny):
+    """A text of two tokens has two orders, its own (no change) and the swap: over 20 shuffles the median is
+    0, the swap's change, or their midpoint when as many shuffles fall each way; every other text's lies
+    within the changes of its orders."""
     model, src = tiny
+    src = torch.cat([src, torch.tensor([[11, 2, 0, 0, 0]])])
     states, padding, _, _ = model.encode(src)
     weights = model.pool_weights(states, padding)
     probs = model.classify(states, weights).softmax(-1)
-    measured = permuted(model, states, weights, padding, probs, torch.Generator().manual_seed(7))
-    # By hand: every distinct order of the 3-token text's weights, and where the median must fall.
-    row, length = 1, 3
-    changes = []
-    for order in itertools.permutations(range(length)):
-        shuffled = weights.clone()
-        shuffled[row, :, :, :length] = weights[row, :, :, list(order)]
-        changes.append(float(tvd(model.classify(states, shuffled).softmax(-1)[row], probs[row])))
-    assert min(changes) <= float(measured[row]) <= max(changes)
-    assert any(abs(float(measured[row]) - c) < 1e-6 for c in changes)
+    measured = permuted(model, src, states, weights, padding, probs)
+    for row, length in enumerate([5, 3, 2]):
+        changes = []
+        for order in itertools.permutations(range(length)):
+            shuffled = weights.clone()
+            shuffled[row, :, :, :length] = weights[row, :, :, list(order)]
+            changes.append(float(tvd(model.classify(states, shuffled).softmax(-1)[row], probs[row])))
+        assert min(changes) - 1e-7 <= float(measured[row]) <= max(changes) + 1e-7
+    swap = max(changes)
+    assert swap > 1e-4 and any(abs(float(measured[2]) - c) < 1e-7 for c in (0.0, swap / 2, swap))
+    # The same text alone, or padded wider, or beside others, draws the same shuffles.
+    for row in range(3):
+        alone = src[row : row + 1, : int(padding[row].sum())]
+        s1, p1, _, _ = model.encode(alone)
+        w1 = model.pool_weights(s1, p1)
+        again = permuted(model, alone, s1, w1, p1, model.classify(s1, w1).softmax(-1))
+        assert float(again[0]) == pytest.approx(float(measured[row]), abs=1e-6)
     # A classifier whose states are all alike cannot be moved by any order of its weights.
     same = states[:, :1].expand_as(states).contiguous()
-    assert torch.allclose(permuted(model, same, weights, padding, model.classify(same, weights).softmax(-1),
-                                   torch.Generator().manual_seed(7)), torch.zeros(2), atol=1e-6)  # fmt: skip
+    still = permuted(model, src, same, weights, padding, model.classify(same, weights).softmax(-1))
+    assert torch.allclose(still, torch.zeros(3), atol=1e-6)
 
 
 def test_an_adversary_reaches_the_largest_divergence_where_attention_cannot_move_the_output(tiny):
@@ -218,7 +229,7 @@ def test_an_adversary_reaches_the_largest_divergence_where_attention_cannot_move
     weights = model.pool_weights(states, padding)
     same = states[:, :1].expand_as(states).contiguous()
     probs = model.classify(same, weights).softmax(-1)
-    reached = adversarial(model, same, weights, padding, probs, torch.Generator().manual_seed(0))
+    reached = adversarial(model, src, same, weights, padding, probs)
     for row, length in enumerate([5, 3]):
         a = weights[row, :, 0, :length].mean(0)
         bound = max(float(jsd(a, torch.eye(length)[i])) for i in range(length))
@@ -235,17 +246,23 @@ def test_an_adversary_reaches_the_largest_divergence_where_attention_cannot_move
         torch.full((1, 1, 1, 3), 1 / 3),
     )
     probs = steep.classify(states, even).softmax(-1)
-    moved = adversarial(steep, states, even, padding, probs, torch.Generator().manual_seed(0))
+    moved = adversarial(steep, torch.tensor([[5, 6, 2]]), states, even, padding, probs)
     assert float(moved[0]) < 0.01
 
 
 def test_explain_reports_every_measure_for_attention_pooling_and_importance_for_any(tiny):
     model, src = tiny
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    found = explain(model, src)
+    rng = torch.get_rng_state()
+    found = explain(model.train(), src)  # dropout 0: the mode is what is kept, not what is measured
     assert set(found) == {"importance", "tau_grad", "tau_loo", "perm_tvd", "adv_jsd"}
     assert all(p.grad is None and torch.equal(p, before[name]) for name, p in model.named_parameters())
-    assert not model.training
+    assert model.training and torch.equal(torch.get_rng_state(), rng)
+    model.eval()
+    # A text's measures are its own, whatever batch it comes in.
+    alone = explain(model, src[1:, :3])
+    for name in ("tau_grad", "tau_loo", "perm_tvd", "adv_jsd"):
+        assert float(alone[name][0]) == pytest.approx(float(found[name][1]), abs=1e-5), name
     for pooling in ("uniform", "max"):
         other = build_model(classifier(pooling=pooling), 20, 6).eval()
         assert set(explain(other, src)) == {"importance"}
@@ -293,3 +310,36 @@ def test_a_classifier_is_refused_where_it_cannot_run():
     with pytest.raises(ConfigError, match=r"^task.name: cues's target is one label, which model.arch lstm "):
         load_config(None, "lstm-bahdanau", ["task.name=cues"])
     assert isinstance(build_model(classifier(), 9, 4), nn.Module)
+
+
+def test_a_classifier_places_source_positions_alone_and_each_bound_counts():
+    """It decodes one label: no target positions, so a task's decoding budget does not bound it; location
+    attention's table bounds the source beside learned positions; a T5 encoder's buckets are checked on the
+    source stack."""
+    from ablate.harness.lengths import position_problem
+
+    location = classifier(encoder="transformer", pooling="attention", attention="location", max_positions=8)
+    assert location.position_limits == (8, None) and "max_positions" not in location.ignored_keys()
+    learned = classifier(encoder="transformer", pos_encoding="learned", max_positions=42)
+    assert learned.position_limits == (42, None)
+    task = {"name": "cues", "vocab_size": 10, "min_len": 4, "max_len": 8, "test_max_len": 40, "n_train": 40,
+            "n_valid": 8, "n_test": 8}  # fmt: skip
+    for model, problem in (
+        (learned, None),
+        (learned.model_copy(update={"max_positions": 20}), "sources reach"),
+    ):
+        cfg = load_config(
+            None, None, ["model.arch=classifier", *(f"task.{k}={v}" for k, v in task.items())]
+        ).model_copy(update={"model": model})
+        found = position_problem(cfg, build_task(cfg.task, 0))
+        assert (found is None) if problem is None else problem in found[1]
+    t5 = classifier(encoder="transformer", pos_encoding="t5", t5_buckets=32, t5_max_distance=128)
+    cfg = load_config(
+        None, None, ["model.arch=classifier", *(f"task.{k}={v}" for k, v in task.items())]
+    ).model_copy(update={"model": t5})
+    assert "leaves T5 buckets" in position_problem(cfg, build_task(cfg.task, 0))[1]
+    assert "tie_embeddings" in classifier().ignored_keys()
+    assert (
+        "layers" in classifier(encoder="embedding").ignored_keys()
+        and "layers" not in classifier().ignored_keys()
+    )

@@ -242,7 +242,7 @@ CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention
            "pos_base": 100.0, "pos_init": "embedding", "t5_buckets": 8, "t5_max_distance": 9, "residual": False, "ffn": True, "norm": "pre",
            "causal_mask": False, "cross_attention": False, "decoder_self_attention": False,
            "embed_scale": False, "qkv_projections": False, "max_positions": 9, "encoder": "embedding",
-           "pooling": "max"}  # fmt: skip
+           "pooling": "max", "tie_embeddings": True, "layers": 2}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -254,9 +254,17 @@ CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention
         {"arch": "transformer", "decoder_self_attention": False},
         {"arch": "classifier", "pooling": "attention", "attention": "additive"},
         {"arch": "classifier", "encoder": "transformer", "pooling": "last"},
+        {"arch": "classifier", "encoder": "embedding", "pooling": "attention", "attention": "dot"},
     ],
-    ids=["lstm", "lstm-attention", "transformer-no-ffn-alibi", "transformer-no-decoder-self-attention",
-         "classifier-lstm-attention", "classifier-transformer-last"],  # fmt: skip
+    ids=[
+        "lstm",
+        "lstm-attention",
+        "transformer-no-ffn-alibi",
+        "transformer-no-decoder-self-attention",
+        "classifier-lstm-attention",
+        "classifier-transformer-last",
+        "classifier-embedding-attention",
+    ],  # fmt: skip
 )
 def test_a_key_the_model_ignores_changes_nothing_it_computes(model):
     cfg = ModelConfig(d_model=16, layers=1, dropout=0.0, **model)
