@@ -39,7 +39,10 @@ def test_two_workers_racing_claim_each_trial_exactly_once(tmp_path):
         start.wait()
         while waiting := study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             # Both read the same list and go for its trials in the same order: every claim is contested.
-            mine += [frozen.number for frozen in waiting if leases.claim(frozen)]
+            for frozen in waiting:
+                if leases.claim(frozen):
+                    mine.append(frozen.number)
+                time.sleep(0.001)  # the other thread runs too, even on a loaded machine (one GIL)
 
     threads = [threading.Thread(target=worker, args=(mine,)) for mine in claimed]
     for thread in threads:
