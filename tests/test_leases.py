@@ -31,26 +31,29 @@ def test_two_workers_racing_claim_each_trial_exactly_once(tmp_path):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     queued_study(url)
     claimed: list[list[int]] = [[], []]
-    start = threading.Barrier(2)
+    tried: list[list[int]] = [[], []]
+    start, read = threading.Barrier(2), threading.Barrier(2)
 
-    def worker(mine: list[int]) -> None:
+    def worker(k: int) -> None:
         storage = open_storage(url, create_dir=False)  # each its own connection, as another process has
         leases, study = Leases(storage), optuna.load_study(study_name="race", storage=storage)
         start.wait()
-        while waiting := study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            # Both read the same list and go for its trials in the same order: every claim is contested.
+        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        read.wait()  # both hold the whole list before either claims: every claim is contested
+        while waiting:
             for frozen in waiting:
+                tried[k].append(frozen.number)
                 if leases.claim(frozen):
-                    mine.append(frozen.number)
-                time.sleep(0.001)  # the other thread runs too, even on a loaded machine (one GIL)
+                    claimed[k].append(frozen.number)
+            waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
 
-    threads = [threading.Thread(target=worker, args=(mine,)) for mine in claimed]
+    threads = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
     assert sorted(claimed[0] + claimed[1]) == list(range(TRIALS))  # none twice, none left
-    assert claimed[0] and claimed[1]  # they did race
+    assert sorted(tried[0]) == sorted(tried[1]) == list(range(TRIALS))  # they did race, for every trial
 
 
 def test_a_released_trial_is_claimable_again_by_the_other_worker(tmp_path):
