@@ -188,7 +188,11 @@ class AttentionSample:
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     alignment: np.ndarray = field(
         default_factory=lambda: np.zeros((0, 2), dtype=np.int64)
-    )  # (src, tgt) pairs
+    )  # (src, tgt) pairs: the sure gold links
+    possible: np.ndarray = field(
+        default_factory=lambda: np.zeros((0, 2), dtype=np.int64)
+    )  # (src, tgt) pairs: the possible ones beside them (Example.possible)
+    image: bool = False  # its source is an image's pixels column by column (schema/tasks.py Task.image)
 
     def axes(self, kind: str) -> tuple[list[str], list[str]]:
         """Row and column labels of a weight matrix of `kind`."""
@@ -199,15 +203,17 @@ class AttentionSample:
         arrays = {f"weights_{kind}": w for kind, w in self.weights.items()}
         np.savez_compressed(
             path, split=np.array(self.split), src=np.array(self.src), tgt_in=np.array(self.tgt_in),
-            tgt_out=np.array(self.tgt_out), alignment=self.alignment, **arrays,
+            tgt_out=np.array(self.tgt_out), alignment=self.alignment, possible=self.possible,
+            image=np.array(self.image), **arrays,
         )  # fmt: skip
 
     @classmethod
     def load(cls, path: str | Path) -> AttentionSample:
         with np.load(path, allow_pickle=False) as f:
             weights = {key.removeprefix("weights_"): f[key] for key in f.files if key.startswith("weights_")}
+            possible = f["possible"] if "possible" in f.files else np.zeros((0, 2), dtype=np.int64)
             return cls(str(f["split"]), f["src"].tolist(), f["tgt_in"].tolist(), f["tgt_out"].tolist(),
-                       weights, f["alignment"])  # fmt: skip
+                       weights, f["alignment"], possible, "image" in f.files and bool(f["image"]))  # fmt: skip
 
 
 def write_jsonl(path: str | Path, rows: list[dict]) -> None:

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from ablate.harness.artifacts import AttentionSample
 from ablate.harness.metrics import alignment_error_rate
-from ablate.models.sequences import EOS
+from ablate.models.sequences import EOS, IMAGE_ROWS
 
 KINDS = {"cross": "cross-attention", "encoder": "encoder self-attention", "decoder": "decoder self-attention"}
 # A classifier's text shaded token by token: its attention pooling's weights, then its gradient importance.
@@ -36,10 +37,10 @@ def probe_aer(sample: AttentionSample) -> float:
     """AER of the cross-attention argmax against the probe's gold alignment, EOS rows (where targets end)
     and columns left out; NaN without a gold alignment or cross attention."""
     matrix = cross_attention(sample)
-    if matrix is None or not len(sample.alignment):
+    if matrix is None or not (len(sample.alignment) or len(sample.possible)):
         return np.nan
     sizes = [(len(sample.src) - 1, len(sample.tgt_out) - (sample.tgt_out[-1:] == [EOS]))]
-    return alignment_error_rate([matrix], [sample.alignment.tolist()], sizes)
+    return alignment_error_rate([matrix], [sample.alignment.tolist()], sizes, [sample.possible.tolist()])
 
 
 def labels_one(sample: AttentionSample) -> bool:
@@ -91,11 +92,43 @@ def shade(ax, sample: AttentionSample, title: str) -> None:
     ax.set_title(f"{title}: {' '.join(sample.tgt_out)}", fontsize=8)
 
 
+def picture(ax, sample: AttentionSample, title: str) -> None:
+    """The lecture's figure of a captioner (Xu et al. 2015's Figure 2): for each step of the caption, top to
+    bottom, its image (ink dark on white) with each pixel lit by the attention it got over the step's
+    largest, and the part of the image that step's gold links allow boxed in red."""
+    weights = cross_attention(sample)  # (T, S): EOS is the source's last token
+    levels = np.array([float(token) for token in sample.src[:-1]])
+    columns = len(levels) // IMAGE_ROWS
+    ink = 1.0 - levels.reshape(columns, IMAGE_ROWS).T / max(float(levels.max()), 1e-12)  # (rows, columns)
+    bands = []
+    for t in range(len(sample.tgt_out)):
+        lit = weights[t, : len(levels)].reshape(columns, IMAGE_ROWS).T
+        lit = (lit / max(float(lit.max()), 1e-12))[..., None]
+        band = (1 - lit) * ink[..., None].repeat(3, -1) + lit * np.asarray(SHADE(lit[..., 0]))[..., :3]
+        bands += [band, np.ones((1, columns, 3))]  # a white line between steps
+    ax.imshow(np.concatenate(bands[:-1]), aspect="equal", interpolation="nearest")
+    height = IMAGE_ROWS + 1
+    links = np.concatenate([sample.alignment, sample.possible]).reshape(-1, 2)
+    for t in np.unique(links[:, 1]):  # the box around each step's gold pixels
+        column, row = np.divmod(links[links[:, 1] == t, 0], IMAGE_ROWS)
+        ax.add_patch(Rectangle((column.min() - 0.5, t * height + row.min() - 0.5), np.ptp(column) + 1,
+                               np.ptp(row) + 1, fill=False, edgecolor="red", linewidth=1.0))  # fmt: skip
+    ax.set_yticks([t * height + IMAGE_ROWS / 2 - 0.5 for t in range(len(sample.tgt_out))], sample.tgt_out,
+                  fontsize=7)  # fmt: skip
+    ax.set_xticks([])
+    ax.grid(False)
+    ax.set_title(title, fontsize=8)
+
+
 def draw(ax, sample: AttentionSample, kind: str, title: str) -> None:
     """One heatmap of `kind` on `ax`, tokens on both axes; cross-attention marks the gold links with red
-    squares, and a classifier's (one row) is its text shaded instead (`shade`)."""
+    squares, a classifier's (one row) is its text shaded instead (`shade`), and a captioner's its image lit
+    step by step (`picture`)."""
     if kind == "cross" and labels_one(sample):
         shade(ax, sample, title)
+        return
+    if kind == "cross" and sample.image:
+        picture(ax, sample, title)
         return
     rows, cols = sample.axes(kind)
     ax.imshow(last_layer(sample, kind), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")

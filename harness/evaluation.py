@@ -88,7 +88,8 @@ class SplitPass:
         if self.cross is not None:
             sizes = [(len(ex.src), len(ex.tgt)) for ex in self.examples]
             gold = [ex.alignment for ex in self.examples]
-            metrics[f"{self.split}/aer"] = alignment_error_rate(self.cross, gold, sizes)
+            possible = [ex.possible for ex in self.examples]
+            metrics[f"{self.split}/aer"] = alignment_error_rate(self.cross, gold, sizes, possible)
             if self.classifies:
                 metrics[f"{self.split}/rationale_mass"] = rationale_mass(self.cross, gold)
         if self.labelled:

@@ -146,28 +146,34 @@ def attention_alignment(weights: Any, src_len: int | None = None, tgt_len: int |
 
 
 def alignment_error_rate(
-    attentions: Sequence[Any], gold: Sequence[Alignment], sizes: Sequence[tuple[int, int]] | None = None
+    attentions: Sequence[Any], gold: Sequence[Alignment], sizes: Sequence[tuple[int, int]] | None = None,
+    possible: Sequence[Alignment] | None = None,
 ) -> float:
-    """Corpus AER (Och & Ney 2003) of attention argmax alignments, every gold link sure: 1 - 2 |A & G| /
-    (|A| + |G|); 0 is perfect, attention that ignores the gold gives 1. attentions: per example a (T, S)
-    array or tensor (rows target, columns source positions); gold: per example (source index, target index)
-    pairs, as Example.alignment; sizes: optional (source length, target length) each (attention_alignment)."""
-    if len(attentions) != len(gold):
+    """Corpus AER (Och & Ney 2003) of attention argmax alignments A against the sure gold links S and the
+    possible ones P (S and, per example, `possible`): 1 - (|A & S| + |A & P|) / (|A| + |S|); 0 is perfect,
+    attention that ignores the gold gives 1. With no possible links beyond the sure ones it is
+    1 - 2 |A & S| / (|A| + |S|); with none sure, the share of A outside P. attentions: per example a (T, S)
+    array or tensor (rows target, columns source positions); gold, possible: per example (source index,
+    target index) pairs, as Example.alignment and Example.possible; sizes: optional (source length, target
+    length) each (attention_alignment)."""
+    possible = possible if possible is not None else [()] * len(gold)
+    if not len(attentions) == len(gold) == len(possible):
         raise ValueError(f"{len(attentions)} attention matrices for {len(gold)} gold alignments")
     hits = predicted = sure = 0
-    for i, (weights, links) in enumerate(zip(attentions, gold)):
+    for i, (weights, links, maybe) in enumerate(zip(attentions, gold, possible)):
         src_len, tgt_len = sizes[i] if sizes is not None else (None, None)
         links = {(int(s), int(t)) for s, t in links}
+        allowed = links | {(int(s), int(t)) for s, t in maybe}
         shape = np.shape(weights)
-        if any(s >= shape[1] or t >= shape[0] for s, t in links):
+        if any(s >= shape[1] or t >= shape[0] for s, t in allowed):
             raise ValueError(
                 f"example {i}: gold links outside its attention matrix of shape {tuple(shape)} (T, S)"
             )
         hard = attention_alignment(weights, src_len, tgt_len)
-        hits += len(hard & links)
+        hits += len(hard & links) + len(hard & allowed)
         predicted += len(hard)
         sure += len(links)
-    return 1 - 2 * hits / (predicted + sure) if predicted + sure else math.nan
+    return 1 - hits / (predicted + sure) if predicted + sure else math.nan
 
 
 def macro_f1(predicted: Sequence[str | None], true: Sequence[str]) -> float:

@@ -16,6 +16,7 @@ from ablate.harness.tasks.base import TaskData
 from ablate.harness.tasks.datamodule import EncodedSplit, collate
 from ablate.models.module import Seq2SeqModule
 from ablate.models.sequences import BOS, EOS
+from ablate.schema.tasks import TASKS
 
 PROBES_PER_SPLIT = {"test": 2, "test_long": 1}
 
@@ -29,11 +30,15 @@ class Probe:
     tgt_in: list[str]
     tgt_out: list[str]
     alignment: np.ndarray
+    possible: np.ndarray
+    image: bool  # its source is an image (schema/tasks.py Task.image)
 
     def sample(self, weights: dict[str, list[torch.Tensor | None]], row: int = 0) -> AttentionSample:
         """The probe's attention as float32 arrays, from a batch's weights where it is example `row`, its
         padding rows and columns cut off."""
-        sample = AttentionSample(self.split, self.src, self.tgt_in, self.tgt_out, {}, self.alignment)
+        sample = AttentionSample(
+            self.split, self.src, self.tgt_in, self.tgt_out, {}, self.alignment, self.possible, self.image
+        )
         for kind, layers in weights.items():
             layers = [w for w in layers if w is not None]
             if layers:
@@ -50,12 +55,13 @@ def select_probes(data: TaskData) -> list[Probe]:
         examples = data.splits.get(split, [])[:count]
         encoded = EncodedSplit(examples, data)
         for i, ex in enumerate(examples):
-            alignment = np.array(ex.alignment or [], dtype=np.int64).reshape(-1, 2)
+            alignment, possible = (np.array(links or [], dtype=np.int64).reshape(-1, 2)
+                                   for links in (ex.alignment, ex.possible))  # fmt: skip
             # As the datamodule's tgt_in / tgt_out: BOS + target and target + EOS, without EOS where a target
             # does not end (a window of text, a label).
             decoded = [BOS, *ex.tgt, *([EOS] if data.target_ends else [])]
             probes.append(Probe(split, i, collate([encoded[i]]), [*ex.src, EOS], decoded[:-1], decoded[1:],
-                                alignment))  # fmt: skip
+                                alignment, possible, TASKS[data.name].image))  # fmt: skip
     return probes
 
 

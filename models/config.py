@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ablate.models.kinds import (
     BUILT_IN,
+    CAPTIONER_KEYS,
     CELLS,
     CLASSIFIER_KEYS,
     CLASSIFIER_READS,
@@ -98,6 +99,9 @@ class ModelConfig(BaseModel):
     encoder: Literal[tuple(ENCODERS)] = "lstm"  # type: ignore[valid-type]
     # uniform by default: attention pooling needs a score, and model.attention's default is none
     pooling: Literal[tuple(POOLINGS)] = "uniform"  # type: ignore[valid-type]
+    # captioner family (models/captioner.py): the weight lambda of Xu et al. 2015's doubly stochastic
+    # regularisation, lambda * sum over regions of (1 - the attention the caption gave the region)^2; 0: off
+    doubly_stochastic: float = Field(0.0, ge=0.0, le=1e3)
     plugin: PluginSettings = PluginSettings()  # type: ignore[valid-type]
 
     @field_validator("scale")
@@ -165,7 +169,7 @@ class ModelConfig(BaseModel):
         only through a part this model lacks. Changing such a key changes nothing the model computes."""
         reads = self.read_keys()
         owner = {**dict.fromkeys(LSTM_KEYS, "an LSTM"), **dict.fromkeys(TRANSFORMER_KEYS, "a Transformer"),
-                 **dict.fromkeys(CLASSIFIER_KEYS, "a classifier")}  # fmt: skip
+                 **dict.fromkeys(CLASSIFIER_KEYS, "a classifier"), **dict.fromkeys(CAPTIONER_KEYS, "a captioner")}  # fmt: skip
         ignored = {key: f"{family} setting; model.arch is {self.arch}" for key, family in owner.items()
                    if key not in FAMILIES[self.arch].reads}  # fmt: skip
         if self.arch == "classifier":
@@ -176,9 +180,10 @@ class ModelConfig(BaseModel):
                 switch, value = ("pooling", self.pooling) if part == "attention" else ("encoder", self.encoder)
                 why = f"acts only with a classifier's {part} {switch}; model.{switch} is {value}"
                 ignored |= {key: why for key in keys if key not in reads}
-        if self.arch == "lstm":
+        if self.arch in ("lstm", "captioner"):
             if self.attention == "none":
-                ignored |= dict.fromkeys(ATTENTION_KEYS, "acts only with attention; model.attention is none")
+                keys = (*ATTENTION_KEYS, *CAPTIONER_KEYS) if self.arch == "captioner" else ATTENTION_KEYS
+                ignored |= dict.fromkeys(keys, "acts only with attention; model.attention is none")
             elif not WINDOWS[self.attention_window].reads_width:
                 ignored["attention_width"] = (
                     f"acts only with a local window; model.attention_window is {self.attention_window}"
@@ -281,7 +286,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "classifier-scaled-dot": dict(
         arch="classifier", encoder="lstm", pooling="attention", attention="scaled_dot"
     ),
-    # Vaswani et al. 2017: post-LN, sinusoidal positions, 1/sqrt(d_k).
+    # Xu et al. 2015's soft attention: an LSTM decoder scoring the CNN's regions additively with h_{t-1}, the
+    # context entering the LSTM's input, and the doubly stochastic regularisation at weight 1.
+    "captioner-soft": dict(arch="captioner", attention="additive", attention_query="previous",
+                           doubly_stochastic=1.0),  # fmt: skip
+    # Vaswani et al. 2017, sinusoidal positions, 1/sqrt(d_k).
     "transformer": dict(arch="transformer", norm="post", pos_encoding="sinusoidal", scale="sqrt"),
     # Xiong et al. 2020.
     "transformer-pre-ln": dict(arch="transformer", norm="pre", pos_encoding="sinusoidal", scale="sqrt"),

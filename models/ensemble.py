@@ -110,10 +110,29 @@ class EnsembleNorm(nn.Module):
         return y.view(x.shape)
 
 
+class EnsembleConv2d(nn.Module):
+    """K nn.Conv2d layers, one per seed: weight (K, out, in, kh, kw), bias (K, out); one convolution grouped
+    by seed over the K seeds' channels side by side."""
+
+    def __init__(self, plain: Sequence[nn.Conv2d]):
+        super().__init__()
+        self.stride, self.padding = plain[0].stride, plain[0].padding
+        self.weight, self.bias = stack(plain, "weight"), stack(plain, "bias")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (K·B, in, H, W) -> (K·B, out, H', W')."""
+        k, d_out = self.weight.shape[:2]
+        b = x.size(0) // k
+        side_by_side = per_seed(x, k).transpose(0, 1).flatten(1, 2)  # (B, K·in, H, W)
+        bias = None if self.bias is None else self.bias.flatten()
+        y = F.conv2d(side_by_side, self.weight.flatten(0, 1), bias, self.stride, self.padding, groups=k)
+        return y.view(b, k, d_out, *y.shape[2:]).transpose(0, 1).flatten(0, 1)
+
+
 # The torch layers a fused model holds K of, and the layer that holds them.
 ENSEMBLE_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
     nn.Linear: EnsembleLinear, nn.Embedding: EnsembleEmbedding,
-    nn.LayerNorm: EnsembleNorm, nn.RMSNorm: EnsembleNorm,
+    nn.LayerNorm: EnsembleNorm, nn.RMSNorm: EnsembleNorm, nn.Conv2d: EnsembleConv2d,
 }  # fmt: skip
 
 
@@ -204,6 +223,9 @@ class Ensemble:
 
     def embedding(self, num_embeddings: int, dim: int, padding_idx: int | None = None) -> nn.Module:
         return self.stacked(lambda: nn.Embedding(num_embeddings, dim, padding_idx))
+
+    def conv2d(self, in_channels: int, out_channels: int, kernel_size: int, padding: int = 0) -> nn.Module:
+        return self.stacked(lambda: nn.Conv2d(in_channels, out_channels, kernel_size, padding=padding))
 
     def norm(self, d: int, rms: bool = False) -> nn.Module:
         return self.stacked(lambda: nn.RMSNorm(d) if rms else nn.LayerNorm(d))

@@ -25,6 +25,9 @@ TRANSFORMER_KEYS = ("heads", "key_dim", "d_ff", "scale", "score", "pos_encoding"
                     "norm", "causal_mask", "cross_attention", "decoder_self_attention", "embed_scale",
                     "qkv_projections")  # fmt: skip
 CLASSIFIER_KEYS = ("encoder", "pooling")
+# The captioner's own: Xu et al. 2015's doubly stochastic regularisation (its weight); its decoder reads the
+# LSTM's switches but one, its encoder being a CNN rather than a (bi)directional RNN.
+CAPTIONER_KEYS = ("doubly_stochastic",)
 # A classifier's switches by what they act through: its LSTM encoder, its Transformer encoder, its attention
 # pooling (the score, from models/scores.py, and its heads); the Transformer's decoder-only ones it never reads.
 CLASSIFIER_READS = {
@@ -64,6 +67,12 @@ class Family:
     # (states, padding, last, encoder weights), pool_weights(states, padding), classify(states, weights)
     # and logits(src).
     classifies: bool = False
+    # Its source is an image (a task whose tokens are an image's pixels, schema/tasks.py Task.image), read
+    # back into its rows and columns.
+    images: bool = False
+    # Its training loss adds a penalty of its own (models/steps.py `penalised`): the module then has
+    # penalised(src, tgt_in) -> (logits, each example's penalty (B,) or None).
+    penalised: bool = False
 
 
 FAMILIES = {
@@ -85,6 +94,16 @@ FAMILIES = {
         "the host, which dynamo does not trace",
         eager_when=lambda cfg: cfg.encoder == "lstm",
         classifies=True,
+    ),
+    # The LSTM decoder over a CNN's regions of an image (models/captioner.py): its weights['cross'] over the
+    # image's pixels, each region's weight spread over the pixels it covers.
+    "captioner": Family(
+        "ablate.models.captioner:Captioner",
+        (*(k for k in LSTM_KEYS if k != "bidirectional"), *CAPTIONER_KEYS),
+        cross_attends=lambda cfg: cfg.attention != "none",
+        eager=None,
+        images=True,
+        penalised=True,
     ),
 }
 BUILT_IN = frozenset(FAMILIES)  # before plug-ins join: the families whose cross-key checks models/config.py runs

@@ -152,7 +152,7 @@ class RNNSeq2Seq(nn.Module):
         self.cfg, self.vocab, self.pad_id = cfg, (src_vocab, tgt_vocab), pad_id
         self.ensemble = ens = Ensemble(ensemble)
         d = cfg.d_model
-        self.encoder = Encoder(cfg, src_vocab, pad_id, ens)
+        self.encoder = self.make_encoder(cfg, src_vocab, pad_id, ens)
         self.tgt_embed = ens.embedding(tgt_vocab, d, padding_idx=pad_id)
 
         attends = cfg.attention != "none"
@@ -185,6 +185,10 @@ class RNNSeq2Seq(nn.Module):
         self.generator = ens.linear(d, tgt_vocab)
         if cfg.tie_embeddings:
             self.generator.weight = self.tgt_embed.weight
+
+    def make_encoder(self, cfg: ModelConfig, src_vocab: int, pad_id: int, ensemble: Ensemble) -> nn.Module:
+        """What reads the source into the decoder's memory (models/captioner.py's differs)."""
+        return Encoder(cfg, src_vocab, pad_id, ensemble)
 
     def _decode(self, x: torch.Tensor, state: dict[str, torch.Tensor], offset: int = 0):
         """Embedded targets x (B, T, D) from position `offset` -> output-layer inputs (B, T, D), weights

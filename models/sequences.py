@@ -15,6 +15,9 @@ from dataclasses import dataclass
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)  # ids 0-3 in this order, in every vocabulary
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+# An image task's source (schema/tasks.py Task.image): its pixels as tokens, column by column from the left,
+# each column top to bottom, this many a column; then EOS.
+IMAGE_ROWS = 8
 
 
 def through_eos(ids: Iterable[int]) -> list[int]:

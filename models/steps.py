@@ -96,11 +96,23 @@ def per_seed_loss(
     return tokens.sum(1) / (target != PAD_ID).view(seeds, -1).sum(1)
 
 
+def penalised(model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The training forward: logits (B, T, V) and each example's penalty (B,) that its family adds to the
+    loss (models/kinds.py Family.penalised; a captioner's doubly stochastic regularisation), or None."""
+    if FAMILIES[model.cfg.arch].penalised:
+        return model.penalised(src, tgt_in)
+    return model(src, tgt_in), None
+
+
 def training_loss(
     model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float
 ) -> torch.Tensor:
-    """A trial's training loss: the mean label-smoothed cross entropy over the non-padding target tokens."""
-    return token_cross_entropy(model(src, tgt_in), tgt_out, label_smoothing)
+    """A trial's training loss: the mean label-smoothed cross entropy over the non-padding target tokens,
+    plus the examples' penalties (if any) over the same count of tokens, so that a penalty stands to the loss
+    of a whole example as it does in its paper's per-example objective."""
+    logits, penalty = penalised(model, src, tgt_in)
+    loss = token_cross_entropy(logits, tgt_out, label_smoothing)
+    return loss if penalty is None else loss + penalty.sum() / (tgt_out != PAD_ID).sum()
 
 
 def seed_losses(
@@ -109,7 +121,10 @@ def seed_losses(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """A fused group's step -> (the sum of the training seeds' losses, each seed's loss (K,)). training (K,)
     bool: a stopped seed's loss may be NaN, so it is selected out, not multiplied by 0."""
-    losses = per_seed_loss(model(src, tgt_in), tgt_out, seeds, label_smoothing)
+    logits, penalty = penalised(model, src, tgt_in)
+    losses = per_seed_loss(logits, tgt_out, seeds, label_smoothing)
+    if penalty is not None:
+        losses = losses + penalty.view(seeds, -1).sum(1) / (tgt_out != PAD_ID).view(seeds, -1).sum(1)
     return torch.where(training, losses, torch.zeros_like(losses)).sum(), losses
 
 

@@ -246,10 +246,11 @@ def attention_maps(samples: dict[str, list[AttentionSample]]) -> plt.Figure | No
         for ax in row[len(ss) :]:
             ax.axis("off")
     # Every heatmap shares draw's 0-1 colour scale: one bar reads them all. A classifier's panels are its
-    # text shaded by each weight over the text's largest, on SHADE's scale.
-    images = [image for ax in axes.flat for image in ax.images]
+    # text shaded by each weight over the text's largest, a captioner's its image lit by each step's weights
+    # over the step's largest (an RGB picture), both on SHADE's scale.
+    images = [image for ax in axes.flat for image in ax.images if image.get_array().ndim == 2]
     scale = images[0] if images else ScalarMappable(Normalize(0.0, 1.0), SHADE)
-    label = "attention weight" if images else "weight over the text's largest"
+    label = "attention weight" if images else "weight over the largest of its text or caption step"
     fig.colorbar(scale, ax=axes, shrink=min(1.0, 0.9 / len(samples) + 0.3), label=label)
     if images:
         fig.supxlabel("source", fontsize=9)

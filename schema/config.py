@@ -48,8 +48,19 @@ class TrainConfig(OptimConfig):
     fuse_seeds: bool | Literal["auto"] = "auto"
 
 
-# What a classifier on a task of sequences is refused with (`ablate check`, which reads the model alone, knows it).
-ONE_LABEL = "predicts one label"
+# What a family is refused with on a task whose data it cannot read (`ablate check`, which reads the model
+# alone, then supplies `fitting_task`'s).
+WRONG_TASK = "cannot read task"
+
+
+def fitting_task(arch: str) -> str:
+    """A task a model of family `arch` reads: a labelled one for a classifier, an image for a family that
+    reads images, else the default."""
+    family = FAMILIES[arch]
+    return next(
+        (name for name, task in TASKS.items() if task.labelled == family.classifies and task.image == family.images),
+        TaskConfig().name,
+    )
 
 
 class ExperimentConfig(BaseModel):
@@ -70,20 +81,28 @@ class ExperimentConfig(BaseModel):
         return task
 
     @model_validator(mode="after")
-    def _one_label(self) -> ExperimentConfig:
+    def _readable_task(self) -> ExperimentConfig:
         """A classifier emits one label, and a label is all a labelled task's target holds: no EOS after it,
-        which a decoder would have to learn to stop."""
+        which a decoder would have to learn to stop. A family that reads images folds its source back into
+        an image, which only an image task's source is."""
+        task, family = TASKS[self.task.name], FAMILIES[self.model.arch]
         classifiers = ", ".join(name for name, family in FAMILIES.items() if family.classifies)
-        if TASKS[self.task.name].labelled and not FAMILIES[self.model.arch].classifies:
+        if task.labelled and not family.classifies:
             raise ValueError(
                 f"task.name: {self.task.name}'s target is one label, which model.arch {self.model.arch} does "
                 f"not predict (it decodes sequences); a family that classifies: {classifiers}"
             )
-        if FAMILIES[self.model.arch].classifies and not TASKS[self.task.name].labelled:
+        if family.classifies and not task.labelled:
             labelled = ", ".join(name for name, task in TASKS.items() if task.labelled)
             raise ValueError(
-                f"model.arch: {self.model.arch} {ONE_LABEL}, and task {self.task.name}'s targets are "
-                f"sequences; a task whose target is a label: {labelled}"
+                f"model.arch: {self.model.arch} predicts one label, so it {WRONG_TASK} {self.task.name}, whose "
+                f"targets are sequences; a task whose target is a label: {labelled}"
+            )
+        if family.images and not task.image:
+            images = ", ".join(name for name, task in TASKS.items() if task.image)
+            raise ValueError(
+                f"model.arch: {self.model.arch} reads images, so it {WRONG_TASK} {self.task.name}, whose "
+                f"sources are token sequences; a task whose source is an image: {images}"
             )
         return self
 

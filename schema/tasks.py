@@ -69,6 +69,9 @@ class Task(NamedTuple):
     aligned: bool = False
     # Its target is one label (a classifier's task, models/kinds.py Family.classifies): macro-F1 is reported.
     labelled: bool = False
+    # Its source is an image, its pixels column by column (models/sequences.py IMAGE_ROWS), which a family
+    # that reads images (models/kinds.py Family.images) folds back.
+    image: bool = False
 
     def keys(self) -> tuple[str, ...]:
         """Every task.* key the task reads under some configuration: its own and, with task.tokenizer, every
@@ -103,6 +106,16 @@ TASKS: dict[str, Task] = {
         SYMBOL_KEYS,
         aligned=True,
         labelled=True,
+    ),
+    "digits": Task(
+        "digits:digits_task",
+        "strips of handwritten digits (scikit-learn's 1,797 8x8 images, pip install scikit-learn) -> the digits; "
+        "pixels as tokens of their 17 levels, column by column; lengths in digits; no image in two splits; "
+        "the gold alignment is the digit's pixels",
+        GENERATED_KEYS,
+        reads_machine="always",
+        aligned=True,
+        image=True,
     ),
     "synth_mt": Task(
         "synth_mt:synth_mt_task",

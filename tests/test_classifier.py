@@ -295,7 +295,9 @@ def test_a_classifiers_probe_is_its_text_shaded_by_attention_and_gradient():
 def test_a_classifier_is_refused_where_it_cannot_run():
     with pytest.raises(ConfigError) as info:
         load_config(None, "classifier-additive", [])
-    assert str(info.value).startswith("model.arch: classifier predicts one label, and task reverse's targets")
+    assert str(info.value).startswith(
+        "model.arch: classifier predicts one label, so it cannot read task reverse, whose targets are sequences"
+    )
     with pytest.raises(ConfigError, match=r"^model.attention: attention pooling needs a score"):
         load_config(None, None, ["model.arch=classifier", "model.pooling=attention", "task.name=cues"])
     with pytest.raises(ConfigError, match=r"^model.pooling: last reads the last token alone"):

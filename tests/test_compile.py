@@ -43,7 +43,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 DEFAULT = {"transformer-pos_encoding=rope", "transformer-pos_encoding=t5", "transformer-pos_encoding=alibi",
            "transformer-score=cosine", "transformer-norm=rms_pre", "transformer-key_dim=3",
            "transformer-residual=False", "lstm-attention=additive", "classifier-encoder=lstm-pooling=attention",
-           "classifier-encoder=transformer-pooling=attention", "classifier-encoder=embedding-pooling=max"}  # fmt: skip
+           "classifier-encoder=transformer-pooling=attention", "classifier-encoder=embedding-pooling=max",
+           "captioner-cell=gru-layers=1"}  # fmt: skip
 FUSED_DEFAULT = {"transformer-pos_encoding=t5", "transformer-key_dim=3", "transformer-residual=False"}
 
 

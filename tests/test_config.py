@@ -13,7 +13,14 @@ from ablate.models.config import PRESETS, ModelConfig, preset_keys
 from ablate.models.positional import POSITIONAL
 from ablate.models.scores import SCORES, WINDOWS
 from ablate.models.transformer_scores import TRANSFORMER_SCORES
-from ablate.schema.config import ExperimentConfig, accepted_values, build_config, load_config, parse_override
+from ablate.schema.config import (
+    ExperimentConfig,
+    accepted_values,
+    build_config,
+    fitting_task,
+    load_config,
+    parse_override,
+)
 from ablate.schema.errors import ConfigError
 from tests.conftest import ablate
 
@@ -61,7 +68,7 @@ def test_preset_then_overrides_win():
 
 def test_presets_resolve_in_one_place():
     for name in PRESETS:
-        task = {"task": {"name": "cues"}} if preset_keys(name)["arch"] == "classifier" else {}
+        task = {"task": {"name": fitting_task(preset_keys(name)["arch"])}}
         assert build_config({"preset": name, **task}).model == ModelConfig(**preset_keys(name))
     assert error_of({"preset": "gpt5"}) == f"preset: unknown preset 'gpt5'; known: {', '.join(PRESETS)}"
 
@@ -242,7 +249,7 @@ CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention
            "pos_base": 100.0, "pos_init": "embedding", "t5_buckets": 8, "t5_max_distance": 9, "residual": False, "ffn": True, "norm": "pre",
            "causal_mask": False, "cross_attention": False, "decoder_self_attention": False,
            "embed_scale": False, "qkv_projections": False, "max_positions": 9, "encoder": "embedding",
-           "pooling": "max", "tie_embeddings": True, "layers": 2}  # fmt: skip
+           "pooling": "max", "tie_embeddings": True, "layers": 2, "doubly_stochastic": 0.5}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -255,6 +262,8 @@ CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention
         {"arch": "classifier", "pooling": "attention", "attention": "additive"},
         {"arch": "classifier", "encoder": "transformer", "pooling": "last"},
         {"arch": "classifier", "encoder": "embedding", "pooling": "attention", "attention": "dot"},
+        {"arch": "captioner"},
+        {"arch": "captioner", "attention": "dot"},
     ],
     ids=[
         "lstm",
@@ -264,6 +273,8 @@ CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention
         "classifier-lstm-attention",
         "classifier-transformer-last",
         "classifier-embedding-attention",
+        "captioner",
+        "captioner-attention",
     ],  # fmt: skip
 )
 def test_a_key_the_model_ignores_changes_nothing_it_computes(model):

@@ -31,12 +31,12 @@ from ablate.models.ensemble import (
     seed_dropout,
     seed_state_dict,
 )
-from ablate.models.kinds import CLASSIFIER_KEYS
+from ablate.models.kinds import CAPTIONER_KEYS, CLASSIFIER_KEYS
 from ablate.models.positional import POSITIONAL
 from ablate.models.rnn import RNN
 from ablate.models.scores import SCORES
 from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID
-from ablate.models.steps import per_seed_loss, token_cross_entropy
+from ablate.models.steps import seed_losses, training_loss
 from ablate.models.transformer_scores import TRANSFORMER_SCORES
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -54,7 +54,9 @@ TRANSFORMER = dict(arch="transformer", d_model=16, layers=2, heads=2, d_ff=32, d
 LSTM = dict(arch="lstm", d_model=16, layers=2, dropout=0.3, attention="dot", max_positions=16)
 CLASSIFIER = dict(arch="classifier", d_model=16, layers=2, heads=2, d_ff=32, dropout=0.3, max_positions=16,
                   pooling="attention", attention="additive")  # fmt: skip
-BASES = {"transformer": TRANSFORMER, "lstm": LSTM, "classifier": CLASSIFIER}
+CAPTIONER = dict(arch="captioner", d_model=16, layers=2, dropout=0.3, attention="additive", doubly_stochastic=0.5,
+                 max_positions=16)  # fmt: skip
+BASES = {"transformer": TRANSFORMER, "lstm": LSTM, "classifier": CLASSIFIER, "captioner": CAPTIONER}
 
 
 def values(key: str) -> tuple:
@@ -97,6 +99,11 @@ SWITCHES = {
         *({"attention": score} for score in SCORES), {"attention_heads": 2},
         {"encoder": "transformer", "pos_encoding": "alibi", "norm": "pre"}, {"cell": "gru", "pooling": "last"},
     ],
+    # Its decoder is the LSTM's, covered above; here what its regions and penalty change.
+    "captioner": [
+        {"attention": "none"}, {"doubly_stochastic": 0.0}, {"attention": "general", "attention_query": "current",
+        "input_feeding": True, "attention_heads": 2}, {"cell": "gru", "layers": 1},
+    ],
 }  # fmt: skip
 CASES = [
     pytest.param({**BASES[arch], **switch},
@@ -109,7 +116,7 @@ NOT_SWITCHES = {"d_ff", "pos_base"}
 
 def test_every_switch_of_both_families_is_a_case():
     covered = {key for switches in SWITCHES.values() for switch in switches for key in switch}
-    assert (set(LSTM_KEYS) | set(TRANSFORMER_KEYS) | set(CLASSIFIER_KEYS)) - NOT_SWITCHES <= covered
+    assert (set(LSTM_KEYS) | set(TRANSFORMER_KEYS) | set(CLASSIFIER_KEYS) | set(CAPTIONER_KEYS)) - NOT_SWITCHES <= covered
 
 
 def seed_batch(seed: int, step: int) -> dict[str, torch.Tensor]:
@@ -149,23 +156,23 @@ def plain_models(cfg: ModelConfig, k: int) -> list[nn.Module]:
 
 
 def train_alone(model: nn.Module, seed: int, steps: int = STEPS) -> list[torch.Tensor]:
-    """What a trial does: its batches, its dropout stream, cross entropy, torch's clipping, AdamW.
-    Returns the gradient norm of each step."""
+    """What a trial does: its batches, its dropout stream, its training loss (cross entropy, and a captioner's
+    penalty), torch's clipping, AdamW. Returns the gradient norm of each step."""
     seed_dropout(model.train(), [DROPOUT_SEEDS[seed]])
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS)
     norms = []
     for step in range(steps):
         batch = seed_batch(seed, step)
         optimizer.zero_grad()
-        token_cross_entropy(model(batch["src"], batch["tgt_in"]), batch["tgt_out"]).backward()
+        training_loss(model, batch["src"], batch["tgt_in"], batch["tgt_out"], 0.0).backward()
         norms.append(nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM))
         optimizer.step()
     return norms
 
 
 def train_fused(fused: nn.Module, k: int, steps: int = STEPS, stop: dict[int, int] | None = None):
-    """The fused group's loop: the K batches stacked, the sum of per-seed losses, per-seed clipping, one
-    AdamW. stop: {step: seed} stops a seed before that step. Returns each step's K norms and the optimizer."""
+    """The fused group's loop: the K batches stacked, the sum of per-seed losses (seed_losses), per-seed
+    clipping, one AdamW. stop: {step: seed} stops a seed before that step. Returns each step's K norms and the optimizer."""
     seed_dropout(fused.train(), DROPOUT_SEEDS[:k])
     optimizer = torch.optim.AdamW(fused.parameters(), lr=LR, eps=EPS)
     active = ActiveSeeds(optimizer)
@@ -175,7 +182,8 @@ def train_fused(fused: nn.Module, k: int, steps: int = STEPS, stop: dict[int, in
             active.stop(stop[step])
         batch = stacked([seed_batch(seed, step) for seed in range(k)])
         optimizer.zero_grad()
-        per_seed_loss(fused(batch["src"], batch["tgt_in"]), batch["tgt_out"], k).sum().backward()
+        training = torch.ones(k, dtype=torch.bool)
+        seed_losses(fused, batch["src"], batch["tgt_in"], batch["tgt_out"], 0.0, k, training)[0].backward()
         norms.append(clip_grad_norm_per_seed(fused, MAX_NORM, k))
         optimizer.step()
     return norms, optimizer
@@ -193,6 +201,7 @@ PLAIN_LAYERS = {
     nn.Embedding: (lambda: nn.Embedding(7, 3, PAD_ID), lambda k: torch.randint(0, 7, (k * B, 4))),
     nn.LayerNorm: (lambda: nn.LayerNorm(5), lambda k: torch.randn(k * B, 4, 5)),
     nn.RMSNorm: (lambda: nn.RMSNorm(5), lambda k: torch.randn(k * B, 4, 5)),
+    nn.Conv2d: (lambda: nn.Conv2d(3, 4, 3, padding=1), lambda k: torch.randn(k * B, 3, 5, 6)),
 }
 
 

@@ -352,6 +352,16 @@ def t5_bias_has(test):
 
 LSTM = {"model.arch": "lstm", "model.attention": "additive", "model.attention_query": "previous"}
 CLASSIFIER = {"model.arch": "classifier", "task.name": "cues", "model.attention": "additive"}
+CAPTIONER = {"model.arch": "captioner", "task.name": "digits", "model.attention": "additive", "task.max_len": 2}
+
+
+def check_doubly_stochastic(base, changed):
+    # The penalty joins the training loss alone: the first step's loss is the cross entropy without it, and
+    # more than that with it, from the same weights and batch.
+    loss, cross_entropy = first_step_loss(base)
+    assert loss == pytest.approx(cross_entropy, abs=1e-5)
+    loss, cross_entropy = first_step_loss(changed)
+    assert loss > cross_entropy + 1e-3
 
 
 def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
@@ -434,6 +444,7 @@ def cases(monkeypatch, tmp_path=None) -> dict[str, Case]:
             "transformer", model_has(lambda m: type(m.body).__name__ == "Transformer"), CLASSIFIER
         ),
         "model.pooling": Case("attention", model_has(lambda m: m.query is not None), CLASSIFIER),
+        "model.doubly_stochastic": Case(1.0, check_doubly_stochastic, CAPTIONER),
     }
 
 

@@ -4,6 +4,7 @@ task ignores refused where it is set (a study's variant, fixed or base block, `a
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import yaml
@@ -89,7 +90,8 @@ def one_bible(name: str, tmp_path, monkeypatch, max_tokens: int = 2) -> list[Tas
 # Each task -> the configurations that drive its builder down every branch that reads a key; a task added to
 # TASKS fails below until it has its entry.
 CASES = {"copy": generated, "reverse": generated, "sort": generated, "addition": generated,
-         "recall": generated, "cues": generated, "synth_mt": generated, "scan": scan, "parallel": parallel,
+         "recall": generated, "cues": generated, "digits": generated, "synth_mt": generated, "scan": scan,
+         "parallel": parallel,
          "bible": bible, "bible_lm": one_bible,
          "bible_genre": lambda *case: one_bible(*case, max_tokens=6)}  # a verse of 4 words  # fmt: skip
 
@@ -202,13 +204,13 @@ def test_the_issues_cases_say_which_task_reads_the_key(tmp_path):
     ]
     assert study_lines(tmp_path, {"task.n_train": 9}, base={"task": {"name": "scan"}}) == [
         "--set task.n_train: has no effect (a setting of tasks copy, reverse, sort, addition, recall, cues, "
-        "synth_mt; task.name is scan)"
+        "digits, synth_mt; task.name is scan)"
     ]
     assert study_lines(tmp_path, base=corpus) == [
         "base.task.bpe_vocab_size: has no effect (acts only with tokenizer bpe; task.tokenizer is word)"
     ]
     with pytest.raises(ConfigError, match=r"^task.max_len: has no effect \(a setting of tasks copy, reverse, "
-                                          r"sort, addition, recall, cues, synth_mt; task.name is scan\)$"):  # fmt: skip
+                                          r"sort, addition, recall, cues, digits, synth_mt; task.name is scan\)$"):  # fmt: skip
         config_from_tree({}, {"task.name": "scan", "task.max_len": 5})
 
 
@@ -240,7 +242,7 @@ def data_refusal(tmp_path, name: str, **task) -> list[str]:
     return str(refused.value).splitlines()
 
 
-@pytest.mark.parametrize("name", [name for name, task in TASKS.items() if task.reads_machine != "nothing"])
+@pytest.mark.parametrize("name", [name for name, task in TASKS.items() if "path" in task.reads])
 def test_every_task_that_reads_this_machine_is_checked_for_it_before_the_study_exists(tmp_path, name):
     # However the task is named and whatever it reads (a corpus, the SWORD modules, SCAN's files): data it
     # cannot find is one problem naming task.path, found by load_study, before any storage or trial exists.
@@ -251,11 +253,20 @@ def test_every_task_that_reads_this_machine_is_checked_for_it_before_the_study_e
 
 
 def test_a_task_declares_what_it_reads_from_this_machine():
-    assert {name for name, task in TASKS.items() if task.reads_machine == "always"} == {"bible", "bible_genre", "bible_lm"}
+    assert {name for name, task in TASKS.items() if task.reads_machine == "always"} == {
+        "bible", "bible_genre", "bible_lm", "digits"
+    }
     assert {name for name, task in TASKS.items() if task.reads_machine == "path"} == {"scan", "parallel"}
 
 
-@pytest.mark.parametrize("name", [name for name, task in TASKS.items() if task.reads_machine == "always"])
+def test_digits_without_scikit_learn_is_refused_up_front(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # an import fails as if it were not installed
+    lines = data_refusal(tmp_path, "digits")
+    assert len(lines) == 1 and "task.name: digits reads scikit-learn" in lines[0], lines
+    assert "pip install 'attention-ablate[digits]'" in lines[0]
+
+
+@pytest.mark.parametrize("name", [name for name, task in TASKS.items() if name.startswith("bible")])
 def test_a_task_whose_default_data_is_missing_is_refused_up_front(tmp_path, monkeypatch, name):
     # The Bibles' default library ($SWORD_PATH) without the modules: as `ablate sweep bible-lm` on a machine
     # without Debian's Bibles, refused in one line rather than run to failed trials.

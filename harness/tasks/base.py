@@ -22,8 +22,11 @@ SPLITS = ("train", "valid", *TEST_SPLITS)
 class Example:
     src: tuple[str, ...]
     tgt: tuple[str, ...]
-    # Gold word alignment as (source index, target index) pairs, where the task knows it.
+    # Gold word alignment as (source index, target index) pairs, where the task knows it: the sure links.
     alignment: tuple[tuple[int, int], ...] | None = None
+    # Och & Ney's possible links beside them, which an alignment may hold or lack unpenalised (an image's
+    # digit: any of its pixels is a right place to look, none the one right place).
+    possible: tuple[tuple[int, int], ...] = ()
 
 
 class Vocab:
