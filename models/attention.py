@@ -289,6 +289,18 @@ class LocationScore(Score):
         return self.w(split_heads(query, self.heads))[..., : keys.size(1)]  # (B, H, T, S)
 
 
+class UniformScore(Score):
+    """No score: every real position alike, so the context is the mean of the values (Wiegreffe & Pinter
+    2019's uniform baseline; a captioner fed the mean of its regions at every step)."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return query.new_zeros(query.size(0), self.heads, query.size(1), keys.size(1))
+
+
 class CosineScore(Score):
     """Graves et al. 2014 content addressing: β · cos(k, h), key k = W s and strength β = 1 + softplus(w·s)
     both emitted from the decoder state, one β per head."""

@@ -34,6 +34,7 @@ SCORES: dict[str, ScoreKind] = {
     "location": ScoreKind(lambda a, d, h, n: a.LocationScore(d, h, n), bounded=True),
     "cosine": ScoreKind(lambda a, d, h, n: a.CosineScore(d, h)),  # Graves et al. 2014
     "scaled_dot": ScoreKind(lambda a, d, h, n: a.DotScore(h, scale=(d // h) ** -0.5)),  # Vaswani et al. 2017
+    "uniform": ScoreKind(lambda a, d, h, n: a.UniformScore(h)),  # the mean: attention that cannot choose
 }
 
 

@@ -31,7 +31,7 @@ from ablate.models.scores import make_score, make_window
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SCORES = ["additive", "dot", "general", "concat", "location", "cosine", "scaled_dot"]
+SCORES = ["additive", "dot", "general", "concat", "location", "cosine", "scaled_dot", "uniform"]
 D, VOCAB, PAD, TOL = 6, 9, 0, 1e-10
 # Two sources of different lengths, the shorter first (the encoder must not need them sorted), both
 # padded past the longest: attention must ignore every padding position.
@@ -104,6 +104,8 @@ def score(kind: str, net, s: torch.Tensor, states: torch.Tensor) -> torch.Tensor
         k = p.key.weight @ s + p.key.bias
         beta = 1 + torch.nn.functional.softplus(p.strength.weight[0] @ s + p.strength.bias[0])
         return beta * (states @ k) / (states.norm(dim=-1) * k.norm())
+    if kind == "uniform":  # no score: the weights are 1 / length, the context the mean of the states
+        return torch.zeros(len(states), dtype=states.dtype)
     raise AssertionError(kind)
 
 

@@ -29,7 +29,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-SCORES = ["additive", "dot", "general", "concat", "location", "cosine", "scaled_dot"]
+SCORES = ["additive", "dot", "general", "concat", "location", "cosine", "scaled_dot", "uniform"]
 LOCAL = ["local-m", "local-p"]
 RNN_PRESETS = [name for name, preset in PRESETS.items() if preset["arch"] == "lstm"]
 VOCAB = 12
@@ -82,6 +82,8 @@ def reference_score(kind: str, score: torch.nn.Module, s: torch.Tensor, h: torch
     if kind == "cosine":  # beta * cos(W s, h), beta = 1 + softplus(w . s)
         beta = 1 + F.softplus(score.strength(s))  # (B, T, 1)
         return beta * F.cosine_similarity(score.key(s)[:, :, None], h[:, None], dim=-1)
+    if kind == "uniform":  # no score: every position alike
+        return torch.zeros(s.size(0), s.size(1), h.size(1))
     raise AssertionError(kind)
 
 
