@@ -106,7 +106,8 @@ def picture(ax, sample: AttentionSample, title: str) -> None:
         lit = (lit / max(float(lit.max()), 1e-12))[..., None]
         band = (1 - lit) * ink[..., None].repeat(3, -1) + lit * np.asarray(SHADE(lit[..., 0]))[..., :3]
         bands += [band, np.ones((1, columns, 3))]  # a white line between steps
-    ax.imshow(np.concatenate(bands[:-1]), aspect="equal", interpolation="nearest")
+    picture = np.clip(np.concatenate(bands[:-1]), 0.0, 1.0)  # float32 weights blend a hair past 1
+    ax.imshow(picture, aspect="equal", interpolation="nearest")
     height = IMAGE_ROWS + 1
     links = np.concatenate([sample.alignment, sample.possible]).reshape(-1, 2)
     for t in np.unique(links[:, 1]):  # the box around each step's gold pixels

@@ -35,6 +35,23 @@ def ablate(
     )
 
 
+def fit(model, data, epochs: int, lr: float, batch_size: int) -> None:
+    """Trains `model` on `data`'s training split for whole epochs with a trial's loss (models/steps.py
+    training_loss) and AdamW: the small learning checks of a family."""
+    import torch
+
+    from ablate.harness.tasks.datamodule import Seq2SeqDataModule
+    from ablate.models.steps import training_loss
+
+    optimiser = torch.optim.AdamW(model.parameters(), lr=lr)
+    dm = Seq2SeqDataModule(data, batch_size=batch_size, seed=0)
+    for _ in range(epochs):
+        for batch in dm.train_dataloader():
+            optimiser.zero_grad()
+            training_loss(model, batch["src"], batch["tgt_in"], batch["tgt_out"], 0.0).backward()
+            optimiser.step()
+
+
 def study_trials(study: Path, url: str) -> list:
     """The eval trials of the study file `study` as the storage at `url` holds them. The storage is closed
     after the read: a poll that left each engine to the garbage collector would use up PostgreSQL's

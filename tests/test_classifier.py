@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import fit
 from torch import nn
 
 from ablate.harness.artifacts import AttentionSample
@@ -31,7 +32,6 @@ from ablate.models.explanation import (
     tvd,
 )
 from ablate.models.kinds import ENCODERS, POOLINGS
-from ablate.models.steps import training_loss
 from ablate.schema.config import load_config
 from ablate.schema.errors import ConfigError
 from ablate.schema.task_config import TaskConfig
@@ -73,13 +73,8 @@ def test_each_encoder_and_pooling_learns_the_cues_task(cues, encoder, pooling):
     torch.manual_seed(0)
     cfg = classifier(encoder=encoder, pooling=pooling)
     model = build_model(cfg, len(cues.src_vocab), len(cues.tgt_vocab))
-    optimiser = torch.optim.AdamW(model.parameters(), lr=0.01)
+    fit(model, cues, epochs=4, lr=0.01, batch_size=64)
     dm = Seq2SeqDataModule(cues, batch_size=64, seed=0)
-    for _ in range(4):
-        for batch in dm.train_dataloader():
-            optimiser.zero_grad()
-            training_loss(model, batch["src"], batch["tgt_in"], batch["tgt_out"], 0.0).backward()
-            optimiser.step()
     model.eval()
     correct = total = 0
     with torch.no_grad():

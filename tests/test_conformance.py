@@ -22,7 +22,9 @@ ENTRIES = (
     + [{"arch": "lstm", "attention": "dot", "attention_window": window} for window in WINDOWS]
     + [{"arch": "lstm", "cell": cell} for cell in CELLS]
     + [{"causal_mask": False}, {"decoder_self_attention": False}, {"cross_attention": False}]
+    + [{"arch": "captioner", "attention": "additive", "doubly_stochastic": 1.0}, {"arch": "captioner"}]
 )
+FORMULA_FREE = ("lstm", "captioner")  # families whose entries here give no formula
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda entry: ",".join(f"{k}={v}" for k, v in entry.items()))
@@ -33,7 +35,7 @@ def test_every_built_in_entry_passes_every_check(entry):
     # The formulas given: the dot and cosine scores, sinusoidal positions.
     compared = {"score": {"dot", "cosine"}, "pos_encoding": {"sinusoidal"}}
     given = entry.get("score", "dot") in compared["score"] or entry.get("pos_encoding", "sinusoidal") in compared["pos_encoding"]
-    assert outcomes[-1].ran == (entry.get("arch") != "lstm" and given), outcomes[-1]
+    assert outcomes[-1].ran == (entry.get("arch") not in FORMULA_FREE and given), outcomes[-1]
     causal = next(o for o in outcomes if o.check == "causal mask")
     assert causal.ran == entry.get("causal_mask", True), causal  # not counted as passed where it cannot run
 
@@ -69,3 +71,16 @@ def test_ablate_check_refuses_a_bad_key_in_one_line():
 
     proc = ablate("check", "model.headz=2")
     assert (proc.returncode, proc.stderr) == (2, "error: model.headz: unknown config key\n")
+
+
+@pytest.mark.parametrize("args", [("--preset", "captioner-soft"), ("model.arch=classifier", "model.d_model=16")])
+def test_ablate_check_gives_a_family_a_task_it_reads(args):
+    """The checks read the model alone: a classifier (a label's task) or a captioner (an image's) is checked
+    without naming its task; one named wrong is still refused."""
+    from conftest import ablate
+
+    proc = ablate("check", *args, "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "fused: pass" in proc.stdout
+    proc = ablate("check", *args, "task.name=copy", "--device", "cpu")
+    assert proc.returncode == 2 and "cannot read task copy" in proc.stderr
