@@ -109,9 +109,9 @@ TASKS: dict[str, Task] = {
     ),
     "digits": Task(
         "digits:digits_task",
-        "strips of handwritten digits (scikit-learn's 1,797 8x8 images, pip install scikit-learn) -> the digits; "
-        "pixels as tokens of their 17 levels, column by column; lengths in digits; no image in two splits; "
-        "the gold alignment is the digit's pixels",
+        "strips of handwritten digits (scikit-learn's 1,797 8x8 images: pip install 'attention-ablate[digits]') -> "
+        "the digits; pixels as tokens of their 17 levels, column by column; lengths in digits; no image in two "
+        "splits; the gold alignment is the digit's pixels",
         GENERATED_KEYS,
         reads_machine="always",
         aligned=True,
