@@ -20,6 +20,7 @@ KINDS = {"cross": "cross-attention", "encoder": "encoder self-attention", "decod
 SHADES = {"cross": "attention", "importance": "gradient"}
 LINE_CHARS = 44  # characters of tokens per line of shaded text
 SHADE = colormaps["Oranges"]
+LIT = 0.75  # how much of a captioner's image its most attended pixel's colour covers
 
 
 def last_layer(sample: AttentionSample, kind: str) -> np.ndarray | None:
@@ -95,7 +96,8 @@ def shade(ax, sample: AttentionSample, title: str) -> None:
 def picture(ax, sample: AttentionSample, title: str) -> None:
     """The lecture's figure of a captioner (Xu et al. 2015's Figure 2): for each step of the caption, top to
     bottom, its image (ink dark on white) with each pixel lit by the attention it got over the step's
-    largest, and the part of the image that step's gold links allow boxed in red."""
+    largest (tinted, so the ink shows through), and the part of the image that step's gold links allow boxed
+    in red."""
     weights = cross_attention(sample)  # (T, S): EOS is the source's last token
     levels = np.array([float(token) for token in sample.src[:-1]])
     columns = len(levels) // IMAGE_ROWS
@@ -104,7 +106,8 @@ def picture(ax, sample: AttentionSample, title: str) -> None:
     for t in range(len(sample.tgt_out)):
         lit = weights[t, : len(levels)].reshape(columns, IMAGE_ROWS).T
         lit = (lit / max(float(lit.max()), 1e-12))[..., None]
-        band = (1 - lit) * ink[..., None].repeat(3, -1) + lit * np.asarray(SHADE(lit[..., 0]))[..., :3]
+        # The colour covers at most LIT of the ink, so the digit shows through the brightest pixel too.
+        band = (1 - LIT * lit) * ink[..., None].repeat(3, -1) + LIT * lit * np.asarray(SHADE(lit[..., 0]))[..., :3]
         bands += [band, np.ones((1, columns, 3))]  # a white line between steps
     picture = np.clip(np.concatenate(bands[:-1]), 0.0, 1.0)  # float32 weights blend a hair past 1
     ax.imshow(picture, aspect="equal", interpolation="nearest")

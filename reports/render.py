@@ -166,11 +166,15 @@ def figures(
     )
     probes = attention_samples(data, summary)
     shaded = any(attention_maps.labels_one(s) for samples in probes.values() for s in samples)
+    pictured = any(s.image for samples in probes.values() for s in samples)
     made["attention"] = (
         plots.attention_maps(probes),
         "Probe texts of the baseline and the best variants, each token shaded by the classifier's attention "
         "pooling and by its gradient importance (each over the text's largest); red underlines: the gold "
         "rationale; AER of the attention argmax in each title." if shaded else
+        "Probe images of the baseline and the best variants, one band per emitted token (top to bottom), each "
+        "pixel lit by the attention that step paid it (over the step's largest; heads averaged); red boxes: "
+        "the image of the digit emitted; AER of the attention argmax in each title." if pictured else
         "Cross-attention of probe examples (last layer, heads averaged) for the baseline and the best "
         "variants; red squares: gold alignment; AER of the attention argmax in each title.",
     )  # fmt: skip
