@@ -441,19 +441,12 @@ def check(
     it gives, in float64 (harness/conformance.py). Exit 1 when one fails."""
     from ablate.bench.run import resolve_device
     from ablate.harness.conformance import check as conformance
-    from ablate.models.config import ModelConfig, preset_keys
-    from ablate.schema.config import WRONG_TASK, fitting_task, load_config, parse_override
+    from ablate.schema.config import load_config, task_for_model
 
     args = list(args or [])
-    try:
-        cfg = load_config(None, preset, args).model
-    except ConfigError as e:  # the task does not matter to the checks: any its family reads will do
-        if WRONG_TASK not in str(e) or any(a.startswith("task.name=") for a in args):
-            raise
-        model = {key.removeprefix("model."): value for key, value in map(parse_override, args)
-                 if key.startswith("model.")}  # fmt: skip
-        arch = (preset_keys(preset, model) if preset else model).get("arch", ModelConfig().arch)
-        cfg = load_config(None, preset, [*args, f"task.name={fitting_task(arch)}"]).model
+    if not any(a.startswith("task.name=") for a in args):  # the checks read the model alone
+        args.append(f"task.name={task_for_model(preset, args)}")
+    cfg = load_config(None, preset, args).model
     resolved = resolve_device(device)
     Console().print(f"on {resolved}")
     failed = 0

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from ablate.models.config import MAX_MANY, Count, Many, ModelConfig, preset_keys
+from ablate.models.config import MAX_MANY, PRESETS, Count, Many, ModelConfig, preset_keys
 from ablate.models.kinds import FAMILIES
 from ablate.models.optim import OptimConfig
 from ablate.models.plugins import fault as plugin_fault
@@ -48,11 +48,6 @@ class TrainConfig(OptimConfig):
     fuse_seeds: bool | Literal["auto"] = "auto"
 
 
-# What a family is refused with on a task whose data it cannot read (`ablate check`, which reads the model
-# alone, then supplies `fitting_task`'s).
-WRONG_TASK = "cannot read task"
-
-
 def fitting_task(arch: str) -> str:
     """A task a model of family `arch` reads: a labelled one for a classifier, an image for a family that
     reads images, else the default."""
@@ -61,6 +56,19 @@ def fitting_task(arch: str) -> str:
         (name for name, task in TASKS.items() if task.labelled == family.classifies and task.image == family.images),
         TaskConfig().name,
     )
+
+
+def task_for_model(preset: str | None, sets: list[str]) -> str:
+    """A task the model that `preset` and the `--set` overrides name reads (`ablate check`, which checks a model
+    alone): its model.arch's fitting_task. An override it cannot read is left for load_config to refuse."""
+    arch = PRESETS[preset].get("arch") if preset in PRESETS else None
+    for item in sets:
+        try:
+            key, value = parse_override(item)
+        except ConfigError:
+            continue
+        arch = value if key == "model.arch" else arch
+    return fitting_task(arch) if arch in FAMILIES else TaskConfig().name
 
 
 class ExperimentConfig(BaseModel):
@@ -95,13 +103,13 @@ class ExperimentConfig(BaseModel):
         if family.classifies and not task.labelled:
             labelled = ", ".join(name for name, task in TASKS.items() if task.labelled)
             raise ValueError(
-                f"model.arch: {self.model.arch} predicts one label, so it {WRONG_TASK} {self.task.name}, whose "
+                f"model.arch: {self.model.arch} predicts one label, so it cannot read task {self.task.name}, whose "
                 f"targets are sequences; a task whose target is a label: {labelled}"
             )
         if family.images and not task.image:
             images = ", ".join(name for name, task in TASKS.items() if task.image)
             raise ValueError(
-                f"model.arch: {self.model.arch} reads images, so it {WRONG_TASK} {self.task.name}, whose "
+                f"model.arch: {self.model.arch} reads images, so it cannot read task {self.task.name}, whose "
                 f"sources are token sequences; a task whose source is an image: {images}"
             )
         return self
