@@ -58,8 +58,8 @@ CASES = {
     ),
     "unknown task": lambda d: (
         ["train", "--set", "task.name=translate", "--out", "{out}"],
-        "task.name: unknown task 'translate'; known: copy, reverse, sort, addition, recall, cues, synth_mt, "
-        "scan, parallel, bible",
+        "task.name: unknown task 'translate'; known: copy, reverse, sort, addition, recall, cues, digits, "
+        "synth_mt, scan, parallel, bible",
     ),
     "unknown preset": lambda d: (
         ["train", "--preset", "gpt", "--out", "{out}"],

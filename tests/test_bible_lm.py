@@ -112,7 +112,7 @@ def test_too_few_test_windows_and_no_window_length_are_refused(library):
 @pytest.mark.parametrize(
     "key, value, readers",
     [("tgt_lang", "es", "tasks parallel, bible"), ("min_len", 2, "tasks copy, reverse, sort, addition, recall, "
-                                                                   "cues, synth_mt"),
+                                                                   "cues, digits, synth_mt"),
      ("min_tokens", 2, "tasks parallel, bible"), ("long_after", 8, "tasks parallel, bible")],
 )  # fmt: skip
 def test_a_key_the_task_ignores_is_refused(key, value, readers):

@@ -425,8 +425,9 @@ class FixedModel(torch.nn.Module):
 
     gold: torch.Tensor  # (B, T) the batch's tgt_out
 
-    def __init__(self):
+    def __init__(self, cfg):
         super().__init__()
+        self.cfg = cfg  # every family keeps its config (models/kinds.py Family)
         self.unused = torch.nn.Parameter(torch.zeros(1))  # something for the optimiser to hold
 
     def forward(self, src, tgt_in, need_weights=False):
@@ -455,7 +456,7 @@ SMOOTHED = 0.9 * NLL + 0.1 * (math.log(2.0) + 5 * math.log(10.0)) / 6
 def fixed_module(**optim) -> tuple[Seq2SeqModule, dict, set]:
     """A module around FixedModel whose `log` records values and which names go to the progress bar."""
     module = Seq2SeqModule({"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}, 6, 6, optim)
-    module.model = FixedModel()
+    module.model = FixedModel(module.model.cfg)
     logged, progress_bar = {}, set()
 
     def log(name, value, prog_bar=False, **kw):
