@@ -152,7 +152,8 @@ def alignment_error_rate(
     """Corpus AER (Och & Ney 2003) of attention argmax alignments A against the sure gold links S and the
     possible ones P (S and, per example, `possible`): 1 - (|A & S| + |A & P|) / (|A| + |S|); 0 is perfect,
     attention that ignores the gold gives 1. With no possible links beyond the sure ones it is
-    1 - 2 |A & S| / (|A| + |S|); with none sure, the share of A outside P. attentions: per example a (T, S)
+    1 - 2 |A & S| / (|A| + |S|); with none sure, the share of A outside P, a row with possible links that
+    links nowhere (its peak on EOS or padding) counted in A and outside P. attentions: per example a (T, S)
     array or tensor (rows target, columns source positions); gold, possible: per example (source index,
     target index) pairs, as Example.alignment and Example.possible; sizes: optional (source length, target
     length) each (attention_alignment)."""
@@ -172,6 +173,8 @@ def alignment_error_rate(
         hard = attention_alignment(weights, src_len, tgt_len)
         hits += len(hard & links) + len(hard & allowed)
         predicted += len(hard)
+        if not links:  # none sure: a row with gold that links nowhere (EOS, padding) is a wrong link
+            predicted += len({t for _, t in allowed} - {t for _, t in hard})
         sure += len(links)
     return 1 - hits / (predicted + sure) if predicted + sure else math.nan
 

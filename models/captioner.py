@@ -30,11 +30,11 @@ from torch import nn
 
 from ablate.models.config import ModelConfig
 from ablate.models.ensemble import Ensemble
+from ablate.models.kinds import REGION
 from ablate.models.positional_layers import SinusoidalEncoding
 from ablate.models.rnn import RNNSeq2Seq
 from ablate.models.sequences import EOS_ID, IMAGE_ROWS
 
-REGION = 2  # a region is REGION x REGION pixels: an 8 x 8 digit is 4 x 4 regions
 CONVOLUTIONS = 2
 
 
@@ -98,6 +98,9 @@ class Captioner(RNNSeq2Seq):
         self.initial = nn.ModuleList(
             self.ensemble.linear(cfg.d_model, cfg.layers * cfg.d_model) for _ in self.state_names
         )
+        # None where the config ignores it: no attention, or uniform weights, whose penalty is a constant.
+        ignored = "doubly_stochastic" in cfg.ignored_keys()
+        self.penalty = None if ignored or not cfg.doubly_stochastic else cfg.doubly_stochastic
 
     def make_encoder(self, cfg: ModelConfig, src_vocab: int, pad_id: int, ensemble: Ensemble) -> nn.Module:
         return RegionEncoder(cfg, src_vocab, pad_id, ensemble)
@@ -126,14 +129,14 @@ class Captioner(RNNSeq2Seq):
     def penalised(self, src: torch.Tensor, tgt_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, V) and each image's doubly stochastic penalty (B,), lambda * sum over its real
         regions of (1 - the weight its caption's steps gave the region)^2, heads averaged; None when off."""
-        if not (self.attention is not None and self.cfg.doubly_stochastic > 0):
+        if self.penalty is None:
             return self(src, tgt_in), None
         logits, weights = super().forward(src, tgt_in, need_weights=True)
         alpha = weights["cross"][0].float().mean(1)  # (B, T, R)
         steps = (tgt_in != self.pad_id)[..., None].float()  # (B, T, 1): the caption's steps
         attended = (alpha * steps).sum(1)  # (B, R)
         padding = self.ensemble.padding["src"].float()
-        return logits, self.cfg.doubly_stochastic * ((1 - attended) ** 2 * padding).sum(-1)
+        return logits, self.penalty * ((1 - attended) ** 2 * padding).sum(-1)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, need_weights: bool = False):
         """Teacher forcing: logits (B, T, V); with need_weights also {'cross': [weights (B, H, T, S) over the

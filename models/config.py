@@ -129,6 +129,11 @@ class ModelConfig(BaseModel):
             raise ValueError("pooling: last reads the last token alone, which a classifier without context "
                              "(encoder: embedding) reads nothing else through (always EOS)")  # fmt: skip
         reads = self.read_keys() if self.arch in BUILT_IN else ()
+        if self.arch in BUILT_IN and FAMILIES[self.arch].images and self.attention != "none" and (
+            self.attention_window == "local-m"
+        ):
+            raise ValueError("attention_window: local-m centres each step's window on its step number, and an "
+                             "image's regions are not in step with its caption (global | local-p)")  # fmt: skip
         if "heads" in reads:
             if self.d_model % self.heads:
                 raise ValueError(f"heads: must divide d_model={self.d_model} (got heads={self.heads})")
@@ -180,6 +185,10 @@ class ModelConfig(BaseModel):
                 switch, value = ("pooling", self.pooling) if part == "attention" else ("encoder", self.encoder)
                 why = f"acts only with a classifier's {part} {switch}; model.{switch} is {value}"
                 ignored |= {key: why for key in keys if key not in reads}
+        if self.attention == "uniform" and self.attention_window == "global" and "attention" in reads:
+            # Every head's weights are the mean, and their sum over a caption is fixed by its length.
+            why = "weights cannot move under model.attention uniform over the global window"
+            ignored |= {key: why for key in ("attention_heads", *CAPTIONER_KEYS) if key in reads}
         if self.arch in ("lstm", "captioner"):
             if self.attention == "none":
                 keys = (*ATTENTION_KEYS, *CAPTIONER_KEYS) if self.arch == "captioner" else ATTENTION_KEYS
@@ -250,6 +259,8 @@ class ModelConfig(BaseModel):
         if score is not None:
             limits.append(score.max_length(self.max_positions))
         source = min((limit for limit in limits if limit is not None), default=None)
+        if source is not None:
+            source = FAMILIES[self.arch].memory_tokens(source)
         decodes_positions = "pos_encoding" in reads and not FAMILIES[self.arch].classifies
         return source, (source if decodes_positions else None)
 

@@ -21,9 +21,10 @@ def generation_budget(
     return int(max(longest_source, longest_target) * ratio) + extra
 
 
-def max_target_length(src: torch.Tensor, pad_id: int, longest_target: int = 0) -> int:
-    """The generation budget of a batch of sources (B, S)."""
-    return generation_budget(int((src != pad_id).sum(1).max().item()), longest_target)
+def max_target_length(src: torch.Tensor, pad_id: int, longest_target: int = 0, per_position: int = 1) -> int:
+    """The generation budget of a batch of sources (B, S); per_position: source tokens a position of the
+    output stands against (an image's: a column of IMAGE_ROWS pixels)."""
+    return generation_budget(int((src != pad_id).sum(1).max().item()) // per_position, longest_target)
 
 
 def length_penalty(length: int, alpha: float) -> float:

@@ -14,8 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from ablate.models.sequences import IMAGE_ROWS
+
 if TYPE_CHECKING:
     from ablate.models.config import ModelConfig
+
+REGION = 2  # a captioner's region is REGION x REGION pixels (models/captioner.py): an 8 x 8 digit is 4 x 4 of them
 
 # The switches of one family, which the other ignores; the rest (d_model, layers, ...) every family reads.
 LSTM_KEYS = ("cell", "bidirectional", "attention", "attention_query", "input_feeding", "attention_heads",
@@ -73,6 +77,9 @@ class Family:
     # Its training loss adds a penalty of its own (models/steps.py `penalised`): the module then has
     # penalised(src, tgt_in) -> (logits, each example's penalty (B,) or None).
     penalised: bool = False
+    # The most source tokens a memory of n positions holds (what position limits such as location
+    # attention's max_positions bound): a token each, or a captioner's region of REGION x REGION pixels.
+    memory_tokens: Callable[[int], int] = lambda n: n
 
 
 FAMILIES = {
@@ -104,6 +111,7 @@ FAMILIES = {
         eager=None,
         images=True,
         penalised=True,
+        memory_tokens=lambda n: n // (IMAGE_ROWS // REGION) * IMAGE_ROWS * REGION,
     ),
 }
 BUILT_IN = frozenset(FAMILIES)  # before plug-ins join: the families whose cross-key checks models/config.py runs

@@ -20,7 +20,7 @@ from ablate.models.ensemble import seed_dropout
 from ablate.models.explanation import explain
 from ablate.models.kinds import FAMILIES
 from ablate.models.optim import SCHEDULES, OptimConfig
-from ablate.models.sequences import BOS_ID, EOS_ID, PAD_ID, score
+from ablate.models.sequences import BOS_ID, EOS_ID, IMAGE_ROWS, PAD_ID, score
 from ablate.models.steps import Steps, loss_sums, summed_losses, training_loss
 
 
@@ -121,7 +121,10 @@ class Seq2SeqModule(L.LightningModule):
     def generate(self, src: torch.Tensor, beam_size: int = 1) -> torch.Tensor:
         """(B, S) -> (B, L) predicted ids, EOS kept, padded; a classifier's, its one label (B, 1)."""
         with self._inference():
-            max_len = 1 if self.classifies else max_target_length(src, PAD_ID, self.hparams.train_max_len)
+            per_position = IMAGE_ROWS if FAMILIES[self.model_cfg.arch].images else 1  # a caption: a column's worth
+            max_len = 1 if self.classifies else max_target_length(
+                src, PAD_ID, self.hparams.train_max_len, per_position
+            )  # fmt: skip
             if beam_size == 1:
                 return greedy_decode(self.model, src, BOS_ID, EOS_ID, PAD_ID, max_len)
             return beam_search(

@@ -19,6 +19,7 @@ from ablate.harness.tasks.datamodule import Seq2SeqDataModule
 from ablate.harness.tasks.digits import image_pools, load_images, strip_example
 from ablate.models import build_model
 from ablate.models.config import ModelConfig
+from ablate.models.decoding import max_target_length
 from ablate.models.rnn import RNNSeq2Seq
 from ablate.models.sequences import EOS_ID, IMAGE_ROWS, PAD_ID
 from ablate.models.steps import token_cross_entropy, training_loss
@@ -158,6 +159,10 @@ def test_alignment_error_with_possible_links_against_hand_values():
     assert alignment_error_rate([weights], [[(0, 0), (1, 1)]]) == pytest.approx(1 - 2 / 5)
     # None sure: the share of A outside the possible links (a digit's pixels).
     assert alignment_error_rate([weights], [[]], None, [[(0, 0), (1, 1), (3, 2)]]) == pytest.approx(1 / 3)
+    # ... and a row whose peak is on EOS (the source's last position, past src_len) is a wrong link, not none.
+    eos = np.array([[0.9, 0.1, 0.0, 0.0], [0.1, 0.0, 0.0, 0.9]])
+    assert alignment_error_rate([eos], [[]], [(3, 2)], [[(0, 0), (1, 1)]]) == pytest.approx(1 / 2)
+    assert alignment_error_rate([eos[1:]], [[]], [(3, 1)], [[(1, 0)]]) == pytest.approx(1.0)
 
 
 def test_a_captioners_probe_is_its_image_lit_step_by_step_with_each_digits_image_boxed():
@@ -215,6 +220,25 @@ def test_a_captioner_learns_to_read_strips_and_looks_at_each_digit_as_it_emits_i
     assert accuracy["additive"] > accuracy["none"] + 0.3
 
 
+def test_a_captioners_position_limits_and_decoding_budget_count_regions_and_columns():
+    # Location attention scores at most max_positions regions: 4 regions per 16 pixel tokens.
+    assert captioner(attention="location", max_positions=52).position_limits == (208, None)
+    assert captioner(attention="location", max_positions=50).position_limits == (192, None)
+    # Decoding a strip of six digits (385 tokens with EOS) needs at most a caption per column, not per pixel.
+    src = torch.ones(1, 385, dtype=torch.long)
+    assert max_target_length(src, PAD_ID, 4, per_position=IMAGE_ROWS) == 2 * 48 + 10
+
+
+def test_uniform_weights_make_their_heads_and_the_penalty_moot():
+    keys = captioner(attention="uniform").ignored_keys()
+    assert {"attention_heads", "doubly_stochastic"} <= set(keys)
+    assert "attention_heads" not in captioner(attention="uniform", attention_window="local-p").ignored_keys()
+    assert build_model(captioner(attention="uniform", doubly_stochastic=1.0), 21, 14).penalty is None
+    with pytest.raises(ConfigError, match=r"^model.doubly_stochastic: has no effect \(weights cannot move"):
+        load_config(None, None, ["model.arch=captioner", "task.name=digits", "model.attention=uniform",
+                                 "model.doubly_stochastic=1"])  # fmt: skip
+
+
 def test_a_captioner_is_refused_where_it_cannot_run():
     with pytest.raises(ConfigError) as info:
         load_config(None, "captioner-soft", [])
@@ -229,6 +253,9 @@ def test_a_captioner_is_refused_where_it_cannot_run():
     with pytest.raises(ConfigError, match=r"^model.bidirectional: has no effect \(an LSTM setting; model.arch is "
                                           r"captioner\)"):  # fmt: skip
         load_config(None, "captioner-soft", ["task.name=digits", "model.bidirectional=false"])
+    with pytest.raises(ConfigError, match=r"^model.attention_window: local-m centres each step's window on its "
+                                          r"step number"):  # fmt: skip
+        load_config(None, "captioner-soft", ["task.name=digits", "model.attention_window=local-m"])
     with pytest.raises(
         ConfigError, match=r"^model.doubly_stochastic: Input should be greater than or equal to 0"
     ):

@@ -264,6 +264,8 @@ CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention
         {"arch": "classifier", "encoder": "embedding", "pooling": "attention", "attention": "dot"},
         {"arch": "captioner"},
         {"arch": "captioner", "attention": "dot"},
+        {"arch": "captioner", "attention": "uniform"},
+        {"arch": "lstm", "attention": "uniform"},
     ],
     ids=[
         "lstm",
@@ -275,6 +277,8 @@ CHANGED = {"cell": "gru", "bidirectional": False, "attention": "dot", "attention
         "classifier-embedding-attention",
         "captioner",
         "captioner-attention",
+        "captioner-uniform",
+        "lstm-uniform",
     ],  # fmt: skip
 )
 def test_a_key_the_model_ignores_changes_nothing_it_computes(model):
