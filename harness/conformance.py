@@ -129,7 +129,7 @@ def fused(cfg: ModelConfig, device: torch.device) -> str:
 def reference(cfg: ModelConfig, device: torch.device) -> str:
     """The score's and each positional part's module, in float64, against the formula its entry gives."""
     nothing = Skipped("no entry of this model gives its formula")
-    reads = FAMILIES[cfg.arch].reads
+    reads = cfg.read_keys()  # a classifier's with its own encoder: an LSTM's reads no Transformer score
     g = torch.Generator().manual_seed(2)
     draw = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).to(device)  # noqa: E731
     compared = []
