@@ -81,7 +81,7 @@ GOLD = np.array([255, 0, 0], dtype=np.uint8)
 
 def heatmap(sample: AttentionSample, kind: str, layer: int) -> np.ndarray:
     """The heads of one layer side by side as an RGB image (H, W, 3): weight 0 dark, 1 yellow; cross
-    attention marks the gold alignment with a red dot per link. Drawn with numpy alone, so it is cheap
+    attention marks the gold alignment, sure and possible links, with a red dot per link. Drawn with numpy alone, so it is cheap
     enough to log at every validation (the tokens go in the caption; reports draw labelled axes)."""
     weights = sample.weights[kind][layer]  # (heads, rows, cols)
     panels = []
@@ -90,7 +90,7 @@ def heatmap(sample: AttentionSample, kind: str, layer: int) -> np.ndarray:
         panel = VIRIDIS[levels].repeat(CELL, axis=0).repeat(CELL, axis=1)  # (rows*CELL, cols*CELL, 3)
         if kind == "cross":
             mid = CELL // 2
-            for src, tgt in sample.alignment:
+            for src, tgt in np.concatenate([sample.alignment, sample.possible]).reshape(-1, 2):
                 panel[
                     tgt * CELL + mid - 1 : tgt * CELL + mid + 1, src * CELL + mid - 1 : src * CELL + mid + 1
                 ] = GOLD

@@ -14,6 +14,7 @@ from matplotlib.patches import Rectangle
 from ablate.harness.artifacts import AttentionSample
 from ablate.harness.attention_maps import probe_aer, probe_figure
 from ablate.harness.metrics import alignment_error_rate
+from ablate.harness.probes import CELL, GOLD, heatmap
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
 from ablate.harness.tasks.digits import image_pools, load_images, strip_example
@@ -191,6 +192,11 @@ def test_a_captioners_probe_is_its_image_lit_step_by_step_with_each_digits_image
     ]
     assert boxes == [(-0.5, -0.5, 8, 8), (7.5, 8.5, 8, 8)]  # step t's box on its own band, around image t
     assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "7", "</s>"]
+    # The heatmap logged at each validation marks the possible links as it marks sure ones.
+    logged = heatmap(sample, "cross", 0)
+    mid = CELL // 2
+    assert (logged[1 * CELL + mid, 64 * CELL + mid] == GOLD).all()  # step 1's digit begins at pixel 64
+    assert not (logged[0 * CELL + mid, 64 * CELL + mid] == GOLD).all()
 
 
 def test_a_captioner_learns_to_read_strips_and_looks_at_each_digit_as_it_emits_it(digits):
