@@ -91,7 +91,10 @@ if ! slurm_start; then
   slurm_stop
   unset ABLATE_TEST_SLURM
 fi
-# Run before whatever EXIT trap a script sourced earlier set (services.sh stops PostgreSQL there).
+# Run before whatever EXIT trap a script sourced earlier set (services.sh stops PostgreSQL there); the
+# positional parameters lend the parsing and are given back to the script that sourced this one.
+slurm_args=("$@")
 eval "set -- $(trap -p EXIT)"
 trap "slurm_stop${3:+; $3}" EXIT
-set --
+set -- "${slurm_args[@]}"
+unset slurm_args
