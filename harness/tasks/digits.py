@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ablate.harness.tasks.base import Example, TaskData, Vocab, longest_target
-from ablate.harness.tasks.synthetic import _sample_split
+from ablate.harness.tasks.synthetic import sample_splits
 from ablate.models.sequences import IMAGE_ROWS
 from ablate.schema.errors import ConfigError
 from ablate.schema.task_config import TaskConfig
@@ -72,19 +72,7 @@ def digits_task(cfg: TaskConfig, seed: int) -> TaskData:
 
         return sample
 
-    # One independent stream per split, as synthetic.py's: changing n_train does not change the test set.
-    rngs = [
-        np.random.default_rng(s) for s in np.random.SeedSequence([seed, sum(map(ord, "digits"))]).spawn(4)
-    ]
-    lo, hi = cfg.min_len, cfg.max_len
-    splits = {
-        "train": _sample_split(rngs[0], cfg.n_train, lo, hi, sampler(pools["train"]), set()),
-        "valid": _sample_split(rngs[1], cfg.n_valid, lo, hi, sampler(pools["valid"]), set()),
-        "test": _sample_split(rngs[2], cfg.n_test, lo, hi, sampler(pools["test"]), set()),
-        "test_long": [] if cfg.long_cut is None else _sample_split(
-            rngs[3], cfg.n_test, hi + 1, cfg.long_max_len, sampler(pools["test"]), set()
-        ),
-    }  # fmt: skip
+    splits = sample_splits("digits", {split: sampler(pool) for split, pool in pools.items()}, cfg, seed)
     meta = {"images": {split: len(pool) for split, pool in pools.items()}}
     return TaskData(
         "digits",

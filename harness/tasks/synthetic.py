@@ -120,22 +120,28 @@ def _sample_split(
     return examples
 
 
-def sample_splits(name: str, sample: Sampler, cfg: TaskConfig, seed: int, shortest: int = 1) -> dict:
-    """Every split of a generated task; `shortest` is the least length the task can produce."""
+def sample_splits(
+    name: str, sample: Sampler | dict[str, Sampler], cfg: TaskConfig, seed: int, shortest: int = 1
+) -> dict:
+    """Every split of a generated task; `sample`: one sampler for every split, or one each for train, valid and
+    test (test_long draws as test does); `shortest` is the least length the task can produce."""
     if cfg.max_len < shortest:
         raise ConfigError(
             f"task.max_len: {name} examples have length at least {shortest} (got {cfg.max_len})"
         )
+    samplers = sample if isinstance(sample, dict) else dict.fromkeys(("train", "valid", "test"), sample)
     # One independent stream per split: changing n_train does not change the test set.
     streams = np.random.SeedSequence([seed, sum(map(ord, name))]).spawn(4)
     rngs = [np.random.default_rng(s) for s in streams]
     lo, hi, long_hi = max(cfg.min_len, shortest), cfg.max_len, cfg.long_max_len
-    test = _sample_split(rngs[2], cfg.n_test, lo, hi, sample, set())
-    valid = _sample_split(rngs[1], cfg.n_valid, lo, hi, sample, {e.src for e in test})
+    test = _sample_split(rngs[2], cfg.n_test, lo, hi, samplers["test"], set())
+    valid = _sample_split(rngs[1], cfg.n_valid, lo, hi, samplers["valid"], {e.src for e in test})
     held_out = {e.src for e in test} | {e.src for e in valid}
-    train = _sample_split(rngs[0], cfg.n_train, lo, hi, sample, held_out)
+    train = _sample_split(rngs[0], cfg.n_train, lo, hi, samplers["train"], held_out)
     has_long = cfg.long_cut is not None  # the one statement of when a task has a test_long split
-    test_long = _sample_split(rngs[3], cfg.n_test, hi + 1, long_hi, sample, set()) if has_long else []
+    test_long = []
+    if has_long:
+        test_long = _sample_split(rngs[3], cfg.n_test, hi + 1, long_hi, samplers["test"], set())
     return {"train": train, "valid": valid, "test": test, "test_long": test_long}
 
 
