@@ -81,8 +81,9 @@ GOLD = np.array([255, 0, 0], dtype=np.uint8)
 
 def heatmap(sample: AttentionSample, kind: str, layer: int) -> np.ndarray:
     """The heads of one layer side by side as an RGB image (H, W, 3): weight 0 dark, 1 yellow; cross
-    attention marks the gold alignment, sure and possible links, with a red dot per link. Drawn with numpy alone, so it is cheap
-    enough to log at every validation (the tokens go in the caption; reports draw labelled axes)."""
+    attention marks the gold alignment, sure and possible links, with a red dot per link. Drawn with numpy
+    alone, so it is cheap enough to log at every validation (the tokens go in the caption; reports draw
+    labelled axes)."""
     weights = sample.weights[kind][layer]  # (heads, rows, cols)
     panels = []
     for head in weights:

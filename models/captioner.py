@@ -6,14 +6,15 @@ IMAGE_ROWS a column (models/sequences.py), then EOS; a token is a pixel's level.
 back into the image: each level's embedding (a 1x1 convolution of the one-hot level), CONVOLUTIONS 3x3
 convolutions with ReLU, then REGION x REGION average pooling. Each cell of that feature map is a region,
 with a sinusoidal code of its column and a learned one of its row added: the decoder reads the digits in
-order, and a convolution's features alone do not say where they are (the codes' mean over an image says
-nothing of its content, and saturated f_init's tanh: the mean region is taken before them). Regions are in column-major order, as
+order, and a convolution's features alone do not say where they are. Regions are in column-major order, as
 the pixels.
 
 The decoder is models/rnn.py's, with every switch of the LSTM family's decoder (score, query, input feeding,
 heads, window), the regions its memory. Its initial state is Xu et al.'s f_init: each layer's h (and c) from
-the mean of the regions through a linear layer and tanh. With `attention: none` that is all it sees of the
-image, the mean of its regions (the bottleneck). `doubly_stochastic` = lambda adds Xu et al.'s penalty
+the mean of the regions' features through a linear layer and tanh. That mean is taken before the position
+codes (whose mean says nothing of the content) and layer-normed (unnormed, the features grew until the tanh
+saturated and a decoder that sees only the mean learned nothing). With `attention: none` that is all it sees
+of the image (the bottleneck). `doubly_stochastic` = lambda adds Xu et al.'s penalty
 lambda * sum_i (1 - sum_t alpha_ti)^2 over the regions i of each image, alpha summed over the caption's
 steps t (`penalised`).
 
@@ -74,9 +75,9 @@ class RegionEncoder(nn.Module):
         features = F.avg_pool2d(x, REGION).permute(0, 2, 3, 1)  # (B, rows', W', D)
         b, rows, cols, d = features.shape
         x = self.columns(features.reshape(b * rows, cols, d)).view(b, rows, cols, d)
-        x = (
-            x + self.rows(torch.arange(rows, device=src.device).expand(b, rows))[:, :, None]
-        )  # each seed's rows
+        # (B, rows', D): each row's code, from each seed's own table
+        row_codes = self.rows(torch.arange(rows, device=src.device).expand(b, rows))
+        x = x + row_codes[:, :, None]
         regions = x.transpose(1, 2).reshape(b, cols * rows, d)  # column-major: r = column * rows' + row
         real_regions = F.max_pool2d(real, REGION)  # (B, 1, rows', W')
         padding = real_regions[:, 0].transpose(1, 2).reshape(b, -1) > 0  # (B, R)

@@ -301,7 +301,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # context entering the LSTM's input, and the doubly stochastic regularisation at weight 1.
     "captioner-soft": dict(arch="captioner", attention="additive", attention_query="previous",
                            doubly_stochastic=1.0),  # fmt: skip
-    # Vaswani et al. 2017, sinusoidal positions, 1/sqrt(d_k).
+    # Vaswani et al. 2017: post-LN, sinusoidal positions, 1/sqrt(d_k).
     "transformer": dict(arch="transformer", norm="post", pos_encoding="sinusoidal", scale="sqrt"),
     # Xiong et al. 2020.
     "transformer-pre-ln": dict(arch="transformer", norm="pre", pos_encoding="sinusoidal", scale="sqrt"),

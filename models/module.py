@@ -83,6 +83,8 @@ class Seq2SeqModule(L.LightningModule):
         self.steps = Steps(self.optim.compile, self.model_cfg)
         self.eval_splits = list(eval_splits)
         self.classifies = FAMILIES[self.model_cfg.arch].classifies
+        # Source tokens a decoded position stands against: a caption's, a column of an image's pixels.
+        self.per_position = IMAGE_ROWS if FAMILIES[self.model_cfg.arch].images else 1
         self._sums: dict[str, torch.Tensor] = {}
         self._explained: dict[str, int] = {}  # test examples explained so far, per split
         self._dropout: list[torch.Generator] | None = None
@@ -121,9 +123,8 @@ class Seq2SeqModule(L.LightningModule):
     def generate(self, src: torch.Tensor, beam_size: int = 1) -> torch.Tensor:
         """(B, S) -> (B, L) predicted ids, EOS kept, padded; a classifier's, its one label (B, 1)."""
         with self._inference():
-            per_position = IMAGE_ROWS if FAMILIES[self.model_cfg.arch].images else 1  # a caption: a column's worth
             max_len = 1 if self.classifies else max_target_length(
-                src, PAD_ID, self.hparams.train_max_len, per_position
+                src, PAD_ID, self.hparams.train_max_len, self.per_position
             )  # fmt: skip
             if beam_size == 1:
                 return greedy_decode(self.model, src, BOS_ID, EOS_ID, PAD_ID, max_len)
