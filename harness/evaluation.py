@@ -24,7 +24,13 @@ from ablate.harness.probes import Probe
 from ablate.harness.tasks import Example, TaskData
 from ablate.models.diagnostics import rank_collapse
 from ablate.models.explanation import MEASURES
-from ablate.models.sequences import PAD_ID, SequenceScore
+from ablate.models.sequences import PAD_ID, UNK, SequenceScore
+
+
+def predicted_label(tokens: list[str]) -> str | None:
+    """A classifier's decoded output as a label: its first token, or None where it emitted none or `<unk>`,
+    which is no label of the task (macro-F1 would otherwise score it as a class of its own)."""
+    return tokens[0] if tokens and tokens[0] != UNK else None
 
 
 class SplitPass:
@@ -93,7 +99,7 @@ class SplitPass:
             if self.classifies:
                 metrics[f"{self.split}/rationale_mass"] = rationale_mass(self.cross, gold)
         if self.labelled:
-            labels = [(data.tgt_vocab.decode(pred) or [None])[0] for pred in self.predictions]
+            labels = [predicted_label(data.tgt_vocab.decode(pred)) for pred in self.predictions]
             metrics[f"{self.split}/macro_f1"] = macro_f1(labels, [ex.tgt[0] for ex in self.examples])
         for name, values in self.explanation.items():
             if np.isfinite(values).any():

@@ -15,6 +15,7 @@ from torch import nn
 
 from ablate.harness.artifacts import AttentionSample
 from ablate.harness.attention_maps import labels_one, probe_figure
+from ablate.harness.evaluation import predicted_label
 from ablate.harness.metrics import macro_f1, rationale_mass
 from ablate.harness.tasks import build_task
 from ablate.harness.tasks.datamodule import Seq2SeqDataModule
@@ -269,6 +270,11 @@ def test_macro_f1_and_rationale_mass_against_hand_values():
     # a: 1 hit, 1 claimed, 2 true -> 2/3; b: 2 hits, 3 claimed, 2 true -> 4/5; c: 0 -> 0
     assert macro_f1(predicted, true) == pytest.approx((2 / 3 + 4 / 5 + 0) / 3)
     assert macro_f1(true, true) == 1.0
+    # A classifier that emits `<unk>` or nothing predicts no label: wrong for its example, no class of its own.
+    decoded = [["a"], ["b"], ["b"], ["<unk>"], []]
+    assert [predicted_label(tokens) for tokens in decoded] == ["a", "b", "b", None, None]
+    # a 2/3, b 1 hit of 2 claimed and 2 true -> 1/2, c 0; over three classes, not four with `<unk>`
+    assert macro_f1([predicted_label(t) for t in decoded], true) == pytest.approx((2 / 3 + 1 / 2 + 0) / 3)
     weights = [np.array([[0.5, 0.2, 0.3]]), np.array([[0.1, 0.9]])]
     assert rationale_mass(weights, [((0, 0), (2, 0)), ((1, 0),)]) == pytest.approx((0.8 + 0.9) / 2)
 
