@@ -2,7 +2,8 @@
 
 The Python API (ablate/api.py): `load_study(...)` -> Study (`.run()`, `.results()`, `.claims()`,
 `.report()`, `.report_path`, `.compare(other)`), `compare(first, second)` of two stored runs, and
-`train(config)` -> metrics; ConfigError for bad input, RunFailed for a fault during a run.
+`train(config)` -> metrics; ConfigError for bad input, RunFailed for a fault during a run, TimeLimit for a
+run stopped at its time limit with trials left (run it again).
 
 The repository's folders schema/, models/, harness/, analysis/, reports/, ablations/ and bench/ install as
 ablate.schema, ablate.models, ablate.harness, ablate.analysis, ablate.reports, ablate.ablations and
@@ -17,7 +18,7 @@ if (_checkout / "pyproject.toml").is_file() and (_checkout / "harness" / "trial.
     __path__.append(str(_checkout))
 
 API = ("load_study", "Study", "train", "compare")
-ERRORS = ("ConfigError", "RunFailed")
+ERRORS = ("ConfigError", "RunFailed", "TimeLimit")
 __all__ = [*API, *ERRORS]
 
 

@@ -88,16 +88,20 @@ class Study:
         report: bool = True,
         launcher: str | None = None,
         launch: tuple[str, ...] = (),
+        time_limit: float | None = None,
     ) -> Path | None:
         """Runs every variant x seed not yet done, as `ablate sweep` (reading the study file again): `workers`
         local CPU processes, or `per_device` on each GPU of `devices` ("0,1"); W&B `online`, `offline` or
         `disabled` (default: online with credentials, else offline); `launcher` ("slurm", "ray", "local") and
         `launch` ("tasks=4") as `ablate sweep --launcher --launch`. Writes the report unless `report=False`;
         returns its HTML file, or None when a scheduler took the workers. Ctrl-C (or a notebook's stop) stops
-        the workers, which checkpoint their trials, and raises KeyboardInterrupt; run again resumes them."""
+        the workers, which checkpoint their trials, and raises KeyboardInterrupt; run again resumes them. After
+        `time_limit` seconds the workers checkpoint and stop, and TimeLimit is raised where trials are left; run
+        again continues them."""
         options = checked(SweepOptions, {**self.options.model_dump(), "workers": workers, "devices": devices,
                                          "per_device": per_device, "wandb": wandb, "report": report,
-                                         "launcher": launcher, "launch": tuple(launch)})  # fmt: skip
+                                         "launcher": launcher, "launch": tuple(launch),
+                                         "time_limit": time_limit})  # fmt: skip
         return sweep(self.source, self.profile, self.sets, options, Console(stderr=True), stop_on_signals=False)
 
     @contextmanager

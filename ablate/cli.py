@@ -26,6 +26,7 @@ from ablate.harness.launchers import LAUNCHERS
 from ablate.schema.errors import ConfigError
 from ablate.schema.text import shown, terminal
 from ablate.sweep import (
+    PART_LIMIT_S,
     ThreadOptions,
     check_artifacts,
     checked,
@@ -187,6 +188,11 @@ def sweep(
         list[str] | None,
         typer.Option("--launch", help="A launcher setting, key=value (the study's launcher block's keys)."),
     ] = None,
+    time_limit: Annotated[
+        str | None,
+        typer.Option("--time-limit", metavar="SECONDS", help="Checkpoint every trial and stop after this "
+                     "long (exit 75); the same command continues. `ablate plan` counts such commands."),  # fmt: skip
+    ] = None,
 ) -> None:
     """Tune (if the study says so) and run every variant x seed of a study, then write its report.
 
@@ -201,7 +207,7 @@ def sweep(
     options = checked(SweepOptions, {
         "storage": storage, "out": out, "workers": workers, "devices": devices, "per_device": per_device,
         "wandb": wandb, "artifacts": artifacts, "allow_large": allow_large, "report": not no_report,
-        "launcher": launcher, "launch": tuple(launch or ()),
+        "launcher": launcher, "launch": tuple(launch or ()), "time_limit": time_limit,
     }, from_text=True)  # fmt: skip
     # --set changes the study's fixed keys for every trial (e.g. train.max_steps=50).
     overrides = dict(parse_override(s) for s in sets or [])
@@ -457,6 +463,45 @@ def check(
         raise typer.Exit(code=1)
 
 
+@app.command()
+def plan(
+    study: Annotated[str, typer.Argument(help="Study file (or the name of a bundled one).")],
+    profile: Annotated[
+        str | None, typer.Option("--profile", help="Study-file profile, e.g. gpu (default: the first).")
+    ] = None,
+    sets: SetOption = None,
+    device: Annotated[str, typer.Option("--device", help="The device it would run on: h100.")] = "h100",
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", metavar="SECONDS", help="A command's `ablate sweep --time-limit`.")
+    ] = PART_LIMIT_S,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as one JSON object.")] = False,
+) -> None:
+    """What a study would cost on one GPU, before it runs: each variant's steps counted on this CPU at the
+    study's own batches, in seconds from steps measured on that GPU (harness/study/cost.py), and how many
+    `ablate sweep --time-limit` commands run it, each continuing the last."""
+    from ablate.harness.study.cost import DEVICES, estimate
+    from ablate.harness.study.validate import MAX_TRIALS, load_study
+    from ablate.schema.config import parse_override
+
+    if device not in DEVICES:
+        raise ConfigError(f"--device: {device!r} is not one of {', '.join(DEVICES)}")
+    spec = load_study(study, profile, dict(parse_override(s) for s in sets or []), MAX_TRIALS)
+    found = estimate(spec, device)
+    command = f"ablate sweep {study}{f' --profile {profile}' if profile else ''} --time-limit {time_limit:g}"
+    if as_json:
+        print(json.dumps({**found.summary(time_limit), "command": command}))
+        return
+    table = Table("variant", "runs x seeds", "steps", "a step", "evaluating", "in all")
+    for g in found.groups:
+        runs = f"{g.phase} {g.count} x {g.seeds}{' fused' if g.seeds > 1 else ''}"
+        step = f"{g.step_s * 1e3:.1f} ms {'graph' if g.captured else 'eager'}"
+        table.add_row(terminal(g.variant), runs, f"{g.steps:,}", step, _duration(g.validation_s + g.test_s),
+                      _duration(g.total_s))  # fmt: skip
+    Console().print(table)
+    for line in found.lines(time_limit, command):
+        Console().print(terminal(line))
+
+
 @app.command("list")
 def list_all() -> None:
     """Tasks, presets, bundled studies and config keys."""
@@ -533,12 +578,14 @@ RUN_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM}
 
 def error_line(e: BaseException) -> tuple[int, str] | None:
     """(exit code, message) for an error the user can act on; None for a bug (its traceback is shown)."""
-    from ablate.schema.errors import RunFailed
+    from ablate.schema.errors import RunFailed, TimeLimit
 
     if isinstance(e, ConfigError):
         return 2, str(e)
     if isinstance(e, RunFailed):
         return 1, str(e)
+    if isinstance(e, TimeLimit):
+        return TimeLimit.EXIT, str(e)
     smaller = "; a smaller train.batch_size or model needs less"
     torch = sys.modules.get("torch")  # without torch loaded, nothing ran out of device memory
     if torch is not None and isinstance(e, torch.cuda.OutOfMemoryError):

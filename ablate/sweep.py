@@ -1,7 +1,7 @@
 """Running a study, for `ablate sweep` and the Python API alike: every check before anything is created,
 the storage, the workers its launcher starts (harness/launchers; local processes by default), their
 progress and the report; and a study already in a storage. Errors: ConfigError for bad input (before
-anything is created), RunFailed for a fault during the run."""
+anything is created), RunFailed for a fault during the run, TimeLimit for a run stopped at its time limit."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
 from ablate.harness.launchers import local
 from ablate.schema.config import one_line, validation_problems
-from ablate.schema.errors import ConfigError, RunFailed
+from ablate.schema.errors import ConfigError, RunFailed, TimeLimit
 from ablate.schema.text import shown, terminal
 
 if TYPE_CHECKING:
@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from ablate.schema.spec import StudySpec
 
 Options = TypeVar("Options", bound=BaseModel)
+# The --time-limit of a part of a long study on a machine lent for 9-minute commands: its workers' checkpoint
+# (stop_workers' 25 s) and the report still end it within 9 minutes. `ablate plan` counts such parts.
+PART_LIMIT_S = 500.0
 
 
 class SweepOptions(local.Options):
@@ -40,6 +43,8 @@ class SweepOptions(local.Options):
     report: bool = True
     launcher: str | None = None  # harness/launchers: slurm | ray | local; None: local, with the flags above
     launch: tuple[str, ...] = ()  # the launcher's settings, key=value, over the study file's launcher block
+    # Seconds after which the workers checkpoint their trials and stop (TimeLimit); the same call continues.
+    time_limit: Annotated[float, Field(gt=0)] | None = None
 
 
 class ThreadOptions(BaseModel):
@@ -139,10 +144,14 @@ def sweep(
     from ablate.harness import signals, tracking
     from ablate.harness.artifacts import check_run_folder, default_storage_url
     from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
+    from ablate.harness.study.queue import study_progress
     from ablate.harness.study.storage import masked_url
     from ablate.harness.study.validate import raise_problems
 
     spec, launch = load_sweep(study, profile, sets, options)
+    if options.time_limit is not None and (options.launcher or "local") != "local":
+        raise ConfigError(f"--time-limit: stops the workers this command starts (the local launcher); "
+                          f"{options.launcher}'s scheduler holds its own time limit")  # fmt: skip
     # The size before anything is created; on stdout, so stderr stays one line if opening fails next.
     Console().print(size_line(spec))
     mode = tracking.resolve_mode(options.wandb)  # type: ignore[arg-type]
@@ -155,8 +164,9 @@ def sweep(
         return None
     if stop_on_signals:
         signals.install(then=lambda signum: forward_signal(procs, signum))
+    deadline = None if options.time_limit is None else time.monotonic() + options.time_limit
     try:
-        watch_workers(spec, store, procs, console)
+        timed_out = watch_workers(spec, store, procs, console, deadline)
     except KeyboardInterrupt:
         console.print(
             "interrupted: workers checkpointed their trials and stopped; the same call resumes them"
@@ -164,12 +174,19 @@ def sweep(
         raise
     if signals.received():
         return None
+    if timed_out:
+        left = sum(r.remaining for r in study_progress(spec, store))
+        if left:
+            raise TimeLimit(f"--time-limit {options.time_limit:g} s reached with {left} trial(s) left: the workers "
+                            "checkpointed theirs; the same command continues")  # fmt: skip
     full = {NO_SPACE_EXIT: f"--out: no space left on device under {options.out}",
             STORAGE_FULL_EXIT: f"--storage: no space left on device for {masked_url(url)}"}  # fmt: skip
     for code, where in full.items():
         if code in [p.returncode for p in procs]:
             raise RunFailed(f"{where}; free some, then run the same command")
-    crashed = [p.returncode for p in procs if p.returncode != 0]
+    # A worker the time limit stopped as the last trial finished exits as SLURM's warning makes it exit.
+    stopped = signals.exit_code(signal.SIGUSR1) if timed_out else 0
+    crashed = [p.returncode for p in procs if p.returncode not in (0, stopped)]
     report = write_report(spec, store, options.out, mode, options.artifacts, console) if options.report else None
     if crashed:
         raise RunFailed(f"{len(crashed)} worker(s) exited with an error (codes {crashed})")
@@ -191,9 +208,11 @@ def write_report(
     return html
 
 
-def watch_workers(spec: StudySpec, store, procs, console: Console) -> None:
+def watch_workers(spec: StudySpec, store, procs, console: Console, deadline: float | None = None) -> bool:
     """A progress bar per phase until every worker has exited, or for at most 25 s after a stop signal
-    (Ctrl-C as KeyboardInterrupt is forwarded to the workers first)."""
+    (Ctrl-C as KeyboardInterrupt is forwarded to the workers first) or the `deadline` (time.monotonic()),
+    where the workers are sent SLURM's warning of a time limit (SIGUSR1) and checkpoint. True: the deadline
+    stopped them."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ablate.harness import signals
@@ -226,9 +245,12 @@ def watch_workers(spec: StudySpec, store, procs, console: Console) -> None:
                 if notebook is not None:
                     notebook.update(progress)
                 if all(p.poll() is not None for p in procs):
-                    return
+                    return False
                 if signals.received():
                     break
+                if deadline is not None and time.monotonic() > deadline:
+                    forward_signal(procs, signal.SIGUSR1)
+                    return True
                 time.sleep(2)
     except KeyboardInterrupt:
         forward_signal(procs, signal.SIGINT)

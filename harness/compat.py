@@ -1,4 +1,4 @@
-"""The private Optuna, Lightning and pysword attributes this project relies on, in one place: none has a
+"""The private Optuna, Lightning, torch and pysword attributes this project relies on, in one place: none has a
 public equivalent, and tests/test_compat.py pins the behaviour each use assumes, so an upgrade that changes
 it fails there, by name, rather than somewhere inside a study."""
 
@@ -47,3 +47,11 @@ def cache_sword_blocks(bible: Any) -> None:
     are left as they are."""
     if hasattr(bible, "_decompressed_text"):
         bible._decompressed_text = functools.lru_cache(maxsize=4)(bible._decompressed_text)
+
+
+def returns_a_view(op: Any) -> bool:
+    """Whether an ATen operator returns a view of an input (`view`, `transpose`: no kernel runs), from the
+    alias annotations of its schema, which no public attribute of torch's OpOverload gives; an in-place
+    operator's written alias (`add_`) is a kernel."""
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
+

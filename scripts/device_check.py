@@ -9,8 +9,8 @@ profile, fused and K workers per device, as far as the budget allows, and its re
 
 Every step prints its lines as they come and appends one JSON object to OUT/device-check.jsonl (each bench
 figure its own line as it completes), so a run killed at its time limit keeps what finished. The study
-stops at its share of the budget with SIGTERM: its workers checkpoint and queue their trials again, and the
-same command later resumes it from its storage (OUT/runs). Exit code: 0 when every step ran (a figure that
+stops at its share of the budget (`ablate sweep --time-limit`): its workers checkpoint and queue their trials
+again, and the same command later resumes it from its storage (OUT/runs). Exit code: 0 when every step ran (a figure that
 misses its target is reported, not an error), 1 when a step failed, 2 for bad arguments.
 """
 
@@ -37,6 +37,8 @@ CPU_FIGURES = "h_fused_seeds,j_compile,k_trial_vs_captured"
 # The tests that need CUDA (marked `cuda`), and the compiled steps' whole trials, which run on the GPU there.
 TESTS = ["tests/test_compile.py", "tests/test_module.py", "tests/test_conformance.py", "-m", "cuda or not slow",
          "-k", "cuda or compiled_trial or fused_group_compiles or many_lengths"]
+TIME_LIMIT_EXIT = 75  # `ablate sweep --time-limit` stopped with trials left (schema/errors.py TimeLimit)
+STUDY_END_S = 70  # after the study's time limit: its workers' checkpoint (25 s), `ablate status`, the last lines
 # The CPU mode's study: the quickstart, a few steps a trial.
 CPU_STUDY = ["quickstart", "--set", "train.max_steps=20", "--set", "train.val_every=10",
              "--set", "task.n_train=300", "--set", "task.n_test=50"]  # fmt: skip
@@ -152,16 +154,19 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.out / "runs"
     study = CPU_STUDY if args.cpu else [args.study, "--profile", "gpu", "--devices", "0", "--per-device",
                                         str(args.per_device)]  # fmt: skip
-    log.say(f"study: ablate sweep {' '.join(study)} (for at most {max(left() - 30, 0):.0f} s)")
+    # The sweep stops itself at its time limit (its workers checkpoint, exit 75), well before the budget ends;
+    # SIGTERM from `streamed` only if it does not.
+    limit = max(left() - STUDY_END_S, 10)
+    log.say(f"study: ablate sweep {' '.join(study)} --time-limit {limit:.0f}")
     began = time.monotonic()
-    code, lines = streamed([ablate_exe(), "sweep", *study, "--out", str(runs), "--wandb", "disabled"],
-                           max(left() - 30, 10), log)  # fmt: skip
+    code, lines = streamed([ablate_exe(), "sweep", *study, "--out", str(runs), "--wandb", "disabled",
+                            "--time-limit", f"{limit:.0f}"], max(left() - 10, 10), log)  # fmt: skip
     name = study[0] if args.cpu else f"{args.study}-gpu"  # a profile's study is stored as <name>-<profile>
     _, status = streamed([ablate_exe(), "status", name, "--out", str(runs)], 20, log)
     finished = code == 0
     log.record("study", command=study, exit_code=code, seconds=round(time.monotonic() - began, 1),
                finished=finished, status=status, report=str(runs / name / "report" / "report.md"))  # fmt: skip
-    if code not in (0, 124):
+    if code not in (0, TIME_LIMIT_EXIT, 124):
         failed.append("study")
     log.say(f"device check: {'every step ran' if not failed else 'failed: ' + ', '.join(failed)}; "
             f"{time.monotonic() - start:.0f} s; study {'finished' if finished else 'stopped, resumable'}; "

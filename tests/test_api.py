@@ -136,6 +136,32 @@ def test_more_workers_than_any_machine_holds_are_refused_by_both(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "inf"])
+def test_a_time_limit_that_is_no_positive_number_of_seconds_is_refused_by_both(tmp_path, value):
+    study = write_study(tmp_path / "tiny.yaml")
+    result = CliRunner().invoke(app, ["sweep", str(study), "--time-limit", value, "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: --time-limit: ")
+    number = {"0": 0, "-5": -5}.get(value)
+    if number is not None:
+        with pytest.raises(ablate.ConfigError, match="^--time-limit: Input should be greater than 0"):
+            ablate.load_study(study, out=tmp_path / "runs").run(time_limit=number)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_time_limit_is_for_the_workers_a_sweep_starts_not_a_schedulers(tmp_path):
+    study = write_study(tmp_path / "tiny.yaml")
+    result = CliRunner().invoke(app, ["sweep", str(study), "--time-limit", "500", "--launcher", "slurm",
+                                      "--out", str(tmp_path / "runs")])  # fmt: skip
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.strip() == (
+        "error: --time-limit: stops the workers this command starts (the local launcher); slurm's scheduler "
+        "holds its own time limit"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
 def test_options_of_the_wrong_type_are_config_errors_naming_them(tmp_path):
     study = write_study(tmp_path / "tiny.yaml")
     with pytest.raises(ablate.ConfigError, match=r"^--storage: Input should be a valid string"):

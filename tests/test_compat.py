@@ -1,4 +1,4 @@
-"""The private Optuna / Lightning behaviour harness/compat.py relies on, pinned: an
+"""The private Optuna / Lightning / torch behaviour harness/compat.py relies on, pinned: an
 upgrade that changes it fails here, by name."""
 
 import optuna
@@ -83,3 +83,14 @@ def test_sword_blocks_are_decompressed_once_and_read_the_same(tmp_path):
     assert {book: list(cached.get_iter(books=[book], chapters=[c], clean=False)) for book, c in
             (("Genesis", 1), ("Exodus", 2))} == reads  # fmt: skip
     assert cached._decompressed_text.cache_info().misses == 2  # one block a book
+
+
+def test_views_are_told_from_kernels_by_their_schema():
+    """`ablate plan` counts kernels (harness/study/cost.py): what returns a view launches none."""
+    import torch
+
+    aten = torch.ops.aten
+    views = [aten.view.default, aten.transpose.int, aten.t.default, aten.select.int, aten.detach.default]
+    kernels = [aten.mm.default, aten.add.Tensor, aten.add_.Tensor, aten.relu.default, aten.clone.default]
+    assert [compat.returns_a_view(op) for op in views] == [True] * len(views)
+    assert [compat.returns_a_view(op) for op in kernels] == [False] * len(kernels)

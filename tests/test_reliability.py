@@ -210,6 +210,36 @@ def test_stop_signal_checkpoints_the_trial_and_the_same_command_resumes_it(tmp_p
     assert not list(runs.rglob("resume.ckpt")) and not list((runs / "crash/artifacts").glob("resume-*"))
 
 
+@pytest.mark.slow  # a minute or two: a trial longer than its command's time limit, in several commands
+def test_a_trial_longer_than_a_time_limit_finishes_in_commands_that_each_continue_the_last(tmp_path):
+    """`ablate sweep --time-limit`: each command stops its worker at the limit (the trial checkpointed and
+    queued, exit 75, one line saying so) and the same command continues it, until one finishes (exit 0)."""
+    study, runs = write_study(tmp_path / "crash.yaml", max_steps=8000, seeds=[0]), tmp_path / "runs"
+    tree = yaml.safe_load(study.read_text())
+    tree["base"]["train"].update(val_every=1000, checkpoint_every=1000)  # some seconds of steps between
+    study.write_text(yaml.safe_dump(tree))
+    url = f"sqlite:///{runs / 'crash' / 'study.db'}"
+    command = [ablate_exe(), "sweep", str(study), "--out", str(runs), "--wandb", "disabled", "--no-report",
+               "--time-limit", "20"]  # fmt: skip
+    stops = []
+    for _ in range(12):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+        if done.returncode == 0:
+            break
+        assert done.returncode == 75, done.stderr[-2000:]
+        assert "--time-limit 20 s reached with 1 trial(s) left" in done.stderr.strip().splitlines()[-1]
+        (trial,) = study_trials(study, url)
+        assert trial.state == TrialState.WAITING
+        stops.append((trial.user_attrs.get("resume") or {}).get("step", 0))
+    else:
+        raise AssertionError(f"not finished after 12 commands; stopped at steps {stops}")
+    assert stops and stops == sorted(stops) and stops[-1] > 0  # each continued the last
+    (trial,) = study_trials(study, url)
+    assert trial.state == TrialState.COMPLETE and trial.user_attrs["resumed_from_step"] == stops[-1]
+    metrics = json.loads((runs / "crash/trials/eval/0000/metrics.json").read_text())
+    assert metrics["steps"] == 8000
+
+
 def start_sweep(study: Path, runs: Path) -> subprocess.Popen:
     """`ablate sweep` in the background: one worker process, no report."""
     return background(
