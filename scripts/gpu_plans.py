@@ -76,7 +76,12 @@ def write_table(rows: dict[str, str]) -> None:
         "each study's `ablate plan STUDY --profile gpu`, whose constants come from the four anchors above. What "
         "it assumes is printed under each plan; above all, every trial trains to `train.max_steps`. A study longer "
         "than a command runs as that many commands of `ablate sweep STUDY --profile gpu --time-limit 500`, each "
-        "continuing the last (README: A GPU profile in parts)."
+        "continuing the last (README: A GPU profile in parts). The long rows are the LSTMs': their step stays "
+        "eager (the encoder packs each batch by lengths read on the host), so Python launches each of their "
+        "kernels, and their fused seeds run their stacks in turn; they are also the least sure, the eager "
+        "kernel's time being fitted on a Transformer's step. The d_model 512 Transformers (transformer-heads, "
+        "key-width, bible-lm) are bound by fp32 FLOPs, which bf16 would cut; no bf16 step at that width has "
+        "been measured."
     )
     body = [SECTION, "", *textwrap.wrap(about, 110), "", HEADER, "| --- | --- | --- | --- | --- | --- |",
             *(old[name] for name in sorted(old))]  # fmt: skip
