@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -169,7 +169,7 @@ class Anchor:
         tokens = torch.randint(4, VOCAB, (self.batch, self.length + 1), generator=g)
         tokens[:, 0] = BOS_ID
         batch = {"src": tokens[:, 1:], "tgt_in": tokens[:, :-1], "tgt_out": tokens[:, 1:]}
-        return step_work(self.config(), (VOCAB, VOCAB), batch, 1)
+        return on_rows(partial(step_work, self.config(), (VOCAB, VOCAB), seeds=1), batch)
 
 
 VOCAB = 14  # the quickstart's: ten symbols and four specials

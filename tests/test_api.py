@@ -267,6 +267,7 @@ def test_interrupting_a_run_checkpoints_its_trials_and_the_same_call_resumes_the
     assert trial.state == TrialState.COMPLETE and trial.user_attrs["resumed_from_step"] == stopped_at
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_ablate_worker_and_study_run_join_run_and_report_by_one_path(tmp_path, monkeypatch):
     """`ablate worker FILE` and Study.run join the study with sweep.join_study and write the report with
     sweep.write_report, and Study.run's workers are `ablate worker` processes (ablate.worker.work): a path

@@ -133,6 +133,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
     assert not out.exists() and not list(cwd.iterdir()) and sorted(inputs.iterdir()) == before
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_a_storage_server_that_never_answers_is_given_up_within_the_connect_timeout(tmp_path):
     """A server that accepts the connection and then says nothing (a hung host behind a live port): the
     connect timeout, not the operating system's minutes, decides when the user hears about it."""

@@ -31,6 +31,7 @@ FIGURE_KEYS = ("a_transformer_step", "b_harness_overhead", "c_lstm_parallel", "d
                "k_trial_vs_captured")  # fmt: skip
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_quick_bench_yields_every_figure_as_json():
     proc = ablate("bench", "--quick", "--json", "--device", "cpu", "--threads", "1")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -144,6 +145,7 @@ def test_a_spent_budget_starts_no_new_repeat():
     assert calls == ["a", "a"]  # the warm-up, then the one repeat that always runs
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_only_measures_the_figures_named_and_refuses_an_unknown_one():
     proc = ablate("bench", "--quick", "--json", "--device", "cpu", "--only", "e_padding,k_trial_vs_captured")
     assert proc.returncode == 0, proc.stderr[-2000:]

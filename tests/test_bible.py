@@ -189,6 +189,7 @@ def test_the_library_is_task_path_else_sword_path_else_debians(tmp_path, monkeyp
     assert library_of(TaskConfig(name="bible")) == Path("/usr/share/sword")
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_without_debians_bibles_the_bible_checks_pass_or_skip_saying_what_to_install(tmp_path):
     """A fresh machine, with only what the README installs: the bible study file's checks pass, and what
     reads Debian's Bibles skips with the apt-get line. An empty SWORD_PATH hides any Bibles this machine

@@ -170,6 +170,7 @@ def test_a_run_over_many_lengths_compiles_a_bounded_number_of_times(backend):
     assert len(backend) <= 4
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_a_process_that_trains_many_configurations_never_reaches_the_recompile_limit(backend):
     # A worker runs trial after trial: one function compiled for all of them would reach dynamo's recompile
     # limit (8 graphs a code object), where fullgraph fails. Each configuration compiles its own copy.

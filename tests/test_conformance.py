@@ -74,7 +74,10 @@ def test_ablate_check_refuses_a_bad_key_in_one_line():
     assert (proc.returncode, proc.stderr) == (2, "error: model.headz: unknown config key\n")
 
 
-@pytest.mark.parametrize("args", [("--preset", "captioner-soft"), ("model.arch=classifier", "model.d_model=16")])
+@pytest.mark.parametrize(
+    "args",
+    [("--preset", "captioner-soft"), pytest.param(("model.arch=classifier", "model.d_model=16"), marks=pytest.mark.slow)],
+)  # the second under -m slow: 10 s of a process each on 2 cores
 def test_ablate_check_gives_a_family_a_task_it_reads(args):
     """The checks read the model alone: a classifier (a label's task) or a captioner (an image's) is checked
     without naming its task; one named wrong is still refused."""

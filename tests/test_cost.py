@@ -13,7 +13,9 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, TINY_MODEL, TINY_TASK, TINY_TRAIN, ablate
+from typer.testing import CliRunner
 
+from ablate.cli import app
 from ablate.harness import step_cost
 from ablate.harness.study import cost
 from ablate.harness.study.validate import load_study
@@ -167,12 +169,12 @@ def test_plan_prints_the_estimate_and_its_commands(tmp_path):
     assert found["commands"] == 1 and found["command"] == f"ablate sweep {study} --time-limit 500"
     assert [(g["variant"], g["seeds"]) for g in found["groups"]] == [("heads=1", 2), ("heads=2", 2)]
     assert found["total_s"] > step_cost.WORKER_S and found["assumed"] == list(cost.ASSUMED)
-    shown = ablate("plan", str(study), "--time-limit", "300", cwd=tmp_path)
-    assert shown.returncode == 0, shown.stderr
+    shown = CliRunner().invoke(app, ["plan", str(study), "--time-limit", "300"])
+    assert shown.exit_code == 0, shown.output
     text = " ".join(shown.stdout.split())
     assert "expected on one H100" in text and "--time-limit 300" in text and "held-out step predicted" in text
-    wrong = ablate("plan", str(study), "--device", "tpu", cwd=tmp_path)
-    assert wrong.returncode == 2 and "--device: 'tpu' is not one of h100" in wrong.stderr
+    wrong = CliRunner().invoke(app, ["plan", str(study), "--device", "tpu"])
+    assert wrong.exit_code == 2 and wrong.stderr.strip() == "error: --device: 'tpu' is not one of h100"
 
 
 def test_every_gpu_profile_states_its_expected_time_as_benchmarks_tables_it():

@@ -41,7 +41,10 @@ OPTION_LIKE_NAMES = ["--help", "-h", "--no-report", "--out=x"]
 # Names that read as options ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", OPTION_LIKE_NAMES)
+# The first name by default, the others (11 s of processes each on 2 cores) under -m slow.
+@pytest.mark.parametrize(
+    "name", [OPTION_LIKE_NAMES[0], *(pytest.param(n, marks=pytest.mark.slow) for n in OPTION_LIKE_NAMES[1:])]
+)
 def test_a_study_named_like_an_option_runs_every_trial(tmp_path, name):
     """Its workers are started as `ablate worker [options] -- NAME`: without the `--`, a study named --help
     printed the worker's help, exited 0 and left its trials WAITING."""
@@ -67,6 +70,7 @@ def test_worker_arguments_parse_back_to_the_values_given(name, runs):
     assert (params["threads"], params["no_report"], params["stored"]) == ("2", True, True)
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_a_study_named_like_a_file_is_the_stored_one_whatever_files_lie_about(tmp_path):
     """A worker started for study `named.yaml` runs it, not the study in a file of that name in its folder."""
     study = write_study(tmp_path / "study.yaml", name="named.yaml", factors={}, seeds=[0])

@@ -244,6 +244,7 @@ def config(tmp_path: Path, **model) -> list[str]:
     return ["train", *(f"{k}={v}" for k, v in sets.items()), "--out", str(tmp_path / "run"), "--json"]
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_a_plugged_score_positional_kind_norm_and_task_train_and_clash_with_nothing(installed, tmp_path):
     args = config(tmp_path, score="quarter", pos_encoding="mirror-alibi", norm="rms_post")
     proc = ablate(*args, "task.name=echo", env=installed)
@@ -259,6 +260,7 @@ def test_a_plugged_score_positional_kind_norm_and_task_train_and_clash_with_noth
     assert ablate(*config(tmp_path / "dot", score="dot"), env=installed).returncode == 0
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_a_plugged_family_trains_learns_is_checked_and_ignores_the_other_families_switches(installed, tmp_path):
     shared = [f"task.{k}={v}" for k, v in TINY_TASK.items()] + [f"train.{k}={v}" for k, v in TINY_TRAIN.items()]
     args = ["train", "model.arch=bag", "model.d_model=16", "model.dropout=0.0", *shared, "train.val_every=100",
@@ -303,6 +305,7 @@ def test_a_config_naming_a_broken_plugin_is_one_line_naming_it(installed, tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_a_plugins_settings_are_listed_checked_up_front_and_read_by_the_plugin(installed, tmp_path):
     rows = [" ".join(line.replace("│", " ").split()) for line in ablate("list", env=installed).stdout.splitlines()]
     assert "model.plugin.quarter.factor 0.25 number > 0, <= 4" in rows and "task.plugin.echo.reverse False true | false" in rows
@@ -405,6 +408,7 @@ def test_a_study_file_cannot_name_code_to_import(tmp_path, key, value):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_a_study_of_plugged_entries_is_swept_reported_and_judged(installed, tmp_path):
     study = tmp_path / "plugged.yaml"
     study.write_text(json.dumps({
@@ -433,6 +437,7 @@ def test_a_study_of_plugged_entries_is_swept_reported_and_judged(installed, tmp_
     assert all(t.user_attrs["fail_reason"].startswith(named) for t in failed), failed[0].user_attrs["fail_reason"]
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_ablate_check_passes_each_plugin_that_conforms_and_fails_each_planted_bug(installed):
     proc = ablate("check", "model.score=quarter", "model.pos_encoding=mirror-alibi", "model.norm=rms_post",
                   "model.d_model=16", "model.heads=2", env=installed)  # fmt: skip

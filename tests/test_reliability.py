@@ -170,6 +170,7 @@ def kill_mid_trial_and_recover(tmp_path: Path, storage_url: str | None) -> None:
     assert resumed["history"] == uninterrupted_history(study, 1)  # val/loss at every step, bit for bit
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_killed_worker_trial_is_retried_on_sqlite(tmp_path):
     kill_mid_trial_and_recover(tmp_path, None)
 
@@ -407,6 +408,7 @@ FAKE_KEY = "local-test-key-" + "0123456789abcdef" * 3  # 40+ characters, as W&B 
 NO_SERVER = "http://127.0.0.1:9"  # the discard port on loopback: refused at once, never a real server
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_online_wandb_without_network_goes_offline_once_and_never_leaks_the_key(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
     monkeypatch.setenv("WANDB_BASE_URL", NO_SERVER)
@@ -468,6 +470,7 @@ def test_wandb_probe_gives_up_on_a_server_that_never_answers():
 # Determinism ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_same_config_and_seed_give_identical_metrics_in_two_processes(tmp_path):
     """Two `ablate train` processes with different hash seeds (string-keyed vocabularies must not depend
     on them) on a word-level corpus; the in-process check with train.deterministic is in test_module.py."""

@@ -188,6 +188,7 @@ def free_port() -> str:
         return str(s.getsockname()[1])
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_a_database_of_another_program_is_refused_by_every_command_and_left_as_it_was(tmp_path, stored):
     db = tmp_path / "runs" / "tiny" / "study.db"
     db.parent.mkdir(parents=True)
@@ -414,8 +415,11 @@ def test_a_lock_a_statement_gave_up_on_after_opening_is_one_line(tmp_path):
     "damage, said",
     [
         ("DROP TABLE trials", "damaged: Optuna's table trials missing"),
-        ("DROP TABLE trial_values; DROP TABLE trial_params", "damaged: Optuna's tables trial_params, trial_values missing"),
-        ("ALTER TABLE trials DROP COLUMN datetime_complete", "damaged: Optuna's column trials.datetime_complete missing"),
+        # the other damages under -m slow: each command is a process, 14 s a damage on 2 cores
+        pytest.param("DROP TABLE trial_values; DROP TABLE trial_params",
+                     "damaged: Optuna's tables trial_params, trial_values missing", marks=pytest.mark.slow),
+        pytest.param("ALTER TABLE trials DROP COLUMN datetime_complete",
+                     "damaged: Optuna's column trials.datetime_complete missing", marks=pytest.mark.slow),
     ],
 )  # fmt: skip
 def test_a_storage_whose_schema_is_damaged_is_one_line_for_every_command_that_opens_it(tmp_path, stored, damage, said):

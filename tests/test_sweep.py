@@ -37,6 +37,7 @@ def write_study(path, **extra):
     return path
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_workers_do_not_import_from_the_working_folder(tmp_path):
     """`--out .` makes a study named `bottleneck` a folder in the working folder, which pandas imports as its
     optional `bottleneck` module in a worker started with `python -m` (cwd first on sys.path); a stray
@@ -51,6 +52,7 @@ def test_workers_do_not_import_from_the_working_folder(tmp_path):
     assert (cwd / "bottleneck" / "report" / "results.csv").is_file()
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (processes that import the stack, or whole sweeps)
 def test_sweep_writes_report_and_report_rebuilds_from_storage(tmp_path):
     study = write_study(tmp_path / "tiny.yaml")
     runs = tmp_path / "runs"

@@ -26,7 +26,13 @@ def run(tmp_path_factory):
     return tmp, study, out / "tiny"
 
 
-@pytest.mark.parametrize("planted", ["report", "artifacts", "study.db", "trials/eval/0000"])
+# The storage's case by default; each other folder's (11 s of processes each on 2 cores) under -m slow.
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "planted", ["study.db", *(pytest.param(p, marks=SLOW) for p in ("report", "artifacts", "trials/eval/0000"))]
+)
 def test_a_link_planted_in_the_run_folder_is_refused_by_every_command_that_writes_there(run, planted):
     tmp, study, folder = run
     saved = tmp / "saved"
