@@ -70,9 +70,12 @@ def write_table(rows: dict[str, str]) -> None:
     old = {r.split(" | ")[0].removeprefix("| "): r for r in text[start:end].splitlines() if r.startswith("| ")
            and not r.startswith(("| study", "| ---"))}  # fmt: skip
     old.update(rows)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    # The commit whose code priced the rows: HEAD's, or the stamp already there when nothing was priced again.
+    stamped = re.search(r"commit (\w+)\)", text[start:end])
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    commit = head.stdout.strip() if rows or not stamped else stamped[1]
     about = (
-        f"`python scripts/gpu_plans.py` ({date.today().isoformat()}, commit {commit.stdout.strip() or 'unknown'}): "
+        f"`python scripts/gpu_plans.py` ({date.today().isoformat()}, commit {commit or 'unknown'}): "
         "each study's `ablate plan STUDY --profile gpu`, whose constants come from the four anchors above. What "
         "it assumes is printed under each plan; above all, every trial trains to `train.max_steps`. A study longer "
         "than a command runs as that many commands of `ablate sweep STUDY --profile gpu --time-limit 500`, each "
@@ -83,7 +86,7 @@ def write_table(rows: dict[str, str]) -> None:
         "key-width, bible-lm) are bound by fp32 FLOPs, which bf16 would cut; no bf16 step at that width has "
         "been measured."
     )
-    body = [SECTION, "", *textwrap.wrap(about, 110), "", HEADER, "| --- | --- | --- | --- | --- | --- |",
+    body = [SECTION, "", *textwrap.wrap(about, 110, break_on_hyphens=False), "", HEADER, "| --- | --- | --- | --- | --- | --- |",
             *(old[name] for name in sorted(old))]  # fmt: skip
     BENCHMARKS.write_text(text[:start] + "\n".join(body) + "\n" + text[end:])
 
