@@ -138,10 +138,8 @@ def typical_batch(dm: Seq2SeqDataModule) -> dict[str, torch.Tensor]:
     """The training batch of median padded size among an epoch's first 64."""
     src, tgt = dm.encoded["train"].lengths()
     batches = dm.sampler("train", shuffle=True).batches(0)[:64]
-    sizes = [len(b) * (src[b].max() + tgt[b].max()) for b in batches]
-    return batch_of(
-        dm, "train", batches[sorted(range(len(batches)), key=sizes.__getitem__)[len(batches) // 2]]
-    )
+    median = sorted(batches, key=lambda b: len(b) * (src[b].max() + tgt[b].max()))[len(batches) // 2]
+    return batch_of(dm, "train", median)
 
 
 def split_s(cfg: ExperimentConfig, dm: Seq2SeqDataModule, split: str, device: Device, beam: int) -> float:
