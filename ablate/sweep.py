@@ -144,6 +144,7 @@ def sweep(
     from ablate.harness import signals, tracking
     from ablate.harness.artifacts import check_run_folder, default_storage_url
     from ablate.harness.launchers.commands import NO_SPACE_EXIT, STORAGE_FULL_EXIT
+    from ablate.harness.study.looks import next_look
     from ablate.harness.study.queue import study_progress
     from ablate.harness.study.storage import masked_url
     from ablate.harness.study.validate import raise_problems
@@ -175,9 +176,11 @@ def sweep(
     if signals.received():
         return None
     if timed_out:
+        # Trials left, or none but an adaptive look's seeds still to queue (the workers stopped between looks).
         left = sum(r.remaining for r in study_progress(spec, store))
-        if left:
-            raise TimeLimit(f"--time-limit {options.time_limit:g} s reached with {left} trial(s) left: the workers "
+        if left or next_look(spec, store) is not None:
+            what = f"{left} trial(s)" if left else "a look's seeds"
+            raise TimeLimit(f"--time-limit {options.time_limit:g} s reached with {what} left: the workers "
                             "checkpointed theirs; the same command continues")  # fmt: skip
     full = {NO_SPACE_EXIT: f"--out: no space left on device under {options.out}",
             STORAGE_FULL_EXIT: f"--storage: no space left on device for {masked_url(url)}"}  # fmt: skip
