@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
 from ablate.harness.launchers import local
+from ablate.harness.signals import STOP_GRACE_S
 from ablate.schema.config import one_line, validation_problems
 from ablate.schema.errors import ConfigError, RunFailed, TimeLimit
 from ablate.schema.text import shown, terminal
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 Options = TypeVar("Options", bound=BaseModel)
 # The --time-limit of a part of a long study on a machine lent for 9-minute commands: its workers' checkpoint
-# (stop_workers' 25 s) and the report still end it within 9 minutes. `ablate plan` counts such parts.
+# (STOP_GRACE_S) and the report still end it within 9 minutes. `ablate plan` counts such parts.
 PART_LIMIT_S = 500.0
 
 
@@ -269,7 +270,7 @@ def forward_signal(procs, signum: signal.Signals) -> None:
             proc.send_signal(signum)
 
 
-def stop_workers(procs, grace_s: float = 25.0) -> None:
+def stop_workers(procs, grace_s: float = STOP_GRACE_S) -> None:
     """After a stop signal (forwarded to them) the workers are checkpointing their trials; wait, then kill
     what is left (its trial resumes from its last periodic checkpoint through the heartbeat)."""
     deadline = time.monotonic() + grace_s

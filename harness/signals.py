@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): the signal a process gets when its parent dies
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+STOP_GRACE_S = 25.0  # how long a sweep waits for its stopped workers to checkpoint before it kills them
 
 _received: signal.Signals | None = None
 

@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.harness.compat import returns_a_view
+from ablate.harness.fused import stack_batches
 from ablate.models import build_model
 from ablate.models.config import PRESETS, ModelConfig
 from ablate.models.ensemble import seed_dropout
@@ -101,16 +102,11 @@ def model_of(cfg: ModelConfig, vocab: tuple[int, int], seeds: int) -> torch.nn.M
     return model
 
 
-def stacked(batch: dict[str, torch.Tensor], seeds: int) -> dict[str, torch.Tensor]:
-    """K seeds' batches as a fused step stacks them: (K·B, ...), seed-major."""
-    return {name: t.repeat(seeds, 1) for name, t in batch.items()}
-
-
 def step_work(cfg: ModelConfig, vocab: tuple[int, int], batch: dict[str, torch.Tensor], seeds: int) -> Work:
     """One training step's forward, loss and backward: a trial's (seeds 1) or a fused group's of K seeds.
     The optimizer (one fused AdamW kernel a step on CUDA) is not counted; the fitted constants hold it."""
     model = model_of(cfg, vocab, seeds).train()
-    b = stacked(batch, seeds)
+    b = stack_batches([batch] * seeds, torch.device("cpu"))  # (K·B, ...) as a fused group's step takes it
 
     def run() -> None:
         if seeds == 1:

@@ -19,18 +19,20 @@ import textwrap
 from datetime import date
 from pathlib import Path
 
+from ablate.sweep import PART_LIMIT_S
+
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "BENCHMARKS.md"
 STUDIES = REPO / "ablations"
 SECTION = "## GPU profiles: expected wall time on one H100"
-HEADER = "| study | variants | runs (fused seeds) | steps a run | expected | commands of `--time-limit 500` |"
-LIMIT_S = 500.0  # ablate/sweep.py PART_LIMIT_S
+LIMIT = f"--time-limit {PART_LIMIT_S:g}"  # each command's, as `ablate plan` counts them by default
+HEADER = f"| study | variants | runs (fused seeds) | steps a run | expected | commands of `{LIMIT}` |"
 # The line above a study file's `gpu:` profile: what `line` writes and tests/test_cost.py reads.
-LINE = re.compile(r"^  # On one H100 \(ablate plan\): about (\d+) min, (\d+) commands? of --time-limit 500\.$")
+LINE = re.compile(rf"^  # On one H100 \(ablate plan\): about (\d+) min, (\d+) commands? of {LIMIT}\.$")
 
 
 def line(minutes: int, commands: int) -> str:
-    return f"  # On one H100 (ablate plan): about {minutes} min, {commands} command{'s' * (commands > 1)} of --time-limit 500."
+    return f"  # On one H100 (ablate plan): about {minutes} min, {commands} command{'s' * (commands > 1)} of {LIMIT}."
 
 
 def gpu_studies() -> list[str]:
@@ -46,7 +48,7 @@ def row(name: str) -> tuple[str, int, int]:
     runs = sum(g.count for g in found.groups)
     fused = sorted({g.seeds for g in found.groups if g.seeds > 1})
     steps = sorted({g.steps for g in found.groups})
-    minutes, commands = round(found.total_s / 60), found.parts(LIMIT_S)
+    minutes, commands = round(found.total_s / 60), found.parts(PART_LIMIT_S)
     cells = [name, str(found.variants), f"{runs}" + (f" ({', '.join(map(str, fused))})" if fused else ""),
              " / ".join(f"{s:,}" for s in steps), f"{minutes} min", str(commands)]  # fmt: skip
     return "| " + " | ".join(cells) + " |", minutes, commands
@@ -78,7 +80,7 @@ def write_table(rows: dict[str, str]) -> None:
         f"`python scripts/gpu_plans.py` ({date.today().isoformat()}, commit {commit or 'unknown'}): "
         "each study's `ablate plan STUDY --profile gpu`, whose constants come from the four anchors above. What "
         "it assumes is printed under each plan; above all, every trial trains to `train.max_steps`. A study longer "
-        "than a command runs as that many commands of `ablate sweep STUDY --profile gpu --time-limit 500`, each "
+        f"than a command runs as that many commands of `ablate sweep STUDY --profile gpu {LIMIT}`, each "
         "continuing the last (README: A GPU profile in parts). The long rows are the LSTMs': their step stays "
         "eager (the encoder packs each batch by lengths read on the host), so Python launches each of their "
         "kernels, and their fused seeds run their stacks in turn; they are also the least sure, the eager "

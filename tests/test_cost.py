@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from ablate.cli import app
 from ablate.harness import step_cost
+from ablate.harness.signals import STOP_GRACE_S
 from ablate.harness.study import cost
 from ablate.harness.study.validate import load_study
 from ablate.models.config import ModelConfig
@@ -155,7 +156,7 @@ def test_every_family_is_priced_fused_and_alone(tmp_path, preset, task, captured
 def test_a_long_study_takes_as_many_commands_as_its_time_needs(tmp_path):
     spec = load_study(tiny_study(tmp_path, seeds=[0, 1]))
     found = cost.estimate(spec)
-    usable = 500 - step_cost.WORKER_S - cost.GRAPHS * step_cost.COMPILE_S - cost.STOP_S
+    usable = 500 - step_cost.WORKER_S - cost.GRAPHS * step_cost.COMPILE_S - STOP_GRACE_S
     found.groups[0].count = round(3 * usable / found.groups[0].run_s)  # about three commands' worth
     assert found.parts(500) in (3, 4)
     assert found.parts(500) == -(-(found.total_s - step_cost.WORKER_S) // usable)

@@ -14,6 +14,7 @@ from functools import cache, partial
 import torch
 
 from ablate.harness.grouping import FUSE_AT_MOST, why_alone
+from ablate.harness.signals import STOP_GRACE_S
 from ablate.harness.step_cost import (
     COMPILE_S,
     DEVICES,
@@ -35,7 +36,6 @@ from ablate.schema.spec import StudySpec
 from ablate.schema.trials import EVAL, TUNE
 
 GRAPHS = 4  # graphs a variant compiles in a worker: the training and validation steps, static then dynamic
-STOP_S = 25.0  # a stopped sweep's workers checkpoint within this (ablate/sweep.py stop_workers)
 
 ASSUMED = (
     "every trial trains to train.max_steps (no early stop, no pruning) and every adaptive look runs",
@@ -80,7 +80,10 @@ class Estimate:
     profile: str | None
     device: Device
     groups: list[Group] = field(default_factory=list)
-    variants: int = 0
+
+    @property
+    def variants(self) -> int:
+        return len({g.variant for g in self.groups})  # every variant has a run
 
     @property
     def compile_s(self) -> float:
@@ -123,7 +126,7 @@ class Estimate:
     def parts(self, limit_s: float) -> int:
         """Commands of `--time-limit limit_s` that run it, each continuing the last from the storage; each
         restarts its worker, compiles what it trains again and loses what its stop cuts off."""
-        usable = limit_s - WORKER_S - GRAPHS * COMPILE_S - STOP_S
+        usable = limit_s - WORKER_S - GRAPHS * COMPILE_S - STOP_GRACE_S
         if usable <= 0:
             raise ConfigError(f"--time-limit {limit_s:g}: leaves nothing to train after a worker's start, its "
                               f"compiling and its stop ({limit_s - usable:.0f} s)")  # fmt: skip
@@ -225,8 +228,6 @@ def groups_of(spec: StudySpec, variant: str, overrides: dict, device: Device) ->
 def estimate(spec: StudySpec, device: str = "h100") -> Estimate:
     """The study's trials on one `device`, as `ablate sweep` would run them there."""
     found = Estimate(spec.name, spec.profile, DEVICES[device]())
-    variants = spec.variant_overrides()
-    found.variants = len(variants)
-    for name, overrides in variants.items():
+    for name, overrides in spec.variant_overrides().items():
         found.groups += groups_of(spec, name, overrides, found.device)
     return found
