@@ -10,6 +10,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -487,7 +488,9 @@ def plan(
         raise ConfigError(f"--device: {device!r} is not one of {', '.join(DEVICES)}")
     spec = load_study(study, profile, dict(parse_override(s) for s in sets or []), MAX_TRIALS)
     found = estimate(spec, device)
-    command = f"ablate sweep {study}{f' --profile {profile}' if profile else ''} --time-limit {time_limit:g}"
+    # A line to paste into a shell: the study quoted, after `--` where it would read as an option.
+    options = [*(["--profile", profile] if profile else []), "--time-limit", f"{time_limit:g}"]
+    command = shlex.join(["ablate", "sweep", *options, *(["--"] if study.startswith("-") else []), study])
     if as_json:
         print(json.dumps({**found.summary(time_limit), "command": command}))
         return

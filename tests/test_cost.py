@@ -162,18 +162,30 @@ def test_a_long_study_takes_as_many_commands_as_its_time_needs(tmp_path):
     assert found.parts(500) == -(-(found.total_s - step_cost.WORKER_S) // usable)
 
 
-def test_plan_prints_the_estimate_and_its_commands(tmp_path):
+def test_plan_prints_the_estimate_and_its_commands(tmp_path, monkeypatch):
     study = tiny_study(tmp_path, seeds=[0, 1])
     done = ablate("plan", str(study), "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
-    assert found["commands"] == 1 and found["command"] == f"ablate sweep {study} --time-limit 500"
+    assert found["commands"] == 1 and found["command"] == f"ablate sweep --time-limit 500 {study}"
     assert [(g["variant"], g["seeds"]) for g in found["groups"]] == [("heads=1", 2), ("heads=2", 2)]
     assert found["total_s"] > step_cost.WORKER_S and found["assumed"] == list(cost.ASSUMED)
     shown = CliRunner().invoke(app, ["plan", str(study), "--time-limit", "300"])
     assert shown.exit_code == 0, shown.output
     text = " ".join(shown.stdout.split())
     assert "expected on one H100" in text and "--time-limit 300" in text and "held-out step predicted" in text
+    # A study named like an option, or holding what a shell would run, is pasted back as one argument.
+    odd = tmp_path / "-x $(touch y)"
+    odd.mkdir()
+    named = tiny_study(odd, seeds=[0, 1])
+    quoted = CliRunner().invoke(app, ["plan", "--json", "--", str(named)])
+    assert quoted.exit_code == 0, quoted.output
+    assert json.loads(quoted.stdout)["command"] == f"ablate sweep --time-limit 500 '{named}'"
+    monkeypatch.chdir(odd)
+    (odd / "-tiny.yaml").write_text(named.read_text())
+    dashed = CliRunner().invoke(app, ["plan", "--json", "--", "-tiny.yaml"])
+    assert dashed.exit_code == 0, dashed.output
+    assert json.loads(dashed.stdout)["command"] == "ablate sweep --time-limit 500 -- -tiny.yaml"
     wrong = CliRunner().invoke(app, ["plan", str(study), "--device", "tpu"])
     assert wrong.exit_code == 2 and wrong.stderr.strip() == "error: --device: 'tpu' is not one of h100"
 
