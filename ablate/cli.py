@@ -480,12 +480,13 @@ def plan(
     """What a study would cost on one GPU, before it runs: each variant's steps counted on this CPU at the
     study's own batches, in seconds from steps measured on that GPU (harness/study/cost.py), and how many
     `ablate sweep --time-limit` commands run it, each continuing the last."""
-    from ablate.harness.study.cost import DEVICES, estimate
+    from ablate.harness.study.cost import DEVICES, estimate, training_s
     from ablate.harness.study.validate import MAX_TRIALS, load_study
     from ablate.schema.config import parse_override
 
     if device not in DEVICES:
         raise ConfigError(f"--device: {device!r} is not one of {', '.join(DEVICES)}")
+    training_s(time_limit)  # a limit that leaves nothing to train, refused before the study is priced
     spec = load_study(study, profile, dict(parse_override(s) for s in sets or []), MAX_TRIALS)
     found = estimate(spec, device)
     # A line to paste into a shell: the study quoted, after `--` where it would read as an option.

@@ -186,6 +186,8 @@ def test_plan_prints_the_estimate_and_its_commands(tmp_path, monkeypatch):
     dashed = CliRunner().invoke(app, ["plan", "--json", "--", "-tiny.yaml"])
     assert dashed.exit_code == 0, dashed.output
     assert json.loads(dashed.stdout)["command"] == "ablate sweep --time-limit 500 -- -tiny.yaml"
+    short = CliRunner().invoke(app, ["plan", str(study), "--time-limit", "60"])
+    assert short.exit_code == 2 and short.stderr.startswith("error: --time-limit 60: leaves nothing to train")
     wrong = CliRunner().invoke(app, ["plan", str(study), "--device", "tpu"])
     assert wrong.exit_code == 2 and wrong.stderr.strip() == "error: --device: 'tpu' is not one of h100"
 

@@ -126,11 +126,17 @@ class Estimate:
     def parts(self, limit_s: float) -> int:
         """Commands of `--time-limit limit_s` that run it, each continuing the last from the storage; each
         restarts its worker, compiles what it trains again and loses what its stop cuts off."""
-        usable = limit_s - WORKER_S - GRAPHS * COMPILE_S - STOP_GRACE_S
-        if usable <= 0:
-            raise ConfigError(f"--time-limit {limit_s:g}: leaves nothing to train after a worker's start, its "
-                              f"compiling and its stop ({limit_s - usable:.0f} s)")  # fmt: skip
-        return max(1, math.ceil((self.total_s - WORKER_S) / usable))
+        return max(1, math.ceil((self.total_s - WORKER_S) / training_s(limit_s)))
+
+
+def training_s(limit_s: float) -> float:
+    """What a command of `--time-limit limit_s` has left to train after its worker's start, its compiling and
+    its stop; ConfigError where nothing is left (checked before a study is priced)."""
+    usable = limit_s - WORKER_S - GRAPHS * COMPILE_S - STOP_GRACE_S
+    if usable <= 0:
+        raise ConfigError(f"--time-limit {limit_s:g}: leaves nothing to train after a worker's start, its "
+                          f"compiling and its stop ({limit_s - usable:.0f} s)")  # fmt: skip
+    return usable
 
 
 def batch_of(dm: Seq2SeqDataModule, split: str, indices: list[int]) -> dict[str, torch.Tensor]:
