@@ -10,8 +10,8 @@ profile, fused and K workers per device, as far as the budget allows, and its re
 Every step prints its lines as they come and appends one JSON object to OUT/device-check.jsonl (each bench
 figure its own line as it completes), so a run killed at its time limit keeps what finished. The study
 stops at its share of the budget (`ablate sweep --time-limit`): its workers checkpoint and queue their trials
-again, and the same command later resumes it from its storage (OUT/runs). Exit code: 0 when every step ran (a figure that
-misses its target is reported, not an error), 1 when a step failed, 2 for bad arguments.
+again, and the same command later resumes it from its storage (OUT/runs). Exit code: 0 when every step ran
+(a figure that misses its target is reported, not an error), 1 when a step failed, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ CPU_FIGURES = "h_fused_seeds,j_compile,k_trial_vs_captured"
 # The tests that need CUDA (marked `cuda`), and the compiled steps' whole trials, which run on the GPU there.
 TESTS = ["tests/test_compile.py", "tests/test_module.py", "tests/test_conformance.py", "-m", "cuda or not slow",
          "-k", "cuda or compiled_trial or fused_group_compiles or many_lengths"]
-TIME_LIMIT_EXIT = 75  # `ablate sweep --time-limit` stopped with trials left (schema/errors.py TimeLimit)
-STUDY_END_S = 70  # after the study's time limit: its workers' checkpoint (25 s), `ablate status`, the last lines
+# Not imported: the check runs the installed `ablate` and must start (and print) even where importing it fails.
+TIME_LIMIT_EXIT = 75  # `ablate sweep --time-limit` stopped with trials left (schema/errors.py TimeLimit.EXIT)
+STUDY_END_S = 70  # after the study's time limit: its workers' checkpoint (STOP_GRACE_S), `ablate status`, the rest
 # The CPU mode's study: the quickstart, a few steps a trial.
 CPU_STUDY = ["quickstart", "--set", "train.max_steps=20", "--set", "train.val_every=10",
              "--set", "task.n_train=300", "--set", "task.n_test=50"]  # fmt: skip
